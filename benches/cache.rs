@@ -1,0 +1,2 @@
+//! Benchmark: cache (written by its issue).
+fn main() {}

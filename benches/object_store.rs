@@ -1,0 +1,2 @@
+//! Benchmark: object_store (written by its issue).
+fn main() {}

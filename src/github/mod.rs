@@ -1,0 +1,1 @@
+//! TODO(github): filled in by its issue.

@@ -1,0 +1,1 @@
+//! TODO(lease): filled in by its issue.

@@ -1,0 +1,17 @@
+//! fro-bot: run the OpenCode agent on repository events and keep its memory across workflow runs.
+//!
+//! The modules mirror the pipeline: `config` → `github` (routing, keys) → `lease` → `phases`
+//! (restore → session prep → agent → cleanup → save) with `cache`, `object_store`, `checkpoint`,
+//! `save_result` and `opencode` as the parts the phases drive. `runner` speaks the Actions runtime
+//! protocol (inputs, outputs, state, summary, log commands).
+
+pub mod cache;
+pub mod checkpoint;
+pub mod config;
+pub mod github;
+pub mod lease;
+pub mod object_store;
+pub mod opencode;
+pub mod phases;
+pub mod runner;
+pub mod save_result;

@@ -1,0 +1,96 @@
+//! `fro-bot`: the action's entry point. The container runs `fro-bot run` as the main step and
+//! `fro-bot post` (or the `fro-bot-post` link, dispatched on argv[0]) as the post step.
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fro-bot",
+    version,
+    about = "Run the OpenCode agent on repository events and keep its memory across workflow runs",
+    long_about = "Run the OpenCode agent on repository events and keep its memory (OpenCode's session \
+database) across workflow runs, in the GitHub Actions cache and optionally an S3-compatible store.\n\n\
+In a workflow the container runs `fro-bot run` and `fro-bot post` for you; inputs arrive as \
+INPUT_* variables. On your machine, `fro-bot local --prompt \"...\"` runs the same pipeline."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The action's main step: route the event, restore memory, run the agent, save memory.
+    Run,
+    /// The action's post step: retry a save the main step could not make durable. Always exits 0.
+    Post,
+    /// Run the whole pipeline on this machine, with memory kept under .fro-bot/ in the repository.
+    Local(LocalArgs),
+    /// MCP server over stdio that gives the agent session_list/read/search/info over past sessions.
+    SessionTools,
+}
+
+/// Flags mirror the action's inputs (same names); `INPUT_*` variables are read too, flags win.
+#[derive(Debug, Args)]
+struct LocalArgs {
+    /// What the agent should do.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Conversation thread: runs with the same thread continue the same OpenCode session.
+    #[arg(long, default_value = "default")]
+    thread: String,
+    /// Where memory and the local cache live (default: .fro-bot/ in the repository).
+    #[arg(long)]
+    state_dir: Option<std::path::PathBuf>,
+    /// Model as provider/model.
+    #[arg(long)]
+    model: Option<String>,
+    /// OpenCode agent to use.
+    #[arg(long)]
+    agent: Option<String>,
+    /// Provider credentials: a JSON object, provider id → OpenCode auth entry.
+    #[arg(long = "auth-json")]
+    auth_json: Option<String>,
+    /// JSON merged over the baseline OpenCode config.
+    #[arg(long = "opencode-config")]
+    opencode_config: Option<String>,
+    /// Turn deadline in milliseconds (0 = none).
+    #[arg(long)]
+    timeout: Option<String>,
+}
+
+fn main() -> ExitCode {
+    // The post step is started through a second entrypoint path; dispatch on its name.
+    let invoked_as = std::env::args_os()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    let command = if invoked_as == "fro-bot-post" {
+        Command::Post
+    } else {
+        Cli::parse().command
+    };
+    let env = fro_bot::runner::Env::from_process();
+    fro_bot::runner::log::init_tracing(env.is_github_actions());
+    match command {
+        Command::Post => {
+            not_implemented("post");
+            // A failing post step fails the whole job: post always exits 0.
+            ExitCode::SUCCESS
+        }
+        Command::Run => not_implemented("run"),
+        Command::Local(_args) => not_implemented("local"),
+        Command::SessionTools => not_implemented("session-tools"),
+    }
+}
+
+fn not_implemented(what: &str) -> ExitCode {
+    fro_bot::runner::log::error(&format!("`fro-bot {what}` is not implemented yet"));
+    ExitCode::FAILURE
+}

@@ -1,0 +1,1 @@
+//! TODO(object_store): filled in by its issue.

@@ -1,0 +1,1 @@
+//! TODO(opencode): filled in by its issue.

@@ -1,0 +1,1 @@
+//! TODO(phases): filled in by its issue.

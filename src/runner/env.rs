@@ -1,0 +1,85 @@
+//! Every environment variable, input and state name the action reads or writes, in one place.
+
+// Runner-provided environment.
+pub const GITHUB_ACTIONS: &str = "GITHUB_ACTIONS";
+pub const GITHUB_OUTPUT: &str = "GITHUB_OUTPUT";
+pub const GITHUB_STATE: &str = "GITHUB_STATE";
+pub const GITHUB_ENV: &str = "GITHUB_ENV";
+pub const GITHUB_STEP_SUMMARY: &str = "GITHUB_STEP_SUMMARY";
+pub const GITHUB_WORKSPACE: &str = "GITHUB_WORKSPACE";
+pub const GITHUB_EVENT_PATH: &str = "GITHUB_EVENT_PATH";
+pub const GITHUB_EVENT_NAME: &str = "GITHUB_EVENT_NAME";
+pub const GITHUB_REPOSITORY: &str = "GITHUB_REPOSITORY";
+pub const GITHUB_REF_NAME: &str = "GITHUB_REF_NAME";
+pub const GITHUB_RUN_ID: &str = "GITHUB_RUN_ID";
+pub const GITHUB_RUN_ATTEMPT: &str = "GITHUB_RUN_ATTEMPT";
+pub const GITHUB_JOB: &str = "GITHUB_JOB";
+pub const GITHUB_ACTOR: &str = "GITHUB_ACTOR";
+pub const GITHUB_SERVER_URL: &str = "GITHUB_SERVER_URL";
+pub const GITHUB_API_URL: &str = "GITHUB_API_URL";
+pub const RUNNER_OS: &str = "RUNNER_OS";
+pub const RUNNER_TEMP: &str = "RUNNER_TEMP";
+pub const HOME: &str = "HOME";
+pub const XDG_DATA_HOME: &str = "XDG_DATA_HOME";
+
+// Actions runtime (cache service).
+pub const ACTIONS_RUNTIME_TOKEN: &str = "ACTIONS_RUNTIME_TOKEN";
+pub const ACTIONS_RESULTS_URL: &str = "ACTIONS_RESULTS_URL";
+pub const ACTIONS_CACHE_URL: &str = "ACTIONS_CACHE_URL";
+pub const ACTIONS_CACHE_MODE: &str = "ACTIONS_CACHE_MODE";
+
+// Prefixes the runner uses to hand inputs and saved state to a step.
+pub const INPUT_PREFIX: &str = "INPUT_";
+pub const STATE_PREFIX: &str = "STATE_";
+
+// OpenCode and the session-tools MCP server.
+pub const OPENCODE_CONFIG_CONTENT: &str = "OPENCODE_CONFIG_CONTENT";
+pub const OPENCODE_DISABLE_AUTOUPDATE: &str = "OPENCODE_DISABLE_AUTOUPDATE";
+pub const OPENCODE_SERVER_PASSWORD: &str = "OPENCODE_SERVER_PASSWORD";
+pub const OPENCODE_PATH: &str = "OPENCODE_PATH";
+pub const FRO_BOT_OPENCODE_URL: &str = "FRO_BOT_OPENCODE_URL";
+pub const FRO_BOT_OPENCODE_PASSWORD: &str = "FRO_BOT_OPENCODE_PASSWORD";
+pub const FRO_BOT_WORKSPACE: &str = "FRO_BOT_WORKSPACE";
+
+/// Action inputs (`action.yaml`), as the user spells them.
+pub mod input {
+    pub const GITHUB_TOKEN: &str = "github-token";
+    pub const AUTH_JSON: &str = "auth-json";
+    pub const PROMPT: &str = "prompt";
+    pub const AGENT: &str = "agent";
+    pub const MODEL: &str = "model";
+    pub const TIMEOUT: &str = "timeout";
+    pub const SESSION_RETENTION: &str = "session-retention";
+    pub const SKIP_CACHE: &str = "skip-cache";
+    pub const DEDUP_WINDOW: &str = "dedup-window";
+    pub const RESPONSE_MODE: &str = "response-mode";
+    pub const OPENCODE_VERSION: &str = "opencode-version";
+    pub const OPENCODE_CONFIG: &str = "opencode-config";
+    pub const MATRIX_CONTEXT: &str = "matrix-context";
+    pub const MENTION: &str = "mention";
+    pub const S3_BACKUP: &str = "s3-backup";
+    pub const S3_BUCKET: &str = "s3-bucket";
+    pub const AWS_REGION: &str = "aws-region";
+    pub const S3_ENDPOINT: &str = "s3-endpoint";
+    pub const S3_PREFIX: &str = "s3-prefix";
+    pub const S3_EXPECTED_BUCKET_OWNER: &str = "s3-expected-bucket-owner";
+    pub const S3_ALLOW_INSECURE_ENDPOINT: &str = "s3-allow-insecure-endpoint";
+    pub const S3_SSE_ENCRYPTION: &str = "s3-sse-encryption";
+    pub const S3_SSE_KMS_KEY_ID: &str = "s3-sse-kms-key-id";
+}
+
+/// Action outputs.
+pub mod output {
+    pub const SESSION_ID: &str = "session-id";
+    pub const CACHE_STATUS: &str = "cache-status";
+    pub const CACHE_SAVE_RESULT: &str = "cache-save-result";
+    pub const DURATION: &str = "duration";
+    pub const LOGICAL_KEY: &str = "logical-key";
+}
+
+/// State keys main writes for post (read back as `STATE_<name>`, case preserved).
+pub mod state {
+    pub const CACHE_SAVED: &str = "cacheSaved";
+    pub const LEASE_KEY: &str = "leaseKey";
+    pub const LEASE_ETAG: &str = "leaseEtag";
+}

@@ -1,0 +1,1 @@
+//! TODO(save_result): filled in by its issue.

@@ -1,0 +1,1 @@
+//! Integration tests: object_store.

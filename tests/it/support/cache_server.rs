@@ -1,0 +1,1 @@
+//! Test service: cache_server.

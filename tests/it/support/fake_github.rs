@@ -1,0 +1,1 @@
+//! Test service: fake_github.
