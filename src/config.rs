@@ -147,9 +147,14 @@ impl Settings {
         let github_token = env.input(input::GITHUB_TOKEN).map(Secret::new);
         let auth = parse_auth_json(env.input(input::AUTH_JSON), auth)?;
 
+        // Every input's format is checked, even those a disabled feature would not use.
         let s3_backup = parse_bool(env, input::S3_BACKUP, false)?;
+        let s3 = parse_s3(env)?;
         let s3 = if s3_backup {
-            Some(parse_s3(env)?)
+            Some(s3.ok_or(ConfigError::Missing {
+                input: input::S3_BUCKET,
+                hint: "'s3-backup: true' needs the bucket that holds the session database",
+            })?)
         } else {
             None
         };
@@ -344,11 +349,9 @@ fn parse_mention(raw: Option<&str>) -> Result<String, ConfigError> {
     }
 }
 
-fn parse_s3(env: &Env) -> Result<S3Input, ConfigError> {
-    let bucket = env.input(input::S3_BUCKET).ok_or(ConfigError::Missing {
-        input: input::S3_BUCKET,
-        hint: "'s3-backup: true' needs the bucket that holds the session database",
-    })?;
+/// The `s3-*` inputs, validated for format; `None` when no bucket is given.
+fn parse_s3(env: &Env) -> Result<Option<S3Input>, ConfigError> {
+    let allow_insecure_endpoint = parse_bool(env, input::S3_ALLOW_INSECURE_ENDPOINT, false)?;
     let sse_encryption = match env.input(input::S3_SSE_ENCRYPTION) {
         None => None,
         Some("aws:kms") => Some(SseMode::AwsKms),
@@ -361,7 +364,10 @@ fn parse_s3(env: &Env) -> Result<S3Input, ConfigError> {
             ))
         }
     };
-    Ok(S3Input {
+    let Some(bucket) = env.input(input::S3_BUCKET) else {
+        return Ok(None);
+    };
+    Ok(Some(S3Input {
         bucket: bucket.to_string(),
         region: env.input(input::AWS_REGION).map(str::to_string),
         endpoint: env.input(input::S3_ENDPOINT).map(str::to_string),
@@ -372,8 +378,162 @@ fn parse_s3(env: &Env) -> Result<S3Input, ConfigError> {
         expected_bucket_owner: env
             .input(input::S3_EXPECTED_BUCKET_OWNER)
             .map(str::to_string),
-        allow_insecure_endpoint: parse_bool(env, input::S3_ALLOW_INSECURE_ENDPOINT, false)?,
+        allow_insecure_endpoint,
         sse_encryption,
         sse_kms_key_id: env.input(input::S3_SSE_KMS_KEY_ID).map(str::to_string),
-    })
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Env {
+        let mut env = Env::from_pairs([("INPUT_AUTH-JSON", "{}")]);
+        for (k, v) in pairs {
+            env.set(crate::runner::input_var(k), *v);
+        }
+        env
+    }
+
+    fn parse(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        Settings::from_env(&env(pairs), AuthRequirement::Required)
+    }
+
+    fn err_input(pairs: &[(&str, &str)]) -> &'static str {
+        match parse(pairs).expect_err("accepted a bad value") {
+            ConfigError::Missing { input, .. } | ConfigError::Invalid { input, .. } => input,
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let s = parse(&[]).unwrap();
+        assert_eq!(s.timeout, Some(Duration::from_millis(DEFAULT_TIMEOUT_MS)));
+        assert_eq!(s.session_retention, 50);
+        assert!(!s.skip_cache);
+        assert_eq!(s.dedup_window, Some(Duration::from_millis(600_000)));
+        assert_eq!(s.response_mode, ResponseMode::Github);
+        assert_eq!(s.opencode_version, DEFAULT_OPENCODE_VERSION);
+        assert_eq!(s.mention, "@fro-bot");
+        assert!(s.s3.is_none());
+        assert!(s.auth.is_empty());
+    }
+
+    #[test]
+    fn every_bad_value_names_its_input() {
+        let cases: &[(&str, &str)] = &[
+            ("skip-cache", "yes"),
+            ("skip-cache", "1"),
+            ("s3-backup", "TRUE!"),
+            ("s3-allow-insecure-endpoint", "on"),
+            ("timeout", "-1"),
+            ("timeout", "+5"),
+            ("timeout", "1.5"),
+            ("timeout", "30s"),
+            ("timeout", "99999999999999999999999"),
+            ("session-retention", "ten"),
+            ("session-retention", "4294967296"),
+            ("dedup-window", "-0"),
+            ("response-mode", "slack"),
+            ("model", "no-slash"),
+            ("model", "/model"),
+            ("model", "provider/"),
+            ("opencode-version", "v1"),
+            ("opencode-version", "1.18"),
+            ("opencode-config", "[1,2]"),
+            ("opencode-config", "{not json"),
+            ("mention", "@"),
+            ("mention", "two words"),
+            ("auth-json", "[]"),
+            ("auth-json", "{\"p\":\"key-not-object\"}"),
+            ("auth-json", "{oops"),
+        ];
+        for (input, value) in cases {
+            assert_eq!(err_input(&[(input, value)]), *input, "{input}={value}");
+        }
+    }
+
+    #[test]
+    fn s3_inputs() {
+        assert_eq!(
+            err_input(&[("s3-sse-encryption", "bogus")]),
+            "s3-sse-encryption"
+        );
+        assert!(parse(&[("s3-bucket", "b")]).unwrap().s3.is_none());
+        assert_eq!(err_input(&[("s3-backup", "true")]), "s3-bucket");
+        assert_eq!(
+            err_input(&[
+                ("s3-backup", "true"),
+                ("s3-bucket", "b"),
+                ("s3-sse-encryption", "aes256")
+            ]),
+            "s3-sse-encryption"
+        );
+        let s = parse(&[
+            ("s3-backup", "True"),
+            ("s3-bucket", " b "),
+            ("s3-sse-encryption", "aws:kms"),
+            ("s3-allow-insecure-endpoint", "FALSE"),
+        ])
+        .unwrap()
+        .s3
+        .unwrap();
+        assert_eq!(s.bucket, "b");
+        assert_eq!(s.prefix, DEFAULT_S3_PREFIX);
+        assert_eq!(s.sse_encryption, Some(SseMode::AwsKms));
+    }
+
+    #[test]
+    fn zero_turns_deadlines_off_and_values_parse() {
+        let s = parse(&[
+            ("timeout", "0"),
+            ("dedup-window", "0"),
+            ("model", "anthropic/claude-x"),
+            ("response-mode", "NONE"),
+            ("mention", "my-bot"),
+            ("opencode-config", "{\"theme\":\"x\"}"),
+        ])
+        .unwrap();
+        assert_eq!(s.timeout, None);
+        assert_eq!(s.dedup_window, None);
+        assert_eq!(s.model.unwrap().model, "claude-x");
+        assert_eq!(s.response_mode, ResponseMode::None);
+        assert_eq!(s.mention, "@my-bot");
+        assert!(s.opencode_config.unwrap().contains_key("theme"));
+    }
+
+    #[test]
+    fn auth_json_is_required_for_the_action_and_never_echoed() {
+        let bare = Env::default();
+        assert!(matches!(
+            Settings::from_env(&bare, AuthRequirement::Required),
+            Err(ConfigError::Missing {
+                input: "auth-json",
+                ..
+            })
+        ));
+        assert!(Settings::from_env(&bare, AuthRequirement::Optional).is_ok());
+        let err = parse(&[("auth-json", "{\"openai\": \"sk-very-secret-value\"}")]).unwrap_err();
+        assert!(!err.to_string().contains("sk-very-secret"), "{err}");
+        let s = parse(&[(
+            "auth-json",
+            "{\"openai\":{\"type\":\"api\",\"key\":\"sk-another-secret\"}}",
+        )])
+        .unwrap();
+        assert_eq!(
+            crate::runner::log::redact("x sk-another-secret y"),
+            "x *** y"
+        );
+        // The type tag is not a secret: it must not blank the word everywhere.
+        assert_eq!(crate::runner::log::redact("api"), "api");
+        assert!(s.auth.contains_key("openai"));
+    }
+
+    #[test]
+    fn github_token_is_masked_and_hidden_from_debug() {
+        let s = parse(&[("github-token", "ghs_tokenvalue123")]).unwrap();
+        assert!(!format!("{s:?}").contains("ghs_tokenvalue123"));
+        assert_eq!(crate::runner::log::redact("ghs_tokenvalue123"), "***");
+    }
 }
