@@ -1,5 +1,5 @@
-//! `fro-bot`: the action's entry point. The container runs `fro-bot run` as the main step and
-//! `fro-bot post` (or the `fro-bot-post` link, dispatched on argv[0]) as the post step.
+//! `fro-bot`: the action's entry point. The container runs the `fro-bot-run` link as the main step
+//! and the `fro-bot-post` link as the post step (dispatched on argv[0]); both are `fro-bot run`/`post`.
 
 use std::process::ExitCode;
 
@@ -71,10 +71,11 @@ fn main() -> ExitCode {
                 .map(|n| n.to_string_lossy().into_owned())
         })
         .unwrap_or_default();
-    let command = if invoked_as == "fro-bot-post" {
-        Command::Post
-    } else {
-        Cli::parse().command
+    // `runs.using: docker` passes the same (no) args to main and post, so each has its own path.
+    let command = match invoked_as.as_str() {
+        "fro-bot-run" => Command::Run,
+        "fro-bot-post" => Command::Post,
+        _ => Cli::parse().command,
     };
     let env = fro_bot::runner::Env::from_process();
     fro_bot::runner::log::init_tracing(env.is_github_actions());

@@ -1,0 +1,38 @@
+# syntax=docker/dockerfile:1
+# fro-bot container action. Built by .github/workflows/release.yml for linux/amd64 and linux/arm64
+# and pinned by digest in action.yaml, so workflow runs pull it instead of compiling Rust.
+
+ARG RUST_VERSION=1.95
+ARG OPENCODE_VERSION=1.18.33
+
+FROM rust:${RUST_VERSION}-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY benches ./benches
+# rusqlite is `bundled` and TLS is rustls: no system SQLite or OpenSSL in the runtime image.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin fro-bot \
+ && install -D -m 0755 target/release/fro-bot /out/fro-bot
+
+FROM node:20-bookworm-slim AS opencode
+ARG OPENCODE_VERSION
+RUN npm install -g --no-audit --no-fund "opencode-ai@${OPENCODE_VERSION}" \
+ && arch="$(dpkg --print-architecture | sed 's/amd64/x64/')" \
+ && bin="$(find "$(npm root -g)" -path "*/opencode-linux-${arch}/bin/opencode" | head -n 1)" \
+ && install -D -m 0755 "$bin" /out/opencode \
+ && /out/opencode --version
+
+FROM debian:bookworm-slim
+ARG OPENCODE_VERSION
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates git zstd tar \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=opencode /out/opencode /usr/local/bin/opencode
+COPY --from=build /out/fro-bot /usr/local/bin/fro-bot
+# The main and post steps get the same args, so each runs through its own path (argv[0] dispatch).
+RUN ln -s fro-bot /usr/local/bin/fro-bot-run && ln -s fro-bot /usr/local/bin/fro-bot-post
+ENV FRO_BOT_OPENCODE_VERSION=${OPENCODE_VERSION}
+# No USER: the runner requires container actions to run as root.
+ENTRYPOINT ["/usr/local/bin/fro-bot-run"]
