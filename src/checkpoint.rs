@@ -335,7 +335,10 @@ mod tests {
             ffi::SQLITE_LOCKED,
             ffi::SQLITE_AUTH,
         ] {
-            assert!(!is_structural(&err(code)), "code {code} must not count as corruption");
+            assert!(
+                !is_structural(&err(code)),
+                "code {code} must not count as corruption"
+            );
         }
     }
 

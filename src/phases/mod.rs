@@ -1,1 +1,5 @@
-//! TODO(phases): filled in by its issue.
+//! The pipeline: restore → session prep → agent → cleanup → save, each a plain async function over
+//! a shared run context; `post` is its own entry.
+
+pub mod paths;
+pub mod project_identity;

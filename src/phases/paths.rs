@@ -1,0 +1,224 @@
+//! Where memory lives, and the one path list that the cache version is computed over. Main, restore
+//! and post all call [`StatePaths::from_env`], so the version never drifts between them (or from the
+//! official toolkit given the same strings).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint;
+use crate::runner::{env, Env};
+
+/// Our marker file beside the database: storage version and what was saved.
+pub const MARKER_FILE: &str = "fro-bot.json";
+/// Bumped only when the saved layout changes incompatibly; a mismatch means a clean slate.
+pub const STORAGE_VERSION: u32 = 1;
+/// OpenCode may store provider credentials here; it must never be saved or restored.
+pub const AUTH_FILE: &str = "auth.json";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatePaths {
+    /// `$XDG_DATA_HOME/opencode`, or `$HOME/.local/share/opencode`.
+    pub data_dir: PathBuf,
+    /// The path strings exactly as they enter the cache version and the archive.
+    list: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PathsError {
+    #[error("neither XDG_DATA_HOME nor HOME is set: cannot tell where OpenCode keeps its data")]
+    NoHome,
+}
+
+impl StatePaths {
+    pub fn from_env(env: &Env) -> Result<Self, PathsError> {
+        let data_dir = match env.get(env::XDG_DATA_HOME) {
+            Some(xdg) => PathBuf::from(xdg).join("opencode"),
+            None => PathBuf::from(env.get(env::HOME).ok_or(PathsError::NoHome)?)
+                .join(".local/share/opencode"),
+        };
+        Ok(Self::new(data_dir))
+    }
+
+    pub fn new(data_dir: PathBuf) -> Self {
+        // Exactly these, in this order. Never -wal, -shm, auth.json, log/ or snapshot/.
+        let list = [
+            checkpoint::LEGACY_STORAGE_DIR,
+            checkpoint::DB_FILE,
+            MARKER_FILE,
+        ]
+        .iter()
+        .map(|name| data_dir.join(name).to_string_lossy().into_owned())
+        .collect();
+        Self { data_dir, list }
+    }
+
+    /// The cache path list (and the roots extraction is confined to).
+    pub fn cache_paths(&self) -> &[String] {
+        &self.list
+    }
+
+    pub fn db(&self) -> PathBuf {
+        checkpoint::db_path(&self.data_dir)
+    }
+
+    pub fn marker(&self) -> PathBuf {
+        self.data_dir.join(MARKER_FILE)
+    }
+
+    pub fn auth_file(&self) -> PathBuf {
+        self.data_dir.join(AUTH_FILE)
+    }
+
+    /// Deletes `auth.json`: credentials never reach a cache entry, and never come from one.
+    pub fn remove_auth_file(&self) -> std::io::Result<bool> {
+        match std::fs::remove_file(self.auth_file()) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Marker {
+    pub storage_version: u32,
+    pub writer_version: String,
+    pub run_id: String,
+    /// Epoch milliseconds.
+    pub saved_at: u64,
+    pub db_size: u64,
+    pub db_sha256: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MarkerCheck {
+    /// No marker (an entry from an older writer or the toolkit): compatible.
+    Missing,
+    Compatible(Marker),
+    /// A different storage version: the data is not ours to read.
+    VersionMismatch {
+        found: u32,
+    },
+    /// Present but unreadable JSON: treated as compatible, reported.
+    Unreadable {
+        message: String,
+    },
+}
+
+pub fn check_marker(path: &Path) -> MarkerCheck {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return MarkerCheck::Missing,
+        Err(e) => {
+            return MarkerCheck::Unreadable {
+                message: e.to_string(),
+            }
+        }
+    };
+    #[derive(Deserialize)]
+    struct VersionOnly {
+        storage_version: u32,
+    }
+    match serde_json::from_str::<VersionOnly>(&text) {
+        Ok(v) if v.storage_version != STORAGE_VERSION => MarkerCheck::VersionMismatch {
+            found: v.storage_version,
+        },
+        Ok(_) => match serde_json::from_str::<Marker>(&text) {
+            Ok(m) => MarkerCheck::Compatible(m),
+            Err(e) => MarkerCheck::Unreadable {
+                message: e.to_string(),
+            },
+        },
+        Err(e) => MarkerCheck::Unreadable {
+            message: e.to_string(),
+        },
+    }
+}
+
+/// Writes the marker for the database as it is now (after its checkpoint), atomically.
+pub fn write_marker(paths: &StatePaths, run_id: &str, now_ms: u64) -> std::io::Result<Marker> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut file = std::fs::File::open(paths.db())?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut size = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        size += n as u64;
+        hasher.update(&buf[..n]);
+    }
+    let marker = Marker {
+        storage_version: STORAGE_VERSION,
+        writer_version: format!("fro-bot {}", env!("CARGO_PKG_VERSION")),
+        run_id: run_id.to_string(),
+        saved_at: now_ms,
+        db_size: size,
+        db_sha256: hex::encode(hasher.finalize()),
+    };
+    let tmp = paths.data_dir.join(format!(".{MARKER_FILE}.tmp"));
+    let json = serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, json)?;
+    std::fs::rename(&tmp, paths.marker())?;
+    Ok(marker)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_list_is_exact_and_follows_xdg() {
+        let env = Env::from_pairs([("HOME", "/github/home")]);
+        let p = StatePaths::from_env(&env).unwrap();
+        assert_eq!(
+            p.cache_paths(),
+            [
+                "/github/home/.local/share/opencode/storage",
+                "/github/home/.local/share/opencode/opencode.db",
+                "/github/home/.local/share/opencode/fro-bot.json",
+            ]
+        );
+        let env = Env::from_pairs([("HOME", "/h"), ("XDG_DATA_HOME", "/x/data")]);
+        assert_eq!(
+            StatePaths::from_env(&env).unwrap().data_dir,
+            PathBuf::from("/x/data/opencode")
+        );
+        // A blank XDG_DATA_HOME is unset.
+        let env = Env::from_pairs([("HOME", "/h"), ("XDG_DATA_HOME", "  ")]);
+        assert_eq!(
+            StatePaths::from_env(&env).unwrap().data_dir,
+            PathBuf::from("/h/.local/share/opencode")
+        );
+        assert!(StatePaths::from_env(&Env::default()).is_err());
+    }
+
+    #[test]
+    fn marker_round_trip_and_version_check() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = StatePaths::new(dir.path().to_path_buf());
+        assert_eq!(check_marker(&paths.marker()), MarkerCheck::Missing);
+        std::fs::write(paths.db(), b"0123456789").unwrap();
+        let m = write_marker(&paths, "42", 1_700_000_000_000).unwrap();
+        assert_eq!(m.db_size, 10);
+        assert_eq!(
+            m.db_sha256,
+            "84d89877f0d4041efb6bf91a16f0248f2fd573e6af05c19f96bedb9f882f7882"
+        );
+        assert_eq!(check_marker(&paths.marker()), MarkerCheck::Compatible(m));
+        std::fs::write(paths.marker(), r#"{"storage_version":2}"#).unwrap();
+        assert_eq!(
+            check_marker(&paths.marker()),
+            MarkerCheck::VersionMismatch { found: 2 }
+        );
+        std::fs::write(paths.marker(), "{").unwrap();
+        assert!(matches!(
+            check_marker(&paths.marker()),
+            MarkerCheck::Unreadable { .. }
+        ));
+    }
+}
