@@ -3,3 +3,4 @@
 
 pub mod paths;
 pub mod project_identity;
+pub mod report;

@@ -1,0 +1,213 @@
+//! What the persistence phases found and did, for the step summary, outputs and logs.
+
+use std::time::Duration;
+
+use crate::checkpoint::CheckpointOutcome;
+use crate::runner::summary::table;
+use crate::save_result::{CacheSaveResult, StorePublish};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheStatus {
+    Hit,
+    Miss,
+    Corrupted,
+}
+
+impl CacheStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheStatus::Hit => "hit",
+            CacheStatus::Miss => "miss",
+            CacheStatus::Corrupted => "corrupted",
+        }
+    }
+}
+
+/// Where restored memory came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreSource {
+    /// The S3-compatible object store.
+    Storage,
+    /// The GitHub Actions cache (or the local filesystem cache).
+    Cache,
+    None,
+}
+
+impl RestoreSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestoreSource::Storage => "storage",
+            RestoreSource::Cache => "cache",
+            RestoreSource::None => "none",
+        }
+    }
+}
+
+/// The lease as the summary reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseReport {
+    Disabled,
+    Acquired { generation: u64 },
+    HeldByOther { holder: String },
+    Error { message: String },
+}
+
+impl LeaseReport {
+    pub fn describe(&self) -> String {
+        match self {
+            LeaseReport::Disabled => "disabled".into(),
+            LeaseReport::Acquired { generation } => format!("acquired (generation {generation})"),
+            LeaseReport::HeldByOther { holder } => format!("held by {holder}"),
+            LeaseReport::Error { message } => format!("error: {message}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RestoreReport {
+    pub status: CacheStatus,
+    pub source: RestoreSource,
+    pub matched_key: Option<String>,
+    /// The object-store ETag of the restored database: publication is conditional on it.
+    pub store_etag: Option<String>,
+    /// Warnings and notable facts, in order (already free of secrets).
+    pub notes: Vec<String>,
+}
+
+impl RestoreReport {
+    pub fn miss() -> Self {
+        Self {
+            status: CacheStatus::Miss,
+            source: RestoreSource::None,
+            matched_key: None,
+            store_etag: None,
+            notes: Vec::new(),
+        }
+    }
+}
+
+/// Everything the "Session Persistence" summary section shows.
+#[derive(Debug, Clone)]
+pub struct PersistenceReport {
+    pub restore: Option<RestoreReport>,
+    pub save: Option<CacheSaveResult>,
+    pub checkpoint: Option<CheckpointOutcome>,
+    pub store_publish: StorePublish,
+    pub lease: LeaseReport,
+    pub phases: Vec<(&'static str, Duration)>,
+}
+
+impl Default for PersistenceReport {
+    fn default() -> Self {
+        Self {
+            restore: None,
+            save: None,
+            checkpoint: None,
+            store_publish: StorePublish::Disabled,
+            lease: LeaseReport::Disabled,
+            phases: Vec::new(),
+        }
+    }
+}
+
+impl PersistenceReport {
+    pub fn record_phase(&mut self, name: &'static str, took: Duration) {
+        self.phases.push((name, took));
+    }
+
+    /// The markdown section for the step summary.
+    pub fn to_markdown(&self, heading: &str) -> String {
+        let mut rows: Vec<Vec<String>> = Vec::new();
+        if let Some(r) = &self.restore {
+            rows.push(vec![
+                "Cache restore".into(),
+                format!(
+                    "{} (source: {}{})",
+                    r.status.as_str(),
+                    r.source.as_str(),
+                    r.matched_key
+                        .as_deref()
+                        .map(|k| format!(", key `{k}`"))
+                        .unwrap_or_default()
+                ),
+            ]);
+        }
+        if let Some(s) = &self.save {
+            rows.push(vec![
+                "Save result".into(),
+                format!("{} ({}): {}", s.state_value(), s.outcome, s.detail),
+            ]);
+        }
+        rows.push(vec![
+            "Object-store publish".into(),
+            self.store_publish.describe(),
+        ]);
+        rows.push(vec!["Lease".into(), self.lease.describe()]);
+        if let Some(c) = &self.checkpoint {
+            rows.push(vec!["Checkpoint".into(), c.describe()]);
+        }
+        if !self.phases.is_empty() {
+            let phases = self
+                .phases
+                .iter()
+                .map(|(name, d)| format!("{name} {:.2}s", d.as_secs_f64()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            rows.push(vec!["Phase durations".into(), phases]);
+        }
+        let mut out = format!("### {heading}\n\n");
+        out.push_str(&table(&["", ""], &rows));
+        if let Some(r) = &self.restore {
+            for note in &r.notes {
+                out.push_str(&format!("\n- {}", note.replace('\n', " ")));
+            }
+            if !r.notes.is_empty() {
+                out.push('\n');
+            }
+        }
+        out.push('\n');
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::save_result::SaveOutcome;
+
+    #[test]
+    fn summary_names_every_part() {
+        let mut report = PersistenceReport {
+            restore: Some(RestoreReport {
+                status: CacheStatus::Hit,
+                source: RestoreSource::Storage,
+                matched_key: None,
+                store_etag: Some("\"e\"".into()),
+                notes: vec!["removed a stale WAL".into()],
+            }),
+            save: Some(CacheSaveResult::new(
+                SaveOutcome::CacheRejected,
+                true,
+                "write denied",
+            )),
+            checkpoint: Some(CheckpointOutcome::Checkpointed),
+            store_publish: StorePublish::Published,
+            lease: LeaseReport::Acquired { generation: 7 },
+            phases: vec![],
+        };
+        report.record_phase("restore", Duration::from_millis(1500));
+        let md = report.to_markdown("Session Persistence");
+        for needle in [
+            "### Session Persistence",
+            "hit (source: storage)",
+            "store-only (cache-rejected): write denied",
+            "| Object-store publish | published |",
+            "acquired (generation 7)",
+            "checkpointed",
+            "restore 1.50s",
+            "- removed a stale WAL",
+        ] {
+            assert!(md.contains(needle), "missing {needle:?} in\n{md}");
+        }
+    }
+}
