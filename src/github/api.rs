@@ -245,7 +245,11 @@ impl GitHub {
     }
 
     /// Posts a comment on an issue or pull request conversation.
-    pub async fn comment_on_issue(&self, number: u64, body: &str) -> Result<PostedComment, ApiError> {
+    pub async fn comment_on_issue(
+        &self,
+        number: u64,
+        body: &str,
+    ) -> Result<PostedComment, ApiError> {
         let created: Created = self
             .client
             .post(

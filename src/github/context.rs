@@ -89,7 +89,11 @@ impl GitHub {
         }
     }
 
-    async fn issue_context(&self, thread: &Thread, limits: ContextLimits) -> Result<Context, ApiError> {
+    async fn issue_context(
+        &self,
+        thread: &Thread,
+        limits: ContextLimits,
+    ) -> Result<Context, ApiError> {
         let n = thread.number;
         let issue: IssueView = self
             .client
@@ -159,7 +163,12 @@ impl GitHub {
                 operation: OP,
                 message: format!("discussion #{} not found", thread.number),
             })?;
-        let text = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_str).unwrap_or("").to_string();
+        let text = |v: &Value, p: &str| {
+            v.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
         let mut comments: Vec<ContextComment> = d
             .pointer("/comments/nodes")
             .and_then(Value::as_array)

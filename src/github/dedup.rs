@@ -51,8 +51,10 @@ pub trait SentinelStore {
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// The newest sentinel whose key starts with `prefix`, if any.
-    fn find(&self, prefix: &str)
-        -> impl Future<Output = Result<Option<Sentinel>, Self::Error>> + Send;
+    fn find(
+        &self,
+        prefix: &str,
+    ) -> impl Future<Output = Result<Option<Sentinel>, Self::Error>> + Send;
 
     fn save(
         &self,
@@ -65,7 +67,10 @@ pub trait SentinelStore {
 pub enum DedupDecision {
     Proceed(ProceedReason),
     /// The agent ran for this entity `age` ago (zero when the sentinel is slightly in our future).
-    Skip { ran_at_ms: u64, age: Duration },
+    Skip {
+        ran_at_ms: u64,
+        age: Duration,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

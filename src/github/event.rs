@@ -230,8 +230,12 @@ pub enum Event {
         sender: Option<Actor>,
     },
     /// `schedule`: the cron expression that fired (empty when the payload lacks it).
-    Schedule { cron: String },
-    WorkflowDispatch { sender: Option<Actor> },
+    Schedule {
+        cron: String,
+    },
+    WorkflowDispatch {
+        sender: Option<Actor>,
+    },
     /// An event or action this action does not handle.
     Unsupported {
         event: String,
@@ -248,12 +252,16 @@ pub enum Event {
 impl Event {
     /// Reads `GITHUB_EVENT_NAME` and the payload at `GITHUB_EVENT_PATH`.
     pub fn from_env(env: &Env) -> Result<Event, EventError> {
-        let name = env.get(env::GITHUB_EVENT_NAME).ok_or(EventError::MissingVar {
-            var: env::GITHUB_EVENT_NAME,
-        })?;
-        let path = PathBuf::from(env.get(env::GITHUB_EVENT_PATH).ok_or(EventError::MissingVar {
-            var: env::GITHUB_EVENT_PATH,
-        })?);
+        let name = env
+            .get(env::GITHUB_EVENT_NAME)
+            .ok_or(EventError::MissingVar {
+                var: env::GITHUB_EVENT_NAME,
+            })?;
+        let path = PathBuf::from(env.get(env::GITHUB_EVENT_PATH).ok_or(
+            EventError::MissingVar {
+                var: env::GITHUB_EVENT_PATH,
+            },
+        )?);
         let raw = std::fs::read(&path).map_err(|source| EventError::Read {
             path: path.clone(),
             source,

@@ -1,8 +1,8 @@
 //! Every key and identity derived from the environment (REQUIREMENTS §4). All of it is a pure
 //! function of env values, so the main step and the post step derive the same keys.
 
-use sha2::{Digest, Sha256};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::runner::env;
 use crate::runner::Env;
@@ -290,7 +290,11 @@ impl DedupEntity {
 
     /// `fro-bot-dedup-v1-{repo}-{pr|issue}-{n}-`: the restore prefix.
     pub fn sentinel_prefix(self, repository: &str) -> String {
-        format!("fro-bot-dedup-v1-{}-{}-", repo_slug(repository), self.label())
+        format!(
+            "fro-bot-dedup-v1-{}-{}-",
+            repo_slug(repository),
+            self.label()
+        )
     }
 
     /// `fro-bot-dedup-v1-{repo}-{pr|issue}-{n}-{runId}`: the save key.
@@ -311,6 +315,36 @@ mod tests {
     fn h8(s: &str) -> String {
         let d = Sha256::digest(s.as_bytes());
         format!("{:02x}{:02x}{:02x}{:02x}", d[0], d[1], d[2], d[3])
+    }
+
+    #[test]
+    fn vectors_computed_with_sha256sum() {
+        // `printf '%s' '<canonical>' | sha256sum | cut -c1-8`, computed outside this code.
+        let e = env(&[("GITHUB_JOB", "agent")]);
+        assert_eq!(
+            invocation_identity(&e, Some(r#"{ "os": "ubuntu-latest", "node": 20.0 }"#)).as_deref(),
+            Some("agent-m91ee8fe9")
+        );
+        assert_eq!(
+            invocation_identity(
+                &e,
+                Some(r#"{"z":{"b":[3,1,{"y":1,"x":2}],"a":null},"a":false}"#)
+            )
+            .as_deref(),
+            Some("agent-m868cc9de")
+        );
+        assert_eq!(
+            invocation_identity(&e, Some(" os=linux, node=20 ")).as_deref(),
+            Some("agent-m8160a9b7")
+        );
+        assert_eq!(
+            invocation_identity(&e, Some("[2, 1]")).as_deref(),
+            Some("agent-maf1a1fc1")
+        );
+        assert_eq!(
+            LogicalKey::schedule("30 5 * * 1-5", "77", Some("agent")).as_str(),
+            "schedule-2b51d4e3-77-agent"
+        );
     }
 
     #[test]
@@ -337,7 +371,10 @@ mod tests {
 
     #[test]
     fn identity_is_none_without_a_job() {
-        assert_eq!(invocation_identity(&env(&[]), Some(r#"{"os":"linux"}"#)), None);
+        assert_eq!(
+            invocation_identity(&env(&[]), Some(r#"{"os":"linux"}"#)),
+            None
+        );
         assert_eq!(
             invocation_identity(&env(&[("GITHUB_JOB", "   ")]), None),
             None
@@ -347,7 +384,9 @@ mod tests {
     #[test]
     fn empty_matrices_add_nothing() {
         let e = env(&[("GITHUB_JOB", "agent")]);
-        for m in ["", "   ", "null", "{}", "[]", " { } ", "\"str\"", "5", "true"] {
+        for m in [
+            "", "   ", "null", "{}", "[]", " { } ", "\"str\"", "5", "true",
+        ] {
             assert_eq!(
                 invocation_identity(&e, Some(m)).as_deref(),
                 Some("agent"),
@@ -362,7 +401,10 @@ mod tests {
         let expected = format!("agent-m{}", h8(r#"{"node":20,"os":"ubuntu-latest"}"#));
         // Key order and whitespace (toJSON pretty-prints) do not matter.
         let pretty = "{\n  \"os\": \"ubuntu-latest\",\n  \"node\": 20\n}";
-        assert_eq!(invocation_identity(&e, Some(pretty)), Some(expected.clone()));
+        assert_eq!(
+            invocation_identity(&e, Some(pretty)),
+            Some(expected.clone())
+        );
         assert_eq!(
             invocation_identity(&e, Some(r#"{"node":20,"os":"ubuntu-latest"}"#)),
             Some(expected.clone())
@@ -417,7 +459,10 @@ mod tests {
     #[test]
     fn cache_keys_follow_the_layout() {
         let keys = CacheKeys::from_env(&base_env(), Some("agent-m0badc0de")).unwrap();
-        assert_eq!(keys.primary, "opencode-storage-octo-org-hello-world-main-Linux");
+        assert_eq!(
+            keys.primary,
+            "opencode-storage-octo-org-hello-world-main-Linux"
+        );
         assert_eq!(
             keys.restore_prefixes(),
             [
@@ -446,7 +491,10 @@ mod tests {
         let mut e = base_env();
         e.set("GITHUB_REF_NAME", "feat,x");
         let keys = CacheKeys::from_env(&e, None).unwrap();
-        assert_eq!(keys.primary, "opencode-storage-octo-org-hello-world-feat-x-Linux");
+        assert_eq!(
+            keys.primary,
+            "opencode-storage-octo-org-hello-world-feat-x-Linux"
+        );
         e.remove("RUNNER_OS");
         assert_eq!(
             CacheKeys::from_env(&e, None),
@@ -466,7 +514,9 @@ mod tests {
         let keys = CacheKeys::from_env(&e, Some(&identity)).unwrap();
         let save = keys.save_key();
         assert!(utf16_len(&save) <= 512, "{} units", utf16_len(&save));
-        assert!(keys.primary.starts_with("opencode-storage-octo-org-hello-world-feature/"));
+        assert!(keys
+            .primary
+            .starts_with("opencode-storage-octo-org-hello-world-feature/"));
         assert!(keys.primary.ends_with(&format!("-{}-Linux", h8(&branch))));
         // Deterministic, and independent of run id and identity (restore prefixes must match
         // across runs and jobs).
@@ -478,14 +528,20 @@ mod tests {
         // Two long branches that share a head stay distinct.
         let mut e2 = e.clone();
         e2.set("GITHUB_REF_NAME", format!("{branch}x"));
-        assert_ne!(CacheKeys::from_env(&e2, None).unwrap().primary, keys.primary);
+        assert_ne!(
+            CacheKeys::from_env(&e2, None).unwrap().primary,
+            keys.primary
+        );
     }
 
     #[test]
     fn logical_keys_and_titles() {
         assert_eq!(LogicalKey::issue(42).as_str(), "issue-42");
         assert_eq!(LogicalKey::pull_request(7).as_str(), "pr-7");
-        assert_eq!(LogicalKey::discussion(3).session_title(), "fro-bot: discussion-3");
+        assert_eq!(
+            LogicalKey::discussion(3).session_title(),
+            "fro-bot: discussion-3"
+        );
         let cron = "30 5 * * 1-5";
         assert_eq!(
             LogicalKey::schedule(cron, "99", Some("nightly")).as_str(),
@@ -495,7 +551,10 @@ mod tests {
             LogicalKey::schedule(cron, "99", None).as_str(),
             format!("schedule-{}-99", h8(cron))
         );
-        assert_eq!(LogicalKey::dispatch("99", Some("j")).as_str(), "dispatch-99-j");
+        assert_eq!(
+            LogicalKey::dispatch("99", Some("j")).as_str(),
+            "dispatch-99-j"
+        );
         assert_eq!(LogicalKey::dispatch("99", None).as_str(), "dispatch-99");
     }
 
@@ -503,7 +562,10 @@ mod tests {
     fn dedup_sentinel_keys() {
         let e = DedupEntity::PullRequest(12);
         assert_eq!(e.sentinel_prefix("o/r"), "fro-bot-dedup-v1-o-r-pr-12-");
-        assert_eq!(e.sentinel_key("o/r", "555"), "fro-bot-dedup-v1-o-r-pr-12-555");
+        assert_eq!(
+            e.sentinel_key("o/r", "555"),
+            "fro-bot-dedup-v1-o-r-pr-12-555"
+        );
         assert_eq!(
             DedupEntity::Issue(3).sentinel_prefix("o/r"),
             "fro-bot-dedup-v1-o-r-issue-3-"

@@ -204,7 +204,9 @@ pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
             }
             let trigger = match source {
                 CommentSource::IssueComment => Subject::IssueComment { id: comment.id },
-                CommentSource::PullRequestReviewComment => Subject::ReviewComment { id: comment.id },
+                CommentSource::PullRequestReviewComment => {
+                    Subject::ReviewComment { id: comment.id }
+                }
                 CommentSource::DiscussionComment => Subject::DiscussionComment {
                     node_id: comment.node_id.clone(),
                 },
