@@ -335,3 +335,49 @@ impl GitHub {
             .map_err(|e| ApiError::from_octocrab(operation, e))
     }
 }
+
+/// Per-run conveniences over the plan routing produced.
+impl GitHub {
+    /// 👀 on whatever triggered the run. `Ok(false)` when there is nothing to react to.
+    pub async fn acknowledge(&self, plan: &super::route::RunPlan) -> Result<bool, ApiError> {
+        match &plan.trigger {
+            Some(subject) => self.react(subject, Reaction::Eyes).await.map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// 🎉 or 😕 on the trigger when the run ends.
+    pub async fn conclude(
+        &self,
+        plan: &super::route::RunPlan,
+        succeeded: bool,
+    ) -> Result<bool, ApiError> {
+        let reaction = if succeeded {
+            Reaction::Hooray
+        } else {
+            Reaction::Confused
+        };
+        match &plan.trigger {
+            Some(subject) => self.react(subject, reaction).await.map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Resolves the fork/draft gates a comment payload could not (`plan.pull_request_unchecked`).
+    /// `Ok(Some(reason))` means skip. On `Err` the caller decides; the comment author is already
+    /// trusted, so proceeding with a warning is reasonable.
+    pub async fn check_pull_request(
+        &self,
+        plan: &super::route::RunPlan,
+    ) -> Result<Option<super::route::SkipReason>, ApiError> {
+        let Some(thread) = plan.thread.as_ref().filter(|_| plan.pull_request_unchecked) else {
+            return Ok(None);
+        };
+        let flags = self.pull_request_flags(thread.number).await?;
+        Ok(super::route::gate_pull_request(
+            thread.number,
+            flags.fork,
+            flags.draft,
+        ))
+    }
+}

@@ -1,8 +1,7 @@
 //! Routing and gating: does this event start a run, and with what plan (REQUIREMENTS §13).
 
-use super::event::{
-    CommentSource, Event, Flag, IssuesAction, PullRequestAction, Target, TargetKind,
-};
+use super::dedup::dedup_entity;
+use super::event::{CommentSource, Event, Flag, IssuesAction, Target, TargetKind};
 use super::keys::{DedupEntity, LogicalKey};
 
 /// What routing needs besides the event.
@@ -59,8 +58,11 @@ pub struct RunPlan {
     pub directive: Option<String>,
     /// Login of whoever triggered the run.
     pub author: Option<String>,
-    /// Set for issues/pull_request events, which are deduplicated.
+    /// Set for the issues/pull_request events `dedup` applies to (not synchronize/reopened).
     pub dedup: Option<DedupEntity>,
+    /// One line naming what triggered the run, for the prompt and the summary, e.g.
+    /// "`pull_request` (opened) on pull request #7 by @mona".
+    pub trigger_summary: String,
     /// For a comment on a pull request the payload does not say whether the pull request is a
     /// fork or a draft: the caller should check (`GitHub::pull_request_flags`) and apply
     /// `gate_pull_request` before running.
@@ -157,11 +159,13 @@ pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
                     event: "schedule".into(),
                 });
             }
-            Route::Run(run_scoped(LogicalKey::schedule(
+            let mut plan = run_scoped(LogicalKey::schedule(
                 cron,
                 settings.run_id,
                 settings.identity,
-            )))
+            ));
+            plan.trigger_summary = format!("`schedule` ({cron})");
+            Route::Run(plan)
         }
         Event::WorkflowDispatch { sender } => {
             if !settings.prompt_given {
@@ -171,6 +175,10 @@ pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
             }
             let mut plan = run_scoped(LogicalKey::dispatch(settings.run_id, settings.identity));
             plan.author = sender.as_ref().map(|s| s.login.clone());
+            plan.trigger_summary = match &plan.author {
+                Some(login) => format!("`workflow_dispatch` by @{login}"),
+                None => "`workflow_dispatch`".to_string(),
+            };
             Route::Run(plan)
         }
         Event::Comment {
@@ -221,6 +229,13 @@ pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
                 directive: Some(comment.body.clone()),
                 author: Some(comment.author.login.clone()),
                 dedup: None,
+                trigger_summary: format!(
+                    "`{}` on {} #{} by @{}",
+                    source.event_name(),
+                    target.kind.as_str(),
+                    target.number,
+                    comment.author.login
+                ),
                 pull_request_unchecked: unchecked,
                 agent_gets_token: false,
             })
@@ -230,44 +245,29 @@ pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
             target,
             sender,
         } => entity_route(
+            event,
             target,
             sender.as_ref(),
-            Some(match action {
-                IssuesAction::Opened | IssuesAction::Edited => {
-                    format!("{}\n\n{}", target.title, target.body)
-                }
-            }),
-            DedupEntity::Issue(target.number),
+            match action {
+                IssuesAction::Opened => "opened",
+                IssuesAction::Edited => "edited",
+            },
         ),
         Event::PullRequest {
             action,
             target,
             sender,
-        } => {
-            let directive = match action {
-                PullRequestAction::Opened
-                | PullRequestAction::Synchronize
-                | PullRequestAction::Reopened
-                | PullRequestAction::ReadyForReview
-                | PullRequestAction::ReviewRequested => None,
-            };
-            entity_route(
-                target,
-                sender.as_ref(),
-                directive,
-                DedupEntity::PullRequest(target.number),
-            )
-        }
+        } => entity_route(event, target, sender.as_ref(), action.as_str()),
     }
 }
 
 /// Issues and pull_request events: gated on the entity's author (the only association the
 /// payload carries) and on the sender being a person.
 fn entity_route(
+    event: &Event,
     target: &Target,
     sender: Option<&super::event::Actor>,
-    directive: Option<String>,
-    dedup: DedupEntity,
+    action: &str,
 ) -> Route {
     if let Some(bot) = [target.author.as_ref(), sender]
         .into_iter()
@@ -297,9 +297,20 @@ fn entity_route(
             number: target.number,
         }),
         trigger_comment_id: None,
-        directive,
+        // The issue or pull request itself is what the agent is asked about.
+        directive: Some(format!("{}\n\n{}", target.title, target.body)),
         author: target.author.as_ref().map(|a| a.login.clone()),
-        dedup: Some(dedup),
+        dedup: dedup_entity(event).ok(),
+        trigger_summary: format!(
+            "`{}` ({action}) on {} #{}{}",
+            event.name(),
+            target.kind.as_str(),
+            target.number,
+            target
+                .author
+                .as_ref()
+                .map_or_else(String::new, |a| format!(" by @{}", a.login))
+        ),
         pull_request_unchecked: target.kind == TargetKind::PullRequest
             && (target.fork == Flag::Unknown || target.draft == Flag::Unknown),
         agent_gets_token: false,
@@ -340,6 +351,7 @@ fn run_scoped(logical_key: LogicalKey) -> RunPlan {
         directive: None,
         author: None,
         dedup: None,
+        trigger_summary: String::new(),
         pull_request_unchecked: false,
         agent_gets_token: true,
     }

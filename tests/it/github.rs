@@ -147,6 +147,7 @@ fn run_plans_carry_trigger_thread_directive_and_dedup() {
     );
     assert_eq!(p.author.as_deref(), Some("mona"));
     assert_eq!(p.dedup, None);
+    assert_eq!(p.trigger_summary, "`issue_comment` on issue #42 by @mona");
     assert!(!p.agent_gets_token && !p.pull_request_unchecked);
     assert_eq!(
         p.thread,
@@ -489,6 +490,61 @@ async fn reactions_land_on_the_right_subjects() {
         .unwrap_err();
     assert!(matches!(err, ApiError::Unsupported { .. }));
     assert_eq!(fake.requests().len(), 4);
+}
+
+#[tokio::test]
+async fn acknowledge_conclude_and_recheck_follow_the_plan() {
+    let fake = FakeGitHub::start().await;
+    let gh = client(&fake);
+    let on_pr = plan(route_fixture(
+        "issue_comment.created.pr.json",
+        &fixture("issue_comment.created.pr.json"),
+        false,
+    ));
+    assert!(gh.acknowledge(&on_pr).await.unwrap());
+    assert!(gh.conclude(&on_pr, false).await.unwrap());
+    let opened = plan(route_fixture(
+        "issues.opened.json",
+        &fixture("issues.opened.json"),
+        false,
+    ));
+    assert!(gh.conclude(&opened, true).await.unwrap());
+    let sched = plan(route_fixture(
+        "schedule.json",
+        &fixture("schedule.json"),
+        true,
+    ));
+    assert!(!gh.acknowledge(&sched).await.unwrap());
+    assert_eq!(
+        fake.reactions(),
+        vec![
+            (
+                "/repos/octo-org/hello-world/issues/comments/1500000002/reactions".into(),
+                "eyes".into()
+            ),
+            (
+                "/repos/octo-org/hello-world/issues/comments/1500000002/reactions".into(),
+                "confused".into()
+            ),
+            (
+                "/repos/octo-org/hello-world/issues/43/reactions".into(),
+                "hooray".into()
+            ),
+        ]
+    );
+
+    // The comment was on PR #7: a fork there means skip; the same repo means run.
+    fake.seed_pull(7, Some("drive-by/hello-world"), REPO, false);
+    assert_eq!(
+        gh.check_pull_request(&on_pr).await.unwrap(),
+        Some(SkipReason::ForkPullRequest { number: 7 })
+    );
+    fake.seed_pull(7, Some(REPO), REPO, false);
+    assert_eq!(gh.check_pull_request(&on_pr).await.unwrap(), None);
+    // A plan that needs no check makes no request.
+    let before = fake.requests().len();
+    assert_eq!(gh.check_pull_request(&opened).await.unwrap(), None);
+    assert_eq!(fake.requests().len(), before);
 }
 
 fn footer() -> RunFooter {
