@@ -88,8 +88,9 @@ fn write_canonical(value: &Value, out: &mut String) {
             (Some(i), _, _) => out.push_str(&i.to_string()),
             (None, Some(u), _) => out.push_str(&u.to_string()),
             // Integral floats print as integers (as JSON.stringify does below 1e21).
+            // `+ 0.0` turns -0 into 0, as JSON.stringify prints it.
             (None, None, Some(f)) if f.fract() == 0.0 && f.abs() < 1e21 => {
-                out.push_str(&format!("{f:.0}"))
+                out.push_str(&format!("{:.0}", f + 0.0))
             }
             _ => out.push_str(&n.to_string()),
         },
@@ -413,6 +414,11 @@ mod tests {
         assert_eq!(
             invocation_identity(&e, Some(r#"{"os":"ubuntu-latest","node":20.0}"#)),
             Some(expected)
+        );
+        // -0.0 and a large integral float print as integers.
+        assert_eq!(
+            invocation_identity(&e, Some(r#"[-0.0, 1e20]"#)),
+            Some(format!("agent-m{}", h8("[0,100000000000000000000]")))
         );
         // A fractional float keeps its fraction.
         assert_eq!(
