@@ -1,1 +1,1104 @@
-//! Integration tests: github.
+//! Integration tests: the GitHub surface — fixtures through normalization and routing, gating,
+//! the API client against the fake GitHub (reactions, context, response, failures), dedup over a
+//! store, and a proptest over mutated payloads.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::http::Method;
+use fro_bot::config::{ResponseMode, Secret};
+use fro_bot::github::api::{ApiError, GitHub, Reaction};
+use fro_bot::github::context::{ContextLimits, TRUNCATED};
+use fro_bot::github::dedup::{self, DedupDecision, ProceedReason, Sentinel, SentinelStore};
+use fro_bot::github::event::{Event, Flag, TargetKind};
+use fro_bot::github::response::{ResponseOutcome, RunFooter};
+use fro_bot::github::route::{route, Route, RouteSettings, SkipReason, Subject, Thread};
+use fro_bot::github::{agent_gets_token, LogicalKey};
+use fro_bot::runner::Env;
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+use crate::support::fake_github::{FakeGitHub, TOKEN};
+
+const REPO: &str = "octo-org/hello-world";
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures/github")
+}
+
+fn fixture(name: &str) -> Value {
+    let raw = std::fs::read(fixture_dir().join(name)).unwrap();
+    serde_json::from_slice(&raw).unwrap()
+}
+
+/// The event name a fixture file stands for: the part before the first dot.
+fn event_name(file: &str) -> &str {
+    file.split('.').next().unwrap()
+}
+
+fn settings(prompt_given: bool) -> RouteSettings<'static> {
+    RouteSettings {
+        mention: "@fro-bot",
+        prompt_given,
+        run_id: "8812",
+        identity: Some("agent"),
+    }
+}
+
+fn route_fixture(file: &str, payload: &Value, prompt_given: bool) -> Route {
+    route(
+        &Event::parse(event_name(file), payload),
+        &settings(prompt_given),
+    )
+}
+
+fn plan(r: Route) -> fro_bot::github::RunPlan {
+    match r {
+        Route::Run(p) => p,
+        Route::Skip(s) => panic!("expected a run, got skip: {}", s.describe()),
+    }
+}
+
+fn skip(r: Route) -> SkipReason {
+    match r {
+        Route::Skip(s) => s,
+        Route::Run(p) => panic!("expected a skip, got run {}", p.logical_key),
+    }
+}
+
+#[test]
+fn every_fixture_routes_as_specified() {
+    // (fixture, prompt given, expected logical key or skip)
+    let cron_key = LogicalKey::schedule("30 5 * * 1-5", "8812", Some("agent"));
+    let table: Vec<(&str, bool, Result<&str, &str>)> = vec![
+        ("issue_comment.created.json", false, Ok("issue-42")),
+        ("issue_comment.created.pr.json", false, Ok("pr-7")),
+        ("issue_comment.edited.json", false, Err("unsupported")),
+        ("issue_comment.deleted.json", false, Err("unsupported")),
+        (
+            "discussion_comment.created.json",
+            false,
+            Ok("discussion-15"),
+        ),
+        ("issues.opened.json", false, Ok("issue-43")),
+        ("issues.edited.json", false, Ok("issue-43")),
+        ("issues.closed.json", false, Err("unsupported")),
+        ("issues.labeled.json", false, Err("unsupported")),
+        ("pull_request.opened.json", false, Ok("pr-7")),
+        ("pull_request.synchronize.json", false, Ok("pr-7")),
+        ("pull_request.reopened.json", false, Ok("pr-7")),
+        ("pull_request.ready_for_review.json", false, Ok("pr-7")),
+        ("pull_request.review_requested.json", false, Ok("pr-7")),
+        ("pull_request.closed.json", false, Err("unsupported")),
+        ("pull_request.labeled.json", false, Err("unsupported")),
+        (
+            "pull_request_review_comment.created.json",
+            false,
+            Ok("pr-7"),
+        ),
+        ("schedule.json", true, Ok(cron_key.as_str())),
+        ("schedule.json", false, Err("no-prompt")),
+        ("workflow_dispatch.json", true, Ok("dispatch-8812-agent")),
+        ("workflow_dispatch.json", false, Err("no-prompt")),
+        ("push.json", true, Err("unsupported")),
+    ];
+    // Every fixture file is in the table.
+    let mut files: Vec<String> = std::fs::read_dir(fixture_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    for f in &files {
+        assert!(
+            table.iter().any(|(t, ..)| t == f),
+            "fixture {f} not in the table"
+        );
+    }
+    for (file, prompt, expected) in table {
+        let r = route_fixture(file, &fixture(file), prompt);
+        match (expected, r) {
+            (Ok(key), Route::Run(p)) => {
+                assert_eq!(p.logical_key.as_str(), key, "{file}");
+                assert_eq!(p.logical_key.session_title(), format!("fro-bot: {key}"));
+            }
+            (Err("unsupported"), Route::Skip(SkipReason::UnsupportedEvent { event, .. })) => {
+                assert_eq!(event, event_name(file), "{file}")
+            }
+            (Err("no-prompt"), Route::Skip(SkipReason::NoPrompt { .. })) => {}
+            (expected, got) => panic!("{file}: expected {expected:?}, got {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn run_plans_carry_trigger_thread_directive_and_dedup() {
+    let p = plan(route_fixture(
+        "issue_comment.created.json",
+        &fixture("issue_comment.created.json"),
+        false,
+    ));
+    assert_eq!(p.trigger, Some(Subject::IssueComment { id: 1500000001 }));
+    assert_eq!(p.trigger_comment_id, Some(1500000001));
+    assert_eq!(
+        p.directive.as_deref(),
+        Some("@fro-bot why does this crash? Please find the cause.")
+    );
+    assert_eq!(p.author.as_deref(), Some("mona"));
+    assert_eq!(p.dedup, None);
+    assert_eq!(p.trigger_summary, "`issue_comment` on issue #42 by @mona");
+    assert!(!p.agent_gets_token && !p.pull_request_unchecked);
+    assert_eq!(
+        p.thread,
+        Some(Thread {
+            kind: TargetKind::Issue,
+            number: 42,
+            node_id: Some("I_kwDOBrQxxc642".into())
+        })
+    );
+
+    // A comment on a pull request's conversation: the payload cannot tell fork/draft apart.
+    let p = plan(route_fixture(
+        "issue_comment.created.pr.json",
+        &fixture("issue_comment.created.pr.json"),
+        false,
+    ));
+    assert_eq!(p.thread.as_ref().unwrap().kind, TargetKind::PullRequest);
+    assert!(p.pull_request_unchecked);
+
+    let p = plan(route_fixture(
+        "pull_request_review_comment.created.json",
+        &fixture("pull_request_review_comment.created.json"),
+        false,
+    ));
+    assert_eq!(p.trigger, Some(Subject::ReviewComment { id: 2100000001 }));
+    assert!(!p.pull_request_unchecked);
+
+    let p = plan(route_fixture(
+        "discussion_comment.created.json",
+        &fixture("discussion_comment.created.json"),
+        false,
+    ));
+    assert_eq!(
+        p.trigger,
+        Some(Subject::DiscussionComment {
+            node_id: Some("DC_kwDOBrQxxc4Aqf2w".into())
+        })
+    );
+    assert_eq!(
+        p.thread.unwrap().node_id.as_deref(),
+        Some("D_kwDOBrQxxc4AQ8x")
+    );
+
+    let p = plan(route_fixture(
+        "issues.opened.json",
+        &fixture("issues.opened.json"),
+        false,
+    ));
+    assert_eq!(p.trigger, Some(Subject::Issue { number: 43 }));
+    assert!(p.directive.unwrap().starts_with("Add a local mode\n\n"));
+    assert_eq!(p.dedup, Some(fro_bot::github::keys::DedupEntity::Issue(43)));
+
+    let p = plan(route_fixture(
+        "schedule.json",
+        &fixture("schedule.json"),
+        true,
+    ));
+    assert!(p.agent_gets_token && p.thread.is_none() && p.trigger.is_none());
+
+    for (file, gets) in [
+        ("schedule.json", true),
+        ("workflow_dispatch.json", true),
+        ("issue_comment.created.json", false),
+        ("pull_request.opened.json", false),
+        ("push.json", false),
+    ] {
+        assert_eq!(
+            agent_gets_token(&Event::parse(event_name(file), &fixture(file))),
+            gets,
+            "{file}"
+        );
+    }
+}
+
+fn set(payload: &mut Value, pointer: &str, value: Value) {
+    *payload.pointer_mut(pointer).unwrap() = value;
+}
+
+#[test]
+fn gating_rejects_non_members() {
+    for assoc in [
+        "CONTRIBUTOR",
+        "NONE",
+        "FIRST_TIME_CONTRIBUTOR",
+        "FIRST_TIMER",
+        "MANNEQUIN",
+        "owner",
+        "",
+    ] {
+        let mut p = fixture("issue_comment.created.json");
+        set(&mut p, "/comment/author_association", json!(assoc));
+        let s = skip(route_fixture("issue_comment.created.json", &p, false));
+        assert!(
+            matches!(&s, SkipReason::UntrustedAuthor { login, .. } if login == "mona"),
+            "{assoc}: {s:?}"
+        );
+    }
+    let mut p = fixture("issue_comment.created.json");
+    p["comment"]
+        .as_object_mut()
+        .unwrap()
+        .remove("author_association");
+    assert!(matches!(
+        skip(route_fixture("issue_comment.created.json", &p, false)),
+        SkipReason::UntrustedAuthor { .. }
+    ));
+    // Issues/PR events gate on the entity author's association.
+    let mut p = fixture("pull_request.opened.json");
+    set(
+        &mut p,
+        "/pull_request/author_association",
+        json!("CONTRIBUTOR"),
+    );
+    assert!(matches!(
+        skip(route_fixture("pull_request.opened.json", &p, false)),
+        SkipReason::UntrustedAuthor { .. }
+    ));
+    for assoc in ["OWNER", "MEMBER", "COLLABORATOR"] {
+        let mut p = fixture("issues.opened.json");
+        set(&mut p, "/issue/author_association", json!(assoc));
+        plan(route_fixture("issues.opened.json", &p, false));
+    }
+}
+
+#[test]
+fn gating_rejects_bots() {
+    let mut p = fixture("issue_comment.created.json");
+    set(&mut p, "/comment/user/type", json!("Bot"));
+    set(&mut p, "/comment/user/login", json!("renovate"));
+    assert_eq!(
+        skip(route_fixture("issue_comment.created.json", &p, false)),
+        SkipReason::BotAuthor {
+            login: "renovate".into()
+        }
+    );
+    // An app acting as a member still counts as a bot (login suffix).
+    let mut p = fixture("issue_comment.created.json");
+    set(&mut p, "/comment/user/login", json!("github-actions[bot]"));
+    assert!(matches!(
+        skip(route_fixture("issue_comment.created.json", &p, false)),
+        SkipReason::BotAuthor { .. }
+    ));
+    // A bot pushing to a maintainer's PR (sender) does not trigger a run.
+    let mut p = fixture("pull_request.synchronize.json");
+    set(&mut p, "/sender/login", json!("dependabot[bot]"));
+    set(&mut p, "/sender/type", json!("Bot"));
+    assert_eq!(
+        skip(route_fixture("pull_request.synchronize.json", &p, false)),
+        SkipReason::BotAuthor {
+            login: "dependabot[bot]".into()
+        }
+    );
+}
+
+#[test]
+fn gating_rejects_forks_drafts_and_locked() {
+    let mut p = fixture("pull_request.opened.json");
+    set(
+        &mut p,
+        "/pull_request/head/repo/full_name",
+        json!("drive-by/hello-world"),
+    );
+    assert_eq!(
+        skip(route_fixture("pull_request.opened.json", &p, false)),
+        SkipReason::ForkPullRequest { number: 7 }
+    );
+    // A deleted fork.
+    let mut p = fixture("pull_request_review_comment.created.json");
+    set(&mut p, "/pull_request/head/repo", Value::Null);
+    assert_eq!(
+        skip(route_fixture(
+            "pull_request_review_comment.created.json",
+            &p,
+            false
+        )),
+        SkipReason::ForkPullRequest { number: 7 }
+    );
+
+    let mut p = fixture("pull_request.review_requested.json");
+    set(&mut p, "/pull_request/draft", json!(true));
+    assert_eq!(
+        skip(route_fixture(
+            "pull_request.review_requested.json",
+            &p,
+            false
+        )),
+        SkipReason::DraftPullRequest { number: 7 }
+    );
+    // The issue view of a draft pull request carries `draft`.
+    let mut p = fixture("issue_comment.created.pr.json");
+    set(&mut p, "/issue/draft", json!(true));
+    assert_eq!(
+        skip(route_fixture("issue_comment.created.pr.json", &p, false)),
+        SkipReason::DraftPullRequest { number: 7 }
+    );
+
+    let mut p = fixture("issue_comment.created.json");
+    set(&mut p, "/issue/locked", json!(true));
+    let s = skip(route_fixture("issue_comment.created.json", &p, false));
+    assert_eq!(
+        s,
+        SkipReason::Locked {
+            kind: TargetKind::Issue,
+            number: 42
+        }
+    );
+    assert_eq!(s.describe(), "The issue #42 is locked.");
+    let mut p = fixture("discussion_comment.created.json");
+    set(&mut p, "/discussion/locked", json!(true));
+    assert!(matches!(
+        skip(route_fixture("discussion_comment.created.json", &p, false)),
+        SkipReason::Locked {
+            kind: TargetKind::Discussion,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn comments_need_the_configured_mention() {
+    let file = "issue_comment.created.json";
+    let mut p = fixture(file);
+    set(
+        &mut p,
+        "/comment/body",
+        json!("thanks fro-bot, and @fro-bots too"),
+    );
+    assert_eq!(
+        skip(route_fixture(file, &p, false)),
+        SkipReason::NoMention {
+            mention: "@fro-bot".into()
+        }
+    );
+    // A custom mention.
+    set(&mut p, "/comment/body", json!("@Helper-Bot take a look"));
+    let custom = RouteSettings {
+        mention: "@helper-bot",
+        ..settings(false)
+    };
+    assert!(matches!(
+        route(&Event::parse("issue_comment", &p), &custom),
+        Route::Run(_)
+    ));
+    assert!(matches!(
+        route(&Event::parse("issue_comment", &p), &settings(false)),
+        Route::Skip(SkipReason::NoMention { .. })
+    ));
+    // Issue and PR events run without a mention.
+    let mut p = fixture("issues.edited.json");
+    set(&mut p, "/issue/body", json!("no mention here"));
+    plan(route_fixture("issues.edited.json", &p, false));
+}
+
+#[test]
+fn event_from_env_reads_the_payload_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("event.json");
+    std::fs::copy(fixture_dir().join("issues.opened.json"), &path).unwrap();
+    let env = Env::from_pairs([
+        ("GITHUB_EVENT_NAME", "issues"),
+        ("GITHUB_EVENT_PATH", path.to_str().unwrap()),
+    ]);
+    let event = Event::from_env(&env).unwrap();
+    assert_eq!(event.name(), "issues");
+    assert_eq!(event.target().unwrap().number, 43);
+
+    std::fs::write(&path, "{not json").unwrap();
+    assert!(matches!(
+        Event::from_env(&env),
+        Err(fro_bot::github::event::EventError::Json { .. })
+    ));
+    let env = Env::from_pairs([("GITHUB_EVENT_NAME", "issues")]);
+    assert!(matches!(
+        Event::from_env(&env),
+        Err(fro_bot::github::event::EventError::MissingVar { .. })
+    ));
+}
+
+// ---- API client against the fake ----
+
+fn client(fake: &FakeGitHub) -> GitHub {
+    GitHub::new(&fake.url, &Secret::new(TOKEN), REPO).unwrap()
+}
+
+#[tokio::test]
+async fn reactions_land_on_the_right_subjects() {
+    let fake = FakeGitHub::start().await;
+    fake.seed_discussion(15, "D_kwDOBrQxxc4AQ8x", "t", "b", 0);
+    let gh = client(&fake);
+    gh.react(&Subject::IssueComment { id: 1500000001 }, Reaction::Eyes)
+        .await
+        .unwrap();
+    gh.react(&Subject::ReviewComment { id: 2100000001 }, Reaction::Hooray)
+        .await
+        .unwrap();
+    gh.react(&Subject::Issue { number: 43 }, Reaction::Confused)
+        .await
+        .unwrap();
+    gh.react(
+        &Subject::DiscussionComment {
+            node_id: Some("DC_kwDOBrQxxc4Aqf2w".into()),
+        },
+        Reaction::Eyes,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        fake.reactions(),
+        vec![
+            (
+                "/repos/octo-org/hello-world/issues/comments/1500000001/reactions".into(),
+                "eyes".into()
+            ),
+            (
+                "/repos/octo-org/hello-world/pulls/comments/2100000001/reactions".into(),
+                "hooray".into()
+            ),
+            (
+                "/repos/octo-org/hello-world/issues/43/reactions".into(),
+                "confused".into()
+            ),
+            ("DC_kwDOBrQxxc4Aqf2w".into(), "EYES".into()),
+        ]
+    );
+    let requests = fake.requests();
+    assert!(requests
+        .iter()
+        .all(|r| r.auth.as_deref() == Some(&*format!("Bearer {TOKEN}"))));
+    assert_eq!(requests[0].method, "POST");
+    assert_eq!(requests[0].body, json!({"content": "eyes"}));
+    assert_eq!(requests[3].path, "/graphql");
+
+    // A discussion comment without a node id cannot be reacted to: an error, no request.
+    let err = gh
+        .react(
+            &Subject::DiscussionComment { node_id: None },
+            Reaction::Eyes,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ApiError::Unsupported { .. }));
+    assert_eq!(fake.requests().len(), 4);
+}
+
+#[tokio::test]
+async fn acknowledge_conclude_and_recheck_follow_the_plan() {
+    let fake = FakeGitHub::start().await;
+    let gh = client(&fake);
+    let on_pr = plan(route_fixture(
+        "issue_comment.created.pr.json",
+        &fixture("issue_comment.created.pr.json"),
+        false,
+    ));
+    assert!(gh.acknowledge(&on_pr).await.unwrap());
+    assert!(gh.conclude(&on_pr, false).await.unwrap());
+    let opened = plan(route_fixture(
+        "issues.opened.json",
+        &fixture("issues.opened.json"),
+        false,
+    ));
+    assert!(gh.conclude(&opened, true).await.unwrap());
+    let sched = plan(route_fixture(
+        "schedule.json",
+        &fixture("schedule.json"),
+        true,
+    ));
+    assert!(!gh.acknowledge(&sched).await.unwrap());
+    assert_eq!(
+        fake.reactions(),
+        vec![
+            (
+                "/repos/octo-org/hello-world/issues/comments/1500000002/reactions".into(),
+                "eyes".into()
+            ),
+            (
+                "/repos/octo-org/hello-world/issues/comments/1500000002/reactions".into(),
+                "confused".into()
+            ),
+            (
+                "/repos/octo-org/hello-world/issues/43/reactions".into(),
+                "hooray".into()
+            ),
+        ]
+    );
+
+    // The comment was on PR #7: a fork there means skip; the same repo means run.
+    fake.seed_pull(7, Some("drive-by/hello-world"), REPO, false);
+    assert_eq!(
+        gh.check_pull_request(&on_pr).await.unwrap(),
+        Some(SkipReason::ForkPullRequest { number: 7 })
+    );
+    fake.seed_pull(7, Some(REPO), REPO, false);
+    assert_eq!(gh.check_pull_request(&on_pr).await.unwrap(), None);
+    // A plan that needs no check makes no request.
+    let before = fake.requests().len();
+    assert_eq!(gh.check_pull_request(&opened).await.unwrap(), None);
+    assert_eq!(fake.requests().len(), before);
+}
+
+fn footer() -> RunFooter {
+    RunFooter {
+        run_url: Some("https://github.com/octo-org/hello-world/actions/runs/8812".into()),
+        session_id: Some("ses_4f2a9c".into()),
+        cache_status: Some("hit".into()),
+        logical_key: Some("issue-42".into()),
+        duration_secs: Some(31),
+    }
+}
+
+#[tokio::test]
+async fn the_response_comment_has_the_answer_and_footer() {
+    let fake = FakeGitHub::start().await;
+    fake.seed_issue(42, "Crash", "It panics");
+    let gh = client(&fake);
+    let thread = Thread {
+        kind: TargetKind::Issue,
+        number: 42,
+        node_id: None,
+    };
+    let out = gh
+        .respond(
+            ResponseMode::Github,
+            Some(&thread),
+            "The crash comes from an empty cache dir.",
+            &footer(),
+        )
+        .await
+        .unwrap();
+    let ResponseOutcome::Posted(posted) = out else {
+        panic!("{out:?}")
+    };
+    assert!(posted.url.unwrap().contains("#issuecomment-"));
+    let created = fake.created_comments();
+    assert_eq!(created.len(), 1, "exactly one comment");
+    let (on, body) = &created[0];
+    assert_eq!(on, "issue-42");
+    assert!(body.starts_with("The crash comes from an empty cache dir."));
+    assert!(body.contains("<details>") && body.contains("</details>"));
+    assert!(body.contains("https://github.com/octo-org/hello-world/actions/runs/8812"));
+    assert!(body.contains("ses_4f2a9c"));
+    assert!(body.contains("`hit`"));
+
+    // response-mode: none posts nothing and makes no request.
+    let before = fake.requests().len();
+    let out = gh
+        .respond(ResponseMode::None, Some(&thread), "x", &footer())
+        .await
+        .unwrap();
+    assert_eq!(out, ResponseOutcome::Disabled);
+    let out = gh
+        .respond(ResponseMode::Github, None, "x", &footer())
+        .await
+        .unwrap();
+    assert_eq!(out, ResponseOutcome::NoThread);
+    assert_eq!(fake.requests().len(), before);
+    assert_eq!(fake.created_comments().len(), 1);
+}
+
+#[tokio::test]
+async fn discussion_response_goes_through_graphql() {
+    let fake = FakeGitHub::start().await;
+    fake.seed_discussion(15, "D_kwDOBrQxxc4AQ8x", "How?", "Body", 2);
+    let gh = client(&fake);
+    let thread = Thread {
+        kind: TargetKind::Discussion,
+        number: 15,
+        node_id: Some("D_kwDOBrQxxc4AQ8x".into()),
+    };
+    let out = gh
+        .respond(
+            ResponseMode::Github,
+            Some(&thread),
+            "Use s3-backup.",
+            &footer(),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(out, ResponseOutcome::Posted(p) if p.id.starts_with("DC_")));
+    let created = fake.created_comments();
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0].0, "discussion-15");
+    assert!(created[0].1.starts_with("Use s3-backup.") && created[0].1.contains("ses_4f2a9c"));
+
+    let ctx = gh
+        .fetch_context(&thread, ContextLimits::default())
+        .await
+        .unwrap();
+    assert_eq!(ctx.title, "How?");
+    // The two seeded replies plus our response.
+    assert_eq!(ctx.comments.len(), 3);
+    assert_eq!(ctx.comments[0].body, "discussion reply 0");
+
+    // An unknown discussion is a GraphQL error value.
+    let missing = Thread {
+        kind: TargetKind::Discussion,
+        number: 99,
+        node_id: Some("D_nope".into()),
+    };
+    assert!(gh
+        .fetch_context(&missing, ContextLimits::default())
+        .await
+        .is_err());
+    assert!(matches!(
+        gh.respond(ResponseMode::Github, Some(&missing), "x", &footer())
+            .await,
+        Err(ApiError::Graphql { .. })
+    ));
+}
+
+#[tokio::test]
+async fn context_takes_the_most_recent_comments_bounded() {
+    let fake = FakeGitHub::start().await;
+    fake.seed_issue(42, "Crash on start", &"long body ".repeat(2000));
+    fake.seed_comments(42, 45);
+    let gh = client(&fake);
+    let thread = Thread {
+        kind: TargetKind::Issue,
+        number: 42,
+        node_id: None,
+    };
+    let limits = ContextLimits {
+        max_comments: 20,
+        max_item_chars: 1000,
+        max_total_chars: 4000,
+    };
+    let ctx = gh.fetch_context(&thread, limits).await.unwrap();
+    assert_eq!(ctx.total_comments, 45);
+    let bodies: Vec<&str> = ctx.comments.iter().map(|c| c.body.as_str()).collect();
+    let expected: Vec<String> = (25..45).map(|i| format!("comment {i}")).collect();
+    assert_eq!(
+        bodies,
+        expected.iter().map(String::as_str).collect::<Vec<_>>()
+    );
+    // Pages 2 and 3 of 20 were read (comments 21..45).
+    let pages: Vec<String> = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/comments"))
+        .map(|r| r.query.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(pages, vec!["per_page=20&page=2", "per_page=20&page=3"]);
+
+    let text = ctx.render(limits);
+    assert!(text.chars().count() <= 4000);
+    assert!(text.contains(TRUNCATED));
+    assert!(text.contains("comment 44"));
+
+    // No comments: one request for the issue only.
+    fake.seed_issue(5, "Quiet", "nothing");
+    let before = fake.requests().len();
+    let ctx = gh
+        .fetch_context(
+            &Thread {
+                kind: TargetKind::PullRequest,
+                number: 5,
+                node_id: None,
+            },
+            limits,
+        )
+        .await
+        .unwrap();
+    assert!(ctx.comments.is_empty());
+    assert_eq!(fake.requests().len(), before + 1);
+}
+
+#[tokio::test]
+async fn pull_request_flags_resolve_unknown_fork_and_draft() {
+    let fake = FakeGitHub::start().await;
+    fake.seed_pull(7, Some(REPO), REPO, false);
+    fake.seed_pull(8, Some("drive-by/hello-world"), REPO, false);
+    fake.seed_pull(9, None, REPO, true);
+    let gh = client(&fake);
+    let f = gh.pull_request_flags(7).await.unwrap();
+    assert_eq!((f.fork, f.draft), (Flag::No, Flag::No));
+    let f = gh.pull_request_flags(8).await.unwrap();
+    assert_eq!(f.fork, Flag::Yes);
+    assert_eq!(
+        fro_bot::github::route::gate_pull_request(8, f.fork, f.draft),
+        Some(SkipReason::ForkPullRequest { number: 8 })
+    );
+    let f = gh.pull_request_flags(9).await.unwrap();
+    assert_eq!((f.fork, f.draft), (Flag::Yes, Flag::Yes));
+    assert_eq!(
+        gh.pull_request_flags(10).await.unwrap_err().status(),
+        Some(404)
+    );
+}
+
+#[tokio::test]
+async fn api_failures_are_error_values_and_calls_continue() {
+    let fake = FakeGitHub::start().await;
+    fake.seed_issue(42, "Crash", "It panics");
+    let gh = client(&fake);
+    let subject = Subject::IssueComment { id: 1 };
+
+    fake.fail(Some(Method::POST), "/reactions", 403, Some(1));
+    let err = gh.react(&subject, Reaction::Eyes).await.unwrap_err();
+    assert_eq!(err.status(), Some(403));
+    assert!(err
+        .to_string()
+        .contains("Resource not accessible by integration"));
+
+    fake.fail(None, "/issues/42/comments", 500, Some(1));
+    let err = gh
+        .respond(
+            ResponseMode::Github,
+            Some(&Thread {
+                kind: TargetKind::Issue,
+                number: 42,
+                node_id: None,
+            }),
+            "answer",
+            &footer(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(500));
+    assert!(fake.created_comments().is_empty());
+
+    fake.fail_html("/issues/42", 502);
+    let err = gh
+        .fetch_context(
+            &Thread {
+                kind: TargetKind::Issue,
+                number: 42,
+                node_id: None,
+            },
+            ContextLimits::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(502));
+    // One line, no HTML dump.
+    assert!(!err.to_string().contains('\n'));
+
+    // 404 for a comment that is gone.
+    let err = gh
+        .react(&Subject::IssueComment { id: 1 }, Reaction::Hooray)
+        .await;
+    assert!(err.is_ok(), "the one-shot 403 is spent: {err:?}");
+    let err = gh.comment_on_issue(404404, "x").await.unwrap_err();
+    assert_eq!(err.status(), Some(404));
+
+    // A bad token is a 401 value, not a panic; the token never appears in the error.
+    let bad = GitHub::new(&fake.url, &Secret::new("ghs_wrong_token_zzz"), REPO).unwrap();
+    let err = bad.react(&subject, Reaction::Eyes).await.unwrap_err();
+    assert_eq!(err.status(), Some(401));
+    assert!(!err.to_string().contains("ghs_wrong_token_zzz"));
+
+    // Nothing listening: a transport error value.
+    let dead = GitHub::new("http://127.0.0.1:9", &Secret::new(TOKEN), REPO).unwrap();
+    let err = dead.react(&subject, Reaction::Eyes).await.unwrap_err();
+    assert!(matches!(err, ApiError::Transport { .. }), "{err:?}");
+
+    assert!(matches!(
+        GitHub::new(&fake.url, &Secret::new(TOKEN), "no-slash"),
+        Err(ApiError::Repository { .. })
+    ));
+}
+
+#[tokio::test]
+async fn enterprise_server_paths_are_respected() {
+    let fake = FakeGitHub::start().await;
+    fake.seed_issue(42, "Crash", "It panics");
+    fake.seed_discussion(15, "D_x", "t", "b", 0);
+    let env = Env::from_pairs([
+        ("GITHUB_API_URL", format!("{}/api/v3", fake.url)),
+        ("GITHUB_REPOSITORY", REPO.to_string()),
+    ]);
+    let gh = GitHub::from_env(&env, &Secret::new(TOKEN)).unwrap();
+    gh.react(&Subject::Issue { number: 42 }, Reaction::Eyes)
+        .await
+        .unwrap();
+    gh.comment_on_discussion("D_x", "hi").await.unwrap();
+    let paths: Vec<String> = fake.requests().iter().map(|r| r.raw_path.clone()).collect();
+    assert_eq!(
+        paths,
+        vec![
+            "/api/v3/repos/octo-org/hello-world/issues/42/reactions".to_string(),
+            "/api/graphql".to_string()
+        ]
+    );
+}
+
+// ---- dedup over a store ----
+
+#[derive(Default)]
+struct MemStore {
+    entries: Mutex<HashMap<String, Sentinel>>,
+    fail: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cache service unavailable")]
+struct StoreDown;
+
+impl SentinelStore for MemStore {
+    type Error = StoreDown;
+
+    async fn find(&self, prefix: &str) -> Result<Option<Sentinel>, StoreDown> {
+        if self.fail {
+            return Err(StoreDown);
+        }
+        let entries = self.entries.lock().unwrap();
+        Ok(entries
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(_, s)| s.clone())
+            .max_by_key(|s| s.ran_at_ms))
+    }
+
+    async fn save(&self, key: &str, s: &Sentinel) -> Result<(), StoreDown> {
+        if self.fail {
+            return Err(StoreDown);
+        }
+        self.entries.lock().unwrap().insert(key.into(), s.clone());
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn dedup_skips_a_second_run_within_the_window() {
+    let store = MemStore::default();
+    let opened = Event::parse("pull_request", &fixture("pull_request.opened.json"));
+    let window = Some(Duration::from_secs(600));
+    let t0 = 1_800_000_000_000u64;
+
+    let d = dedup::check(&store, &opened, REPO, "100", t0, window)
+        .await
+        .unwrap();
+    assert_eq!(d, DedupDecision::Proceed(ProceedReason::NoPriorRun));
+    let key = dedup::record(&store, &opened, REPO, "100", "1", Some("pr-7"), t0 + 5_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        key.as_deref(),
+        Some("fro-bot-dedup-v1-octo-org-hello-world-pr-7-100")
+    );
+
+    // Another run 2 minutes later is skipped; one after the window proceeds.
+    let d = dedup::check(&store, &opened, REPO, "101", t0 + 125_000, window)
+        .await
+        .unwrap();
+    assert_eq!(
+        d,
+        DedupDecision::Skip {
+            ran_at_ms: t0 + 5_000,
+            age: Duration::from_secs(120)
+        }
+    );
+    let d = dedup::check(&store, &opened, REPO, "102", t0 + 605_000, window)
+        .await
+        .unwrap();
+    assert_eq!(d, DedupDecision::Proceed(ProceedReason::WindowElapsed));
+
+    // synchronize bypasses; a comment event is never deduplicated nor recorded.
+    let sync = Event::parse("pull_request", &fixture("pull_request.synchronize.json"));
+    let d = dedup::check(&store, &sync, REPO, "103", t0 + 6_000, window)
+        .await
+        .unwrap();
+    assert_eq!(d, DedupDecision::Proceed(ProceedReason::Bypassed));
+    let comment = Event::parse("issue_comment", &fixture("issue_comment.created.json"));
+    assert_eq!(
+        dedup::record(&store, &comment, REPO, "104", "1", None, t0)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(store.entries.lock().unwrap().len(), 1);
+
+    // A store failure is an error value (the caller warns and proceeds).
+    let down = MemStore {
+        fail: true,
+        ..MemStore::default()
+    };
+    assert!(matches!(
+        dedup::check(&down, &opened, REPO, "1", t0, window).await,
+        Err(dedup::DedupError::Find { .. })
+    ));
+    // ... but is not consulted when dedup is off.
+    assert_eq!(
+        dedup::check(&down, &opened, REPO, "1", t0, None)
+            .await
+            .unwrap(),
+        DedupDecision::Proceed(ProceedReason::Disabled)
+    );
+}
+
+// ---- proptest: no payload makes normalization or routing panic ----
+
+const FIXTURES: [&str; 20] = [
+    "discussion_comment.created.json",
+    "issue_comment.created.json",
+    "issue_comment.created.pr.json",
+    "issue_comment.deleted.json",
+    "issue_comment.edited.json",
+    "issues.closed.json",
+    "issues.edited.json",
+    "issues.labeled.json",
+    "issues.opened.json",
+    "pull_request.closed.json",
+    "pull_request.labeled.json",
+    "pull_request.opened.json",
+    "pull_request.ready_for_review.json",
+    "pull_request.reopened.json",
+    "pull_request.review_requested.json",
+    "pull_request.synchronize.json",
+    "pull_request_review_comment.created.json",
+    "push.json",
+    "schedule.json",
+    "workflow_dispatch.json",
+];
+
+const NAMES: [&str; 9] = [
+    "issue_comment",
+    "discussion_comment",
+    "issues",
+    "pull_request",
+    "pull_request_review_comment",
+    "schedule",
+    "workflow_dispatch",
+    "push",
+    "",
+];
+
+fn arb_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<u64>().prop_map(|n| json!(n)),
+        any::<f64>()
+            .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+        ".{0,40}".prop_map(Value::String),
+        prop::sample::select(vec![
+            "created",
+            "opened",
+            "OWNER",
+            "Bot",
+            "x[bot]",
+            "@fro-bot",
+            "@FRO-BOT.",
+            "é@fro-bot🦀",
+            "synchronize",
+            "MEMBER",
+        ])
+        .prop_map(|s| Value::String(s.to_string())),
+    ];
+    // Mostly scalars (a wrong type in a field is the likely real-world deviation), sometimes
+    // whole subtrees.
+    let tree = leaf.clone().prop_recursive(3, 24, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec(("[a-z_]{1,12}", inner), 0..6)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    });
+    prop_oneof![3 => leaf, 1 => tree]
+}
+
+/// Fields the normalizer reads, so mutations hit them often (not only by uniform chance).
+const READ_POINTERS: [&str; 22] = [
+    "/action",
+    "/comment",
+    "/comment/id",
+    "/comment/body",
+    "/comment/user",
+    "/comment/user/login",
+    "/comment/user/type",
+    "/comment/author_association",
+    "/comment/node_id",
+    "/issue",
+    "/issue/number",
+    "/issue/pull_request",
+    "/issue/locked",
+    "/issue/draft",
+    "/pull_request",
+    "/pull_request/head/repo",
+    "/pull_request/base/repo/full_name",
+    "/pull_request/draft",
+    "/discussion",
+    "/sender",
+    "/sender/type",
+    "/schedule",
+];
+
+/// Every JSON pointer in a document (objects and arrays), root included.
+fn pointers(v: &Value, at: String, out: &mut Vec<String>) {
+    out.push(at.clone());
+    match v {
+        Value::Object(m) => {
+            for (k, c) in m {
+                pointers(
+                    c,
+                    format!("{at}/{}", k.replace('~', "~0").replace('/', "~1")),
+                    out,
+                )
+            }
+        }
+        Value::Array(a) => {
+            for (i, c) in a.iter().enumerate() {
+                pointers(c, format!("{at}/{i}"), out)
+            }
+        }
+        _ => {}
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+    #[test]
+    fn mutated_payloads_never_panic(
+        file in prop::sample::select(FIXTURES.to_vec()),
+        name_choice in prop::option::of(prop::sample::select(NAMES.to_vec())),
+        splices in prop::collection::vec(
+            (any::<prop::sample::Index>(), prop::bool::weighted(0.7), arb_json()), 1..4),
+        mention in prop::sample::select(vec!["@fro-bot", "fro-bot", "@", "@a", "@é"]),
+        prompt in any::<bool>(),
+    ) {
+        let mut payload = fixture(file);
+        for (index, read_field, value) in splices {
+            let mut all = Vec::new();
+            pointers(&payload, String::new(), &mut all);
+            let at = if read_field {
+                index.get(&READ_POINTERS).to_string()
+            } else {
+                index.get(&all).clone()
+            };
+            match payload.pointer_mut(&at) {
+                Some(slot) => *slot = value,
+                None if at.is_empty() => payload = value,
+                // A read field the fixture lacks: add it when its parent is an object.
+                None => {
+                    let (parent, key) = at.rsplit_once('/').unwrap();
+                    if let Some(Value::Object(m)) = payload.pointer_mut(parent) {
+                        m.insert(key.to_string(), value);
+                    }
+                }
+            }
+        }
+        let name = name_choice.unwrap_or(event_name(file));
+        let event = Event::parse(name, &payload);
+        let settings = RouteSettings { mention, prompt_given: prompt, run_id: "1", identity: None };
+        match route(&event, &settings) {
+            Route::Run(plan) => {
+                prop_assert!(!plan.logical_key.as_str().is_empty());
+                prop_assert_eq!(plan.agent_gets_token, agent_gets_token(&event));
+            }
+            Route::Skip(reason) => prop_assert!(!reason.describe().is_empty()),
+        }
+        let _ = dedup::decide(&event, "1", None, 0, Some(Duration::from_secs(1)));
+    }
+}

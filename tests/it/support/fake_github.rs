@@ -1,1 +1,485 @@
-//! Test service: fake_github.
+//! Test service: an in-process fake of the GitHub REST and GraphQL API subset the harness uses,
+//! reached through `GITHUB_API_URL`. It records every request (method, path, query, body,
+//! authorization header), serves seeded issues, pull requests, comments and discussions, creates
+//! comments and reactions, and fails scripted routes with a chosen status.
+//!
+//! Responses follow GitHub's shapes for the fields the client reads; errors carry GitHub's
+//! `{"message", "documentation_url"}` body. Paths are accepted with or without the GitHub
+//! Enterprise Server prefix (`/api/v3` for REST, `/api/graphql` for GraphQL).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use serde_json::{json, Value};
+
+pub const TOKEN: &str = "ghs_faketoken0123456789";
+const DOCS: &str = "https://docs.github.com/rest";
+
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    /// The path as received (with any `/api/v3` prefix).
+    pub raw_path: String,
+    /// The path without the GHES prefix.
+    pub path: String,
+    pub query: Option<String>,
+    pub body: Value,
+    pub auth: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+struct Fault {
+    method: Option<Method>,
+    path_contains: String,
+    status: u16,
+    /// Answer with a non-JSON body, as a load balancer would.
+    html: bool,
+    remaining: Option<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SeedComment {
+    pub id: u64,
+    pub author: String,
+    pub body: String,
+    pub created_at: String,
+}
+
+#[derive(Debug, Default)]
+struct Data {
+    requests: Vec<Recorded>,
+    faults: Vec<Fault>,
+    issues: BTreeMap<u64, Value>,
+    comments: BTreeMap<u64, Vec<SeedComment>>,
+    pulls: BTreeMap<u64, Value>,
+    /// Discussion number → (node id, title, body, comments).
+    discussions: BTreeMap<u64, (String, String, String, Vec<SeedComment>)>,
+    /// (subject path or node id, content).
+    reactions: Vec<(String, String)>,
+    next_id: u64,
+}
+
+type Shared = Arc<Mutex<Data>>;
+
+pub struct FakeGitHub {
+    /// Base URL for `GITHUB_API_URL`.
+    pub url: String,
+    data: Shared,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeGitHub {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeGitHub {
+    pub async fn start() -> FakeGitHub {
+        let data: Shared = Arc::new(Mutex::new(Data {
+            next_id: 9_000_000_001,
+            ..Data::default()
+        }));
+        let app = Router::new().fallback(handle).with_state(data.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        FakeGitHub {
+            url: format!("http://{addr}"),
+            data,
+            task,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Data> {
+        self.data.lock().unwrap()
+    }
+
+    pub fn seed_issue(&self, number: u64, title: &str, body: &str) {
+        self.lock().issues.insert(
+            number,
+            json!({"number": number, "title": title, "body": body, "state": "open",
+                   "locked": false, "user": {"login": "mona", "type": "User"}}),
+        );
+    }
+
+    /// `n` comments on an issue, ids from 1000, oldest first.
+    pub fn seed_comments(&self, number: u64, n: usize) {
+        let comments = (0..n)
+            .map(|i| SeedComment {
+                id: 1000 + i as u64,
+                author: format!("user{i}"),
+                body: format!("comment {i}"),
+                created_at: format!("2026-11-01T00:{:02}:{:02}Z", i / 60, i % 60),
+            })
+            .collect();
+        self.lock().comments.insert(number, comments);
+    }
+
+    pub fn seed_pull(&self, number: u64, head_repo: Option<&str>, base_repo: &str, draft: bool) {
+        let head = match head_repo {
+            Some(full) => json!({"full_name": full}),
+            None => Value::Null,
+        };
+        self.lock().pulls.insert(
+            number,
+            json!({"number": number, "draft": draft, "state": "open",
+                   "head": {"ref": "feature", "repo": head},
+                   "base": {"ref": "main", "repo": {"full_name": base_repo}}}),
+        );
+    }
+
+    pub fn seed_discussion(
+        &self,
+        number: u64,
+        node_id: &str,
+        title: &str,
+        body: &str,
+        comments: usize,
+    ) {
+        let comments = (0..comments)
+            .map(|i| SeedComment {
+                id: 5000 + i as u64,
+                author: format!("member{i}"),
+                body: format!("discussion reply {i}"),
+                created_at: "2026-11-02T00:00:00Z".into(),
+            })
+            .collect();
+        self.lock().discussions.insert(
+            number,
+            (node_id.into(), title.into(), body.into(), comments),
+        );
+    }
+
+    /// Fails requests whose path contains `path_contains` (and method, when given) with
+    /// `status`, `times` times (`None`: always).
+    pub fn fail(
+        &self,
+        method: Option<Method>,
+        path_contains: &str,
+        status: u16,
+        times: Option<usize>,
+    ) {
+        self.lock().faults.push(Fault {
+            method,
+            path_contains: path_contains.into(),
+            status,
+            html: false,
+            remaining: times,
+        });
+    }
+
+    /// Like `fail`, with an HTML body instead of GitHub's JSON error.
+    pub fn fail_html(&self, path_contains: &str, status: u16) {
+        self.lock().faults.push(Fault {
+            method: None,
+            path_contains: path_contains.into(),
+            status,
+            html: true,
+            remaining: None,
+        });
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.lock().requests.clone()
+    }
+
+    /// Comments created through the API on an issue/PR, or on a discussion (by node id).
+    pub fn created_comments(&self) -> Vec<(String, String)> {
+        let d = self.lock();
+        let mut out = Vec::new();
+        for (n, list) in &d.comments {
+            for c in list.iter().filter(|c| c.id >= 9_000_000_000) {
+                out.push((format!("issue-{n}"), c.body.clone()));
+            }
+        }
+        for (n, (_, _, _, list)) in &d.discussions {
+            for c in list.iter().filter(|c| c.id >= 9_000_000_000) {
+                out.push((format!("discussion-{n}"), c.body.clone()));
+            }
+        }
+        out
+    }
+
+    pub fn reactions(&self) -> Vec<(String, String)> {
+        self.lock().reactions.clone()
+    }
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        axum::Json(json!({"message": message, "documentation_url": DOCS, "status": status.as_u16().to_string()})),
+    )
+        .into_response()
+}
+
+fn ok(status: StatusCode, body: Value) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+const REACTIONS: [&str; 8] = [
+    "+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes",
+];
+
+async fn handle(
+    State(data): State<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let raw_path = uri.path().to_string();
+    let path = raw_path
+        .strip_prefix("/api/v3")
+        .or_else(|| raw_path.strip_prefix("/api").filter(|p| *p == "/graphql"))
+        .unwrap_or(&raw_path)
+        .to_string();
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body_json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mut d = data.lock().unwrap();
+    d.requests.push(Recorded {
+        method: method.to_string(),
+        raw_path: raw_path.clone(),
+        path: path.clone(),
+        query: uri.query().map(str::to_string),
+        body: body_json.clone(),
+        auth: auth.clone(),
+    });
+
+    if let Some(i) = d.faults.iter().position(|f| {
+        f.method.as_ref().is_none_or(|m| *m == method)
+            && path.contains(&f.path_contains)
+            && f.remaining != Some(0)
+    }) {
+        let fault = &mut d.faults[i];
+        if let Some(n) = fault.remaining.as_mut() {
+            *n -= 1;
+        }
+        let status = StatusCode::from_u16(fault.status).unwrap();
+        if fault.html {
+            return (status, "<html><body><h1>502 Bad Gateway</h1></body></html>").into_response();
+        }
+        let message = match fault.status {
+            403 => "Resource not accessible by integration",
+            404 => "Not Found",
+            422 => "Validation Failed",
+            _ => "Server Error",
+        };
+        return error(status, message);
+    }
+
+    if auth.as_deref() != Some(&format!("Bearer {TOKEN}")) {
+        return error(StatusCode::UNAUTHORIZED, "Bad credentials");
+    }
+
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let query: BTreeMap<String, String> = uri
+        .query()
+        .map(|q| {
+            q.split('&')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+
+    match (method.clone(), segments.as_slice()) {
+        (Method::POST, ["graphql"]) => graphql(&mut d, &body_json),
+        (Method::GET, ["repos", _, _, "issues", n]) => {
+            let n: u64 = n.parse().unwrap_or(0);
+            match d.issues.get(&n).cloned() {
+                Some(mut issue) => {
+                    issue["comments"] = json!(d.comments.get(&n).map_or(0, Vec::len));
+                    ok(StatusCode::OK, issue)
+                }
+                None => error(StatusCode::NOT_FOUND, "Not Found"),
+            }
+        }
+        (Method::GET, ["repos", _, _, "issues", n, "comments"]) => {
+            let n: u64 = n.parse().unwrap_or(0);
+            if !d.issues.contains_key(&n) {
+                return error(StatusCode::NOT_FOUND, "Not Found");
+            }
+            let per_page: usize = query
+                .get("per_page")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(30);
+            let page: usize = query
+                .get("page")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(1)
+                .max(1);
+            let list = d.comments.get(&n).cloned().unwrap_or_default();
+            let items: Vec<Value> = list
+                .iter()
+                .skip((page - 1) * per_page)
+                .take(per_page)
+                .map(|c| {
+                    json!({"id": c.id, "body": c.body, "created_at": c.created_at,
+                                "user": {"login": c.author, "type": "User"},
+                                "author_association": "MEMBER"})
+                })
+                .collect();
+            ok(StatusCode::OK, Value::Array(items))
+        }
+        (Method::POST, ["repos", o, r, "issues", n, "comments"]) => {
+            let n: u64 = n.parse().unwrap_or(0);
+            if !d.issues.contains_key(&n) {
+                return error(StatusCode::NOT_FOUND, "Not Found");
+            }
+            let Some(text) = body_json.get("body").and_then(Value::as_str) else {
+                return error(StatusCode::UNPROCESSABLE_ENTITY, "Validation Failed");
+            };
+            if text.chars().count() > 65_536 {
+                return error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Body is too long (maximum is 65536 characters)",
+                );
+            }
+            let id = d.next_id;
+            d.next_id += 1;
+            d.comments.entry(n).or_default().push(SeedComment {
+                id,
+                author: "github-actions[bot]".into(),
+                body: text.into(),
+                created_at: "2026-11-29T09:00:00Z".into(),
+            });
+            ok(
+                StatusCode::CREATED,
+                json!({"id": id, "node_id": format!("IC_{id}"), "body": text,
+                       "html_url": format!("https://github.com/{o}/{r}/issues/{n}#issuecomment-{id}"),
+                       "user": {"login": "github-actions[bot]", "type": "Bot"}}),
+            )
+        }
+        (Method::POST, ["repos", _, _, "issues", "comments", _, "reactions"])
+        | (Method::POST, ["repos", _, _, "pulls", "comments", _, "reactions"])
+        | (Method::POST, ["repos", _, _, "issues", _, "reactions"]) => {
+            let content = body_json
+                .get("content")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if !REACTIONS.contains(&content) {
+                return error(StatusCode::UNPROCESSABLE_ENTITY, "Validation Failed");
+            }
+            let id = d.next_id;
+            d.next_id += 1;
+            d.reactions.push((path.clone(), content.to_string()));
+            ok(
+                StatusCode::CREATED,
+                json!({"id": id, "content": content, "user": {"login": "github-actions[bot]"}}),
+            )
+        }
+        (Method::GET, ["repos", _, _, "pulls", n]) => {
+            let n: u64 = n.parse().unwrap_or(0);
+            match d.pulls.get(&n) {
+                Some(pr) => ok(StatusCode::OK, pr.clone()),
+                None => error(StatusCode::NOT_FOUND, "Not Found"),
+            }
+        }
+        _ => error(StatusCode::NOT_FOUND, "Not Found"),
+    }
+}
+
+/// The three GraphQL operations the client sends, told apart by their root field.
+fn graphql(d: &mut Data, body: &Value) -> Response {
+    let query = body.get("query").and_then(Value::as_str).unwrap_or("");
+    let vars = body.get("variables").cloned().unwrap_or(Value::Null);
+    let gql_error = |message: &str| {
+        ok(
+            StatusCode::OK,
+            json!({"data": null, "errors": [{"type": "NOT_FOUND", "message": message,
+                   "locations": [{"line": 1, "column": 1}], "path": ["node"]}]}),
+        )
+    };
+    if query.contains("addReaction") {
+        let subject = vars["subject"].as_str().unwrap_or("").to_string();
+        let content = vars["content"].as_str().unwrap_or("").to_string();
+        if ![
+            "EYES",
+            "HOORAY",
+            "CONFUSED",
+            "THUMBS_UP",
+            "THUMBS_DOWN",
+            "LAUGH",
+            "HEART",
+            "ROCKET",
+        ]
+        .contains(&content.as_str())
+        {
+            return gql_error("invalid ReactionContent");
+        }
+        let known =
+            d.discussions.values().any(|(node, ..)| *node == subject) || subject.starts_with("DC_");
+        if !known {
+            return gql_error(&format!(
+                "Could not resolve to a node with the global id of '{subject}'"
+            ));
+        }
+        d.reactions.push((subject, content.clone()));
+        return ok(
+            StatusCode::OK,
+            json!({"data": {"addReaction": {"reaction": {"content": content}}}}),
+        );
+    }
+    if query.contains("addDiscussionComment") {
+        let discussion = vars["discussion"].as_str().unwrap_or("");
+        let text = vars["body"].as_str().unwrap_or("").to_string();
+        let id = d.next_id;
+        d.next_id += 1;
+        let Some((number, entry)) = d
+            .discussions
+            .iter_mut()
+            .find(|(_, (node, ..))| node == discussion)
+        else {
+            return gql_error(&format!(
+                "Could not resolve to a node with the global id of '{discussion}'"
+            ));
+        };
+        let url = format!("https://github.com/o/r/discussions/{number}#discussioncomment-{id}");
+        entry.3.push(SeedComment {
+            id,
+            author: "github-actions".into(),
+            body: text,
+            created_at: "2026-11-29T09:00:00Z".into(),
+        });
+        return ok(
+            StatusCode::OK,
+            json!({"data": {"addDiscussionComment": {"comment": {"id": format!("DC_{id}"), "url": url}}}}),
+        );
+    }
+    if query.contains("discussion(number") {
+        let number = vars["number"].as_u64().unwrap_or(0);
+        let last = vars["last"].as_u64().unwrap_or(10) as usize;
+        return match d.discussions.get(&number) {
+            Some((_, title, body, comments)) => {
+                let nodes: Vec<Value> = comments
+                    .iter()
+                    .skip(comments.len().saturating_sub(last))
+                    .map(|c| json!({"author": {"login": c.author}, "body": c.body, "createdAt": c.created_at}))
+                    .collect();
+                ok(
+                    StatusCode::OK,
+                    json!({"data": {"repository": {"discussion": {"title": title, "body": body,
+                           "comments": {"totalCount": comments.len(), "nodes": nodes}}}}}),
+                )
+            }
+            None => ok(
+                StatusCode::OK,
+                json!({"data": {"repository": {"discussion": null}},
+                       "errors": [{"type": "NOT_FOUND", "message": format!("Could not resolve to a Discussion with the number of {number}."), "path": ["repository", "discussion"]}]}),
+            ),
+        };
+    }
+    gql_error("unknown operation")
+}

@@ -1,0 +1,383 @@
+//! The GitHub API calls the harness makes: reactions, context, the response comment, pull-request
+//! flags. Every failure is returned as an `ApiError` the caller logs as a warning: nothing here may
+//! fail a run.
+//!
+//! Requests go through octocrab's untyped `get`/`post` with small local response structs, so a
+//! field GitHub adds or omits cannot break deserialization of what we do not read.
+
+use std::time::Duration;
+
+use octocrab::Octocrab;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::event::Flag;
+use super::route::Subject;
+use crate::config::Secret;
+use crate::runner::env;
+use crate::runner::{log, Env};
+
+pub const DEFAULT_API_URL: &str = "https://api.github.com";
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("GITHUB_REPOSITORY {value:?} is not 'owner/name'")]
+    Repository { value: String },
+    #[error("cannot build the GitHub client for {api_url}")]
+    Client {
+        api_url: String,
+        #[source]
+        source: octocrab::Error,
+    },
+    #[error("GitHub API {operation} failed with HTTP {status}: {message}")]
+    Status {
+        operation: &'static str,
+        status: u16,
+        message: String,
+    },
+    #[error("GitHub API {operation} failed: {message}")]
+    Transport {
+        operation: &'static str,
+        message: String,
+    },
+    #[error("GitHub GraphQL {operation} failed: {message}")]
+    Graphql {
+        operation: &'static str,
+        message: String,
+    },
+    #[error("{operation} is not possible: {reason}")]
+    Unsupported {
+        operation: &'static str,
+        reason: &'static str,
+    },
+}
+
+impl ApiError {
+    /// The HTTP status, when GitHub answered with an error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ApiError::Status { status, .. } => Some(*status),
+            ApiError::Repository { .. }
+            | ApiError::Client { .. }
+            | ApiError::Transport { .. }
+            | ApiError::Graphql { .. }
+            | ApiError::Unsupported { .. } => None,
+        }
+    }
+
+    /// Maps an octocrab error, keeping only a redacted, one-line message (octocrab's `Display`
+    /// includes backtraces for some variants).
+    pub(crate) fn from_octocrab(operation: &'static str, err: octocrab::Error) -> ApiError {
+        match err {
+            octocrab::Error::GitHub { source, .. } => ApiError::Status {
+                operation,
+                status: source.status_code.as_u16(),
+                message: one_line(&source.message),
+            },
+            octocrab::Error::Graphql { source, .. } => ApiError::Graphql {
+                operation,
+                message: one_line(&source.to_string()),
+            },
+            other => ApiError::Transport {
+                operation,
+                message: one_line(&other.to_string()),
+            },
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    let first = s.lines().next().unwrap_or("");
+    let mut out = log::redact(first);
+    if out.len() > 300 {
+        let mut cut = 300;
+        while !out.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        out.truncate(cut);
+        out.push('…');
+    }
+    out
+}
+
+/// 👀 when a run starts, 🎉 or 😕 when it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reaction {
+    Eyes,
+    Hooray,
+    Confused,
+}
+
+impl Reaction {
+    /// The REST `content` value.
+    pub fn rest(self) -> &'static str {
+        match self {
+            Reaction::Eyes => "eyes",
+            Reaction::Hooray => "hooray",
+            Reaction::Confused => "confused",
+        }
+    }
+
+    /// The GraphQL `ReactionContent` value.
+    pub fn graphql(self) -> &'static str {
+        match self {
+            Reaction::Eyes => "EYES",
+            Reaction::Hooray => "HOORAY",
+            Reaction::Confused => "CONFUSED",
+        }
+    }
+}
+
+/// A client for one repository.
+#[derive(Debug, Clone)]
+pub struct GitHub {
+    pub(crate) client: Octocrab,
+    /// GraphQL lives at `/graphql` on api.github.com but at `/api/graphql` beside `/api/v3` on
+    /// GitHub Enterprise Server: a second client with the right base.
+    graphql_client: Octocrab,
+    pub(crate) owner: String,
+    pub(crate) repo: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Created {
+    id: u64,
+    #[serde(default)]
+    html_url: Option<String>,
+}
+
+/// A comment the harness posted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostedComment {
+    /// REST id, or the GraphQL node id for a discussion comment.
+    pub id: String,
+    pub url: Option<String>,
+}
+
+/// Fork and draft state of a pull request, fetched when the payload does not carry it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PullRequestFlags {
+    pub fork: Flag,
+    pub draft: Flag,
+}
+
+impl GitHub {
+    /// From `GITHUB_API_URL` (default api.github.com) and `GITHUB_REPOSITORY`.
+    pub fn from_env(env: &Env, token: &Secret) -> Result<GitHub, ApiError> {
+        let api_url = env.get(env::GITHUB_API_URL).unwrap_or(DEFAULT_API_URL);
+        let repository = env.get(env::GITHUB_REPOSITORY).unwrap_or("");
+        GitHub::new(api_url, token, repository)
+    }
+
+    pub fn new(api_url: &str, token: &Secret, repository: &str) -> Result<GitHub, ApiError> {
+        let (owner, repo) = repository
+            .split_once('/')
+            .filter(|(o, r)| !o.is_empty() && !r.is_empty() && !r.contains('/'))
+            .ok_or_else(|| ApiError::Repository {
+                value: repository.to_string(),
+            })?;
+        let client_err = |source| ApiError::Client {
+            api_url: api_url.to_string(),
+            source,
+        };
+        let base = api_url.trim_end_matches('/');
+        let build = |base: &str| {
+            Octocrab::builder()
+                .base_uri(base)
+                .map_err(client_err)?
+                .personal_token(token.expose().to_string())
+                .set_connect_timeout(Some(TIMEOUT))
+                .set_read_timeout(Some(TIMEOUT))
+                .build()
+                .map_err(client_err)
+        };
+        let client = build(base)?;
+        let graphql_client = build(base.strip_suffix("/v3").unwrap_or(base))?;
+        Ok(GitHub {
+            client,
+            graphql_client,
+            owner: owner.to_string(),
+            repo: repo.to_string(),
+        })
+    }
+
+    pub(crate) fn repo_path(&self) -> String {
+        format!("/repos/{}/{}", self.owner, self.repo)
+    }
+
+    /// Adds a reaction. Discussion comments go through GraphQL (`addReaction`).
+    pub async fn react(&self, subject: &Subject, reaction: Reaction) -> Result<(), ApiError> {
+        const OP: &str = "add reaction";
+        let path = match subject {
+            Subject::IssueComment { id } => {
+                format!("{}/issues/comments/{id}/reactions", self.repo_path())
+            }
+            Subject::ReviewComment { id } => {
+                format!("{}/pulls/comments/{id}/reactions", self.repo_path())
+            }
+            Subject::Issue { number } => format!("{}/issues/{number}/reactions", self.repo_path()),
+            Subject::DiscussionComment { node_id } => {
+                let Some(node_id) = node_id else {
+                    return Err(ApiError::Unsupported {
+                        operation: OP,
+                        reason: "the discussion comment has no node id in the payload",
+                    });
+                };
+                let query = "mutation($subject: ID!, $content: ReactionContent!) { \
+                     addReaction(input: {subjectId: $subject, content: $content}) { \
+                     reaction { content } } }";
+                return self
+                    .graphql(
+                        OP,
+                        json!({"query": query,
+                               "variables": {"subject": node_id, "content": reaction.graphql()}}),
+                    )
+                    .await
+                    .map(drop);
+            }
+        };
+        self.client
+            .post::<_, Value>(path, Some(&json!({"content": reaction.rest()})))
+            .await
+            .map(drop)
+            .map_err(|e| ApiError::from_octocrab(OP, e))
+    }
+
+    /// Posts a comment on an issue or pull request conversation.
+    pub async fn comment_on_issue(
+        &self,
+        number: u64,
+        body: &str,
+    ) -> Result<PostedComment, ApiError> {
+        let created: Created = self
+            .client
+            .post(
+                format!("{}/issues/{number}/comments", self.repo_path()),
+                Some(&json!({ "body": body })),
+            )
+            .await
+            .map_err(|e| ApiError::from_octocrab("create comment", e))?;
+        Ok(PostedComment {
+            id: created.id.to_string(),
+            url: created.html_url,
+        })
+    }
+
+    /// Posts a discussion comment through GraphQL (`addDiscussionComment`).
+    pub async fn comment_on_discussion(
+        &self,
+        discussion_node_id: &str,
+        body: &str,
+    ) -> Result<PostedComment, ApiError> {
+        const OP: &str = "add discussion comment";
+        let query = "mutation($discussion: ID!, $body: String!) { \
+             addDiscussionComment(input: {discussionId: $discussion, body: $body}) { \
+             comment { id url } } }";
+        let data = self
+            .graphql(
+                OP,
+                json!({"query": query,
+                       "variables": {"discussion": discussion_node_id, "body": body}}),
+            )
+            .await?;
+        let comment = data.pointer("/addDiscussionComment/comment");
+        let id = comment
+            .and_then(|c| c.get("id"))
+            .and_then(Value::as_str)
+            .ok_or(ApiError::Graphql {
+                operation: OP,
+                message: "the response has no comment id".into(),
+            })?;
+        Ok(PostedComment {
+            id: id.to_string(),
+            url: comment
+                .and_then(|c| c.get("url"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        })
+    }
+
+    /// Fork and draft state of a pull request (`GET /pulls/{n}`).
+    pub async fn pull_request_flags(&self, number: u64) -> Result<PullRequestFlags, ApiError> {
+        let pr: Value = self
+            .client
+            .get(format!("{}/pulls/{number}", self.repo_path()), None::<&()>)
+            .await
+            .map_err(|e| ApiError::from_octocrab("get pull request", e))?;
+        let draft = match pr.get("draft").and_then(Value::as_bool) {
+            Some(true) => Flag::Yes,
+            Some(false) => Flag::No,
+            None => Flag::Unknown,
+        };
+        let base = pr.pointer("/base/repo/full_name").and_then(Value::as_str);
+        let fork = match (pr.pointer("/head/repo"), base) {
+            (Some(Value::Null), _) => Flag::Yes,
+            (Some(head), Some(base)) => match head.get("full_name").and_then(Value::as_str) {
+                Some(h) if h.eq_ignore_ascii_case(base) => Flag::No,
+                Some(_) => Flag::Yes,
+                None => Flag::Unknown,
+            },
+            _ => Flag::Unknown,
+        };
+        Ok(PullRequestFlags { fork, draft })
+    }
+
+    /// Runs a GraphQL request and returns its `data`.
+    pub(crate) async fn graphql(
+        &self,
+        operation: &'static str,
+        payload: Value,
+    ) -> Result<Value, ApiError> {
+        self.graphql_client
+            .graphql::<Value>(&payload)
+            .await
+            .map_err(|e| ApiError::from_octocrab(operation, e))
+    }
+}
+
+/// Per-run conveniences over the plan routing produced.
+impl GitHub {
+    /// 👀 on whatever triggered the run. `Ok(false)` when there is nothing to react to.
+    pub async fn acknowledge(&self, plan: &super::route::RunPlan) -> Result<bool, ApiError> {
+        match &plan.trigger {
+            Some(subject) => self.react(subject, Reaction::Eyes).await.map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// 🎉 or 😕 on the trigger when the run ends.
+    pub async fn conclude(
+        &self,
+        plan: &super::route::RunPlan,
+        succeeded: bool,
+    ) -> Result<bool, ApiError> {
+        let reaction = if succeeded {
+            Reaction::Hooray
+        } else {
+            Reaction::Confused
+        };
+        match &plan.trigger {
+            Some(subject) => self.react(subject, reaction).await.map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Resolves the fork/draft gates a comment payload could not (`plan.pull_request_unchecked`).
+    /// `Ok(Some(reason))` means skip. On `Err` the caller decides; the comment author is already
+    /// trusted, so proceeding with a warning is reasonable.
+    pub async fn check_pull_request(
+        &self,
+        plan: &super::route::RunPlan,
+    ) -> Result<Option<super::route::SkipReason>, ApiError> {
+        let Some(thread) = plan.thread.as_ref().filter(|_| plan.pull_request_unchecked) else {
+            return Ok(None);
+        };
+        let flags = self.pull_request_flags(thread.number).await?;
+        Ok(super::route::gate_pull_request(
+            thread.number,
+            flags.fork,
+            flags.draft,
+        ))
+    }
+}
