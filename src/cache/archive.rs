@@ -61,8 +61,9 @@ pub fn write_archive(
         source,
     };
     let file = File::create(dest).map_err(|e| archive_err("cannot create", e))?;
-    let mut encoder = zstd::stream::write::Encoder::new(BufWriter::with_capacity(1 << 20, file), LEVEL)
-        .map_err(|e| archive_err("cannot start zstd", e))?;
+    let mut encoder =
+        zstd::stream::write::Encoder::new(BufWriter::with_capacity(1 << 20, file), LEVEL)
+            .map_err(|e| archive_err("cannot start zstd", e))?;
     encoder
         .include_checksum(true)
         .and_then(|_| encoder.window_log(WINDOW_LOG))
@@ -90,7 +91,9 @@ pub fn write_archive(
     let mut buffered = encoder
         .finish()
         .map_err(|e| archive_err("cannot finish zstd", e))?;
-    buffered.flush().map_err(|e| archive_err("cannot write", e))?;
+    buffered
+        .flush()
+        .map_err(|e| archive_err("cannot write", e))?;
     let size_bytes = buffered
         .get_ref()
         .metadata()
@@ -117,7 +120,13 @@ impl<W: Write> Writer<'_, W> {
             fs::symlink_metadata(path).map_err(|e| CacheError::io("cannot read", path, e))?;
         let name = paths::member_name(self.workspace, path);
         if meta.is_dir() {
-            self.append(&format!("{name}/"), &meta, EntryType::Directory, io::empty(), path)?;
+            self.append(
+                &format!("{name}/"),
+                &meta,
+                EntryType::Directory,
+                io::empty(),
+                path,
+            )?;
             let mut children: Vec<PathBuf> = fs::read_dir(path)
                 .and_then(|rd| rd.map(|e| e.map(|e| e.path())).collect())
                 .map_err(|e| CacheError::io("cannot list", path, e))?;
@@ -130,9 +139,18 @@ impl<W: Write> Writer<'_, W> {
             let file = File::open(path).map_err(|e| CacheError::io("cannot open", path, e))?;
             // Size from the header, contents from the open file: a file still growing would
             // otherwise corrupt the stream, so read exactly the declared length.
-            self.append(&name, &meta, EntryType::Regular, io::Read::take(file, meta.len()), path)?;
+            self.append(
+                &name,
+                &meta,
+                EntryType::Regular,
+                io::Read::take(file, meta.len()),
+                path,
+            )?;
         } else {
-            tracing::warn!("not caching {} (neither a file nor a directory)", path.display());
+            tracing::warn!(
+                "not caching {} (neither a file nor a directory)",
+                path.display()
+            );
             self.skipped_special.push(path.to_path_buf());
         }
         Ok(())
@@ -164,7 +182,11 @@ impl<W: Write> Writer<'_, W> {
             ustar.name[..n].copy_from_slice(&raw[..n]);
         }
         header.set_entry_type(kind);
-        header.set_size(if kind == EntryType::Regular { meta.len() } else { 0 });
+        header.set_size(if kind == EntryType::Regular {
+            meta.len()
+        } else {
+            0
+        });
         header.set_mode(meta.mode() & 0o7777);
         header.set_mtime(u64::try_from(meta.mtime()).unwrap_or(0));
         header.set_uid(u64::from(meta.uid()));

@@ -380,7 +380,11 @@ async fn copy_body(
     Ok(written)
 }
 
-fn check_length(operation: &'static str, expected: Option<u64>, got: u64) -> Result<(), CacheError> {
+fn check_length(
+    operation: &'static str,
+    expected: Option<u64>,
+    got: u64,
+) -> Result<(), CacheError> {
     match expected {
         Some(n) if n != got => Err(CacheError::InvalidResponse {
             operation,

@@ -114,13 +114,18 @@ pub fn extract_confined(
     // Staged regular files by resolved path, for hard links inside the archive.
     let mut staged_files: Vec<(PathBuf, PathBuf)> = Vec::new();
 
-    let entries = tar.entries().map_err(|e| archive_err("cannot read tar", e))?;
+    let entries = tar
+        .entries()
+        .map_err(|e| archive_err("cannot read tar", e))?;
     for entry in entries {
         let mut entry = entry.map_err(|e| archive_err("corrupt or truncated archive", e))?;
         let kind = entry.header().entry_type();
         if matches!(
             kind,
-            EntryType::XGlobalHeader | EntryType::XHeader | EntryType::GNULongName | EntryType::GNULongLink
+            EntryType::XGlobalHeader
+                | EntryType::XHeader
+                | EntryType::GNULongName
+                | EntryType::GNULongLink
         ) {
             continue;
         }
@@ -254,11 +259,13 @@ fn write_file<R: io::Read>(
 ) -> Result<(), CacheError> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(parent) = dest.parent() {
-        fs::create_dir_all(parent).map_err(|e| extraction(resolved, "cannot create directory", e))?;
+        fs::create_dir_all(parent)
+            .map_err(|e| extraction(resolved, "cannot create directory", e))?;
     }
     // A directory staged earlier under the same name (duplicate member) gives way to the file.
     if fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir()) {
-        fs::remove_dir_all(dest).map_err(|e| extraction(resolved, "cannot replace directory", e))?;
+        fs::remove_dir_all(dest)
+            .map_err(|e| extraction(resolved, "cannot replace directory", e))?;
     }
     let mut out = File::create(dest).map_err(|e| extraction(resolved, "cannot create file", e))?;
     io::copy(entry, &mut out).map_err(|e| CacheError::Archive {

@@ -146,9 +146,8 @@ impl FsBackend {
             archive: archive.clone(),
         };
         let meta_tmp = tmp.path().join("meta.json");
-        let json = serde_json::to_vec_pretty(&entry).map_err(|e| {
-            CacheError::io("cannot encode", &meta_tmp, std::io::Error::other(e))
-        })?;
+        let json = serde_json::to_vec_pretty(&entry)
+            .map_err(|e| CacheError::io("cannot encode", &meta_tmp, std::io::Error::other(e)))?;
         fs::write(&meta_tmp, json).map_err(|e| CacheError::io("cannot write", &meta_tmp, e))?;
         // hard_link fails if the metadata exists: a concurrent save of the same key loses cleanly.
         if let Err(e) = fs::hard_link(&meta_tmp, &meta_path) {

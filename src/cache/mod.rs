@@ -149,7 +149,10 @@ impl ActionsCacheClient {
     pub async fn restore(&self, req: &RestoreRequest<'_>) -> Result<RestoreOutcome, CacheError> {
         if !self.mode.can_restore() {
             return Err(CacheError::Disabled {
-                reason: format!("restore is disabled by ACTIONS_CACHE_MODE ({:?})", self.mode),
+                reason: format!(
+                    "restore is disabled by ACTIONS_CACHE_MODE ({:?})",
+                    self.mode
+                ),
             });
         }
         validate_keys(req.key, req.restore_keys)?;
@@ -201,6 +204,8 @@ impl ActionsCacheClient {
 }
 
 /// Where the phases restore from and save to.
+// One Backend exists per run; boxing the client would only add an indirection.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Backend {
     Actions(ActionsCacheClient),
@@ -387,7 +392,10 @@ mod tests {
     #[test]
     fn keys_are_validated_like_the_service() {
         assert!(validate_keys("a", &[]).is_ok());
-        assert!(matches!(validate_keys("a,b", &[]), Err(CacheError::InvalidKey { .. })));
+        assert!(matches!(
+            validate_keys("a,b", &[]),
+            Err(CacheError::InvalidKey { .. })
+        ));
         assert!(validate_keys(&"x".repeat(513), &[]).is_err());
         let many: Vec<String> = (0..10).map(|i| i.to_string()).collect();
         assert!(validate_keys("a", &many).is_err());

@@ -59,12 +59,18 @@ mod tests {
     fn member_names_are_workspace_relative() {
         let ws = Path::new("/github/workspace");
         assert_eq!(
-            member_name(ws, Path::new("/github/home/.local/share/opencode/opencode.db")),
+            member_name(
+                ws,
+                Path::new("/github/home/.local/share/opencode/opencode.db")
+            ),
             "../home/.local/share/opencode/opencode.db"
         );
         assert_eq!(member_name(ws, Path::new("/github/workspace/a/b")), "a/b");
         assert_eq!(member_name(ws, Path::new("/etc/x")), "../../etc/x");
-        assert_eq!(member_name(Path::new("/ws/./x/../"), Path::new("/ws/y")), "y");
+        assert_eq!(
+            member_name(Path::new("/ws/./x/../"), Path::new("/ws/y")),
+            "y"
+        );
     }
 
     #[test]

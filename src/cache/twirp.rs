@@ -129,7 +129,10 @@ impl TwirpClient {
     /// `CreateCacheEntry`: the signed upload URL.
     pub async fn create(&self, key: &str, version: &str) -> Result<String, CacheError> {
         let v = self
-            .call(Rpc::CreateCacheEntry, &json!({ "key": key, "version": version }))
+            .call(
+                Rpc::CreateCacheEntry,
+                &json!({ "key": key, "version": version }),
+            )
             .await?;
         if !is_ok(&v) {
             return Err(not_ok(&v));
@@ -195,10 +198,13 @@ impl TwirpClient {
                 .get(reqwest::header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string);
-            let text = response.text().await.map_err(|source| CacheError::Transport {
-                operation: rpc.name(),
-                source,
-            })?;
+            let text = response
+                .text()
+                .await
+                .map_err(|source| CacheError::Transport {
+                    operation: rpc.name(),
+                    source,
+                })?;
             let more = attempt < self.retry.attempts;
             if status.is_success() {
                 match serde_json::from_str::<Value>(&text) {
@@ -301,7 +307,7 @@ fn error_message(text: &str) -> String {
             v.get("msg")
                 .or_else(|| v.get("message"))
                 .and_then(Value::as_str)
-                .map(|s| log::redact(s))
+                .map(log::redact)
         })
         .unwrap_or_else(|| excerpt(text))
 }
@@ -334,8 +340,14 @@ mod tests {
     #[test]
     fn not_ok_messages_are_told_apart() {
         let m = |s: &str| not_ok(&json!({ "ok": false, "message": s }));
-        assert!(matches!(m("cache write denied: read-only token"), CacheError::WriteDenied { .. }));
-        assert!(matches!(m("insufficient usage to create entry"), CacheError::Quota { .. }));
+        assert!(matches!(
+            m("cache write denied: read-only token"),
+            CacheError::WriteDenied { .. }
+        ));
+        assert!(matches!(
+            m("insufficient usage to create entry"),
+            CacheError::Quota { .. }
+        ));
         assert!(matches!(m(""), CacheError::NotReserved { .. }));
     }
 

@@ -54,9 +54,17 @@ impl Layout {
     fn populate(&self, db_bytes: usize, seed: u64) {
         fs::create_dir_all(self.data.join("storage/session/a")).unwrap();
         fs::create_dir_all(self.data.join("storage/empty")).unwrap();
-        fs::write(self.data.join("storage/session/a/s1.json"), format!("{{\"seed\":{seed}}}")).unwrap();
+        fs::write(
+            self.data.join("storage/session/a/s1.json"),
+            format!("{{\"seed\":{seed}}}"),
+        )
+        .unwrap();
         fs::write(self.data.join("storage/top.txt"), b"top").unwrap();
-        fs::write(self.data.join("fro-bot.json"), format!("{{\"storage_version\":1,\"seed\":{seed}}}")).unwrap();
+        fs::write(
+            self.data.join("fro-bot.json"),
+            format!("{{\"storage_version\":1,\"seed\":{seed}}}"),
+        )
+        .unwrap();
         fs::write(self.data.join("opencode.db"), random_bytes(db_bytes, seed)).unwrap();
         // Not a cache path: must never travel.
         fs::write(self.data.join("auth.json"), b"secret").unwrap();
@@ -119,7 +127,8 @@ fn fast_retry() -> RetryPolicy {
 }
 
 fn client(server: &CacheServer) -> ActionsCacheClient {
-    let mut c = ActionsCacheClient::new(&server.url(), &server.token(), CacheMode::ReadWrite).unwrap();
+    let mut c =
+        ActionsCacheClient::new(&server.url(), &server.token(), CacheMode::ReadWrite).unwrap();
     c.set_retry(fast_retry());
     c
 }
@@ -138,7 +147,10 @@ async fn round_trip(db_bytes: usize, transfer: TransferOptions) -> (CacheServer,
     let layout = Layout::new();
     layout.populate(db_bytes, 7);
     let before = layout.snapshot();
-    let receipt = c.save(&layout.save_req("opencode-storage-k-1")).await.unwrap();
+    let receipt = c
+        .save(&layout.save_req("opencode-storage-k-1"))
+        .await
+        .unwrap();
     assert!(receipt.entry_id.is_some());
     let entry = &server.entries()[0];
     assert_eq!(entry.size, Some(receipt.size_bytes));
@@ -236,7 +248,9 @@ async fn restore_keys_and_prefixes_match_like_the_service() {
     // Exact key beats a newer prefix match.
     let o = c.restore(&layout.restore_req("p-1", &[])).await.unwrap();
     assert_eq!(hit_key(&o), "p-1");
-    assert!(fs::read_to_string(layout.data.join("fro-bot.json")).unwrap().contains("\"seed\":0"));
+    assert!(fs::read_to_string(layout.data.join("fro-bot.json"))
+        .unwrap()
+        .contains("\"seed\":0"));
     // Prefix: the newest entry wins.
     let keys = rk(&["p-"]);
     let o = c.restore(&layout.restore_req("nope", &keys)).await.unwrap();
@@ -249,7 +263,11 @@ async fn restore_keys_and_prefixes_match_like_the_service() {
     let o = c.restore(&layout.restore_req("nope", &keys)).await.unwrap();
     assert_eq!(hit_key(&o), "q-1");
     // Another path list is another version: a miss.
-    let other = vec![layout.data.join("opencode.db").to_string_lossy().into_owned()];
+    let other = vec![layout
+        .data
+        .join("opencode.db")
+        .to_string_lossy()
+        .into_owned()];
     let req = RestoreRequest {
         key: "p-1",
         restore_keys: &[],
@@ -270,7 +288,10 @@ async fn second_save_of_a_key_is_already_exists_also_while_pending() {
     assert!(matches!(err, CacheError::AlreadyExists { .. }), "{err:?}");
     assert!(err.is_rejection());
     // Reserved by another job but not finalized yet.
-    c.twirp.create("pending", &version(&layout.paths)).await.unwrap();
+    c.twirp
+        .create("pending", &version(&layout.paths))
+        .await
+        .unwrap();
     let err = c.save(&layout.save_req("pending")).await.unwrap_err();
     assert!(matches!(err, CacheError::AlreadyExists { .. }), "{err:?}");
     // 409 is not retried.
@@ -305,7 +326,14 @@ async fn server_errors_exhaust_five_attempts() {
     server.inject(CREATE, (0..5).map(|_| Fault::status(500)));
     let err = c.save(&layout.save_req("k")).await.unwrap_err();
     assert!(
-        matches!(err, CacheError::Server { status: 500, attempts: 5, .. }),
+        matches!(
+            err,
+            CacheError::Server {
+                status: 500,
+                attempts: 5,
+                ..
+            }
+        ),
         "{err:?}"
     );
     assert!(!err.is_rejection());
@@ -340,7 +368,10 @@ async fn each_refusal_has_its_typed_error() {
 
     server.set_read_only(true);
     let err = c.save(&layout.save_req("k")).await.unwrap_err();
-    assert!(matches!(&err, CacheError::WriteDenied { message } if message.starts_with("cache write denied:")), "{err:?}");
+    assert!(
+        matches!(&err, CacheError::WriteDenied { message } if message.starts_with("cache write denied:")),
+        "{err:?}"
+    );
     assert!(err.is_rejection());
     server.set_read_only(false);
 
@@ -350,17 +381,35 @@ async fn each_refusal_has_its_typed_error() {
     assert!(err.is_rejection());
 
     // "ok":"true" (a string) is not ok.
-    server.inject(CREATE, [Fault::body(200, r#"{"ok":"true","signed_upload_url":"http://x/"}"#)]);
+    server.inject(
+        CREATE,
+        [Fault::body(
+            200,
+            r#"{"ok":"true","signed_upload_url":"http://x/"}"#,
+        )],
+    );
     let err = c.save(&layout.save_req("k")).await.unwrap_err();
     assert!(matches!(err, CacheError::NotReserved { .. }), "{err:?}");
     assert!(err.is_rejection());
 
-    server.inject(CREATE, [Fault::body(400, r#"{"code":"invalid_argument","msg":"bad key"}"#)]);
+    server.inject(
+        CREATE,
+        [Fault::body(
+            400,
+            r#"{"code":"invalid_argument","msg":"bad key"}"#,
+        )],
+    );
     let err = c.save(&layout.save_req("k")).await.unwrap_err();
-    assert!(matches!(&err, CacheError::Http { status: 400, message, .. } if message == "bad key"), "{err:?}");
+    assert!(
+        matches!(&err, CacheError::Http { status: 400, message, .. } if message == "bad key"),
+        "{err:?}"
+    );
     assert!(!err.is_rejection());
 
-    server.inject(FINALIZE, [Fault::body(200, r#"{"ok":false,"message":"nope"}"#)]);
+    server.inject(
+        FINALIZE,
+        [Fault::body(200, r#"{"ok":false,"message":"nope"}"#)],
+    );
     let err = c.save(&layout.save_req("k2")).await.unwrap_err();
     assert!(matches!(err, CacheError::NotReserved { .. }), "{err:?}");
 
@@ -371,16 +420,33 @@ async fn each_refusal_has_its_typed_error() {
     server.set_deny_read(false);
 
     // A token the service does not know.
-    let mut bad = ActionsCacheClient::new(&server.url(), "wrong-token", CacheMode::ReadWrite).unwrap();
+    let mut bad =
+        ActionsCacheClient::new(&server.url(), "wrong-token", CacheMode::ReadWrite).unwrap();
     bad.set_retry(fast_retry());
-    let err = bad.restore(&layout.restore_req("k", &[])).await.unwrap_err();
-    assert!(matches!(err, CacheError::Http { status: 401, .. }), "{err:?}");
+    let err = bad
+        .restore(&layout.restore_req("k", &[]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, CacheError::Http { status: 401, .. }),
+        "{err:?}"
+    );
 
     // Expired signed URLs fail the upload (403 from the blob store, not retried).
     server.set_expire_urls(true);
     let err = c.save(&layout.save_req("k3")).await.unwrap_err();
-    assert!(matches!(err, CacheError::Http { status: 403, .. }), "{err:?}");
-    assert_eq!(server.calls_of(PUT_BLOB).iter().filter(|c| c.status == 403).count(), 1);
+    assert!(
+        matches!(err, CacheError::Http { status: 403, .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        server
+            .calls_of(PUT_BLOB)
+            .iter()
+            .filter(|c| c.status == 403)
+            .count(),
+        1
+    );
 }
 
 #[tokio::test]
@@ -390,7 +456,10 @@ async fn modes_nothing_to_save_and_dead_service() {
     layout.populate(100, 1);
     let mut ro = client(&server);
     ro.mode = CacheMode::ReadOnly;
-    assert!(matches!(ro.save(&layout.save_req("k")).await, Err(CacheError::Disabled { .. })));
+    assert!(matches!(
+        ro.save(&layout.save_req("k")).await,
+        Err(CacheError::Disabled { .. })
+    ));
     let mut wo = client(&server);
     wo.mode = CacheMode::WriteOnly;
     assert!(matches!(
@@ -405,12 +474,22 @@ async fn modes_nothing_to_save_and_dead_service() {
     assert!(server.calls_of(CREATE).is_empty(), "nothing reserved");
 
     // Nothing listens on a port we just released.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut dead =
-        ActionsCacheClient::new(&format!("http://127.0.0.1:{port}/"), "tok-dead", CacheMode::ReadWrite)
-            .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut dead = ActionsCacheClient::new(
+        &format!("http://127.0.0.1:{port}/"),
+        "tok-dead",
+        CacheMode::ReadWrite,
+    )
+    .unwrap();
     dead.set_retry(fast_retry());
-    let err = dead.restore(&layout.restore_req("k", &[])).await.unwrap_err();
+    let err = dead
+        .restore(&layout.restore_req("k", &[]))
+        .await
+        .unwrap_err();
     assert!(matches!(err, CacheError::Transport { .. }), "{err:?}");
 }
 
@@ -423,7 +502,10 @@ async fn backend_from_env_talks_to_the_service() {
     let backend = Backend::from_env(&env).unwrap();
     assert!(backend.can_save() && backend.can_restore());
     backend.save(&layout.save_req("env-key")).await.unwrap();
-    let o = backend.restore(&layout.restore_req("env-key", &[])).await.unwrap();
+    let o = backend
+        .restore(&layout.restore_req("env-key", &[]))
+        .await
+        .unwrap();
     assert_eq!(hit_key(&o), "env-key");
 }
 
@@ -437,7 +519,10 @@ fn write_local_state(layout: &Layout) -> BTreeMap<String, Vec<u8>> {
 fn no_staging_left(layout: &Layout) {
     for e in fs::read_dir(&layout.data).unwrap() {
         let name = e.unwrap().file_name().to_string_lossy().into_owned();
-        assert!(!name.starts_with(".fro-bot-restore-"), "staging left: {name}");
+        assert!(
+            !name.starts_with(".fro-bot-restore-"),
+            "staging left: {name}"
+        );
     }
 }
 
@@ -467,18 +552,23 @@ async fn truncated_download_leaves_local_state_untouched() {
     server.truncate_downloads(1, Truncation::Cut { keep: 1000 });
     let o = c.restore(&layout.restore_req("k", &[])).await.unwrap();
     assert_eq!(hit_key(&o), "k");
-    assert_eq!(fs::read(layout.data.join("storage/top.txt")).unwrap(), b"top");
-    assert_ne!(fs::read(layout.data.join("opencode.db")).unwrap(), b"local db");
+    assert_eq!(
+        fs::read(layout.data.join("storage/top.txt")).unwrap(),
+        b"top"
+    );
+    assert_ne!(
+        fs::read(layout.data.join("opencode.db")).unwrap(),
+        b"local db"
+    );
 
-    // An error page with status 200 and a bogus body: not an archive.
-    let err_layout = Layout::new();
-    err_layout.populate(10, 1);
+    // An error page stored as the blob (served with 200): not an archive, nothing replaced.
+    let local = write_local_state(&layout);
     let entry = server.entries()[0].clone();
     fs::write(server.blob_path(&entry), b"<html>oops</html>").unwrap();
-    let local = err_layout.snapshot();
-    let err = c.restore(&err_layout.restore_req("k", &[])).await.unwrap_err();
+    let err = c.restore(&layout.restore_req("k", &[])).await.unwrap_err();
     assert!(matches!(err, CacheError::Archive { .. }), "{err:?}");
-    assert_eq!(err_layout.snapshot(), local);
+    assert_eq!(layout.snapshot(), local);
+    no_staging_left(&layout);
 }
 
 // ---- hostile archives -------------------------------------------------------------------------
@@ -561,8 +651,14 @@ async fn hostile_archives_are_confined() {
     let server = CacheServer::start().await;
     server.plant("hostile", &version(&layout.paths), &archive);
     let c = client(&server);
-    let o = c.restore(&layout.restore_req("hostile", &[])).await.unwrap();
-    let RestoreOutcome::Hit { rejected, restored, .. } = o else {
+    let o = c
+        .restore(&layout.restore_req("hostile", &[]))
+        .await
+        .unwrap();
+    let RestoreOutcome::Hit {
+        rejected, restored, ..
+    } = o
+    else {
         panic!("miss")
     };
     let reason = |name: &str| {
@@ -575,7 +671,10 @@ async fn hostile_archives_are_confined() {
     assert_eq!(reason(&traversal2), Some(RejectReason::OutsideCachePaths));
     assert_eq!(reason(&abs), Some(RejectReason::AbsolutePath));
     assert_eq!(reason(&link), Some(RejectReason::Symlink));
-    assert!(matches!(reason(&hard), Some(RejectReason::HardLinkOutside { .. })));
+    assert!(matches!(
+        reason(&hard),
+        Some(RejectReason::HardLinkOutside { .. })
+    ));
     assert!(matches!(reason(&dev), Some(RejectReason::Special { .. })));
     assert!(matches!(reason(&fifo), Some(RejectReason::Special { .. })));
     assert_eq!(rejected.len(), 7, "{rejected:?}");
@@ -590,7 +689,10 @@ async fn hostile_archives_are_confined() {
     let storage = layout.data.join("storage");
     assert_eq!(fs::read(storage.join("ok.txt")).unwrap(), b"good");
     assert_eq!(fs::read(storage.join("hard-ok")).unwrap(), b"good");
-    assert!(!fs::symlink_metadata(storage.join("link")).unwrap().file_type().is_symlink());
+    assert!(!fs::symlink_metadata(storage.join("link"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
     assert!(fs::symlink_metadata(storage.join("dev")).is_err());
     assert!(fs::symlink_metadata(storage.join("hard")).is_err());
     assert!(fs::symlink_metadata(storage.join("fifo")).is_err());
@@ -627,7 +729,11 @@ fn a_corrupt_tail_moves_nothing_into_place() {
 
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -645,7 +751,11 @@ fn gnu_tar_reads_our_archive_with_the_toolkits_command() {
         .arg(&archive));
     let names: Vec<&str> = listing.lines().collect();
     let d = "../home/.local/share/opencode";
-    assert_eq!(names[0], format!("{d}/storage/"), "directories first: {names:?}");
+    assert_eq!(
+        names[0],
+        format!("{d}/storage/"),
+        "directories first: {names:?}"
+    );
     for want in [
         format!("{d}/opencode.db"),
         format!("{d}/fro-bot.json"),
@@ -691,7 +801,15 @@ async fn we_restore_an_archive_made_by_the_toolkits_command() {
     let archive = tmp.path().join("cache.tzst");
     run(Command::new("tar")
         .current_dir(tmp.path())
-        .args(["--posix", "-cf", "cache.tzst", "--exclude", "cache.tzst", "-P", "-C"])
+        .args([
+            "--posix",
+            "-cf",
+            "cache.tzst",
+            "--exclude",
+            "cache.tzst",
+            "-P",
+            "-C",
+        ])
         .arg(&layout.workspace)
         .arg("--files-from")
         .arg(&manifest)
@@ -702,8 +820,16 @@ async fn we_restore_an_archive_made_by_the_toolkits_command() {
     write_local_state(&layout);
     let c = client(&server);
     let keys = vec!["toolkit-key-".to_string()];
-    let o = c.restore(&layout.restore_req("other", &keys)).await.unwrap();
-    let RestoreOutcome::Hit { matched_key, rejected, .. } = o else {
+    let o = c
+        .restore(&layout.restore_req("other", &keys))
+        .await
+        .unwrap();
+    let RestoreOutcome::Hit {
+        matched_key,
+        rejected,
+        ..
+    } = o
+    else {
         panic!("miss")
     };
     assert_eq!(matched_key, "toolkit-key-1");
@@ -727,28 +853,55 @@ async fn fs_backend_matches_like_the_service_and_refuses_duplicates() {
     // Exactly one archive per committed entry: the refused save left nothing behind.
     let archives = fs::read_dir(store.path().join("cache"))
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "tzst"))
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "tzst")
+        })
         .count();
     assert_eq!(archives, 3);
 
     fs::remove_dir_all(&layout.data).unwrap();
     let rk = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let o = backend.restore(&layout.restore_req("p-1", &[])).await.unwrap();
+    let o = backend
+        .restore(&layout.restore_req("p-1", &[]))
+        .await
+        .unwrap();
     assert_eq!(hit_key(&o), "p-1");
-    assert!(fs::read_to_string(layout.data.join("fro-bot.json")).unwrap().contains("\"seed\":0"));
+    assert!(fs::read_to_string(layout.data.join("fro-bot.json"))
+        .unwrap()
+        .contains("\"seed\":0"));
     let keys = rk(&["p-"]);
-    let o = backend.restore(&layout.restore_req("x", &keys)).await.unwrap();
+    let o = backend
+        .restore(&layout.restore_req("x", &keys))
+        .await
+        .unwrap();
     assert_eq!(hit_key(&o), "p-2");
-    assert_eq!(fs::read(layout.data.join("opencode.db")).unwrap(), random_bytes(1000, 1));
+    assert_eq!(
+        fs::read(layout.data.join("opencode.db")).unwrap(),
+        random_bytes(1000, 1)
+    );
     let keys = rk(&["q-", "p-"]);
-    let o = backend.restore(&layout.restore_req("x", &keys)).await.unwrap();
+    let o = backend
+        .restore(&layout.restore_req("x", &keys))
+        .await
+        .unwrap();
     assert_eq!(hit_key(&o), "q-1");
     let keys = rk(&["zzz"]);
     assert_eq!(
-        backend.restore(&layout.restore_req("x", &keys)).await.unwrap(),
+        backend
+            .restore(&layout.restore_req("x", &keys))
+            .await
+            .unwrap(),
         RestoreOutcome::Miss
     );
-    let other = vec![layout.data.join("opencode.db").to_string_lossy().into_owned()];
+    let other = vec![layout
+        .data
+        .join("opencode.db")
+        .to_string_lossy()
+        .into_owned()];
     let req = RestoreRequest {
         key: "p-1",
         restore_keys: &[],
@@ -765,7 +918,10 @@ async fn cancellation_stops_a_transfer() {
     layout.populate(100, 1);
     let cancel = fro_bot::runner::Cancellation::new();
     let backend = Backend::Actions(client(&server)).with_cancellation(cancel.clone());
-    cancel.cancel_with(fro_bot::runner::cancel::Signal::Interrupt, std::time::Instant::now());
+    cancel.cancel_with(
+        fro_bot::runner::cancel::Signal::Interrupt,
+        std::time::Instant::now(),
+    );
     let err = backend.save(&layout.save_req("k")).await.unwrap_err();
     assert!(matches!(err, CacheError::Cancelled), "{err:?}");
     assert!(server.entries().is_empty());

@@ -29,8 +29,6 @@ pub const PUT_BLOCK_LIST: &str = "PutBlockList";
 pub const GET_BLOB: &str = "GetBlob";
 pub const HEAD_BLOB: &str = "HeadBlob";
 
-const SERVICE_PREFIX: &str = "/twirp/github.actions.results.api.v1.CacheService/";
-
 /// A canned response served instead of the real one.
 #[derive(Debug, Clone)]
 pub struct Fault {
@@ -394,7 +392,11 @@ fn twirp_inner(s: &Shared, rpc: &str, headers: &HeaderMap, body: Option<&Value>)
         return twirp_error(StatusCode::BAD_REQUEST, "malformed", "body is not JSON");
     };
     let (Some(key), Some(version)) = (str_field(body, "key"), str_field(body, "version")) else {
-        return twirp_error(StatusCode::BAD_REQUEST, "invalid_argument", "key and version");
+        return twirp_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "key and version",
+        );
     };
     match rpc {
         CREATE => {
@@ -534,7 +536,18 @@ async fn blob(
         .or_else(|| headers.get(header::RANGE))
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let response = blob_inner(&s, &name, op, &q, &headers, content_length, chunked, range.as_deref(), body).await;
+    let response = blob_inner(
+        &s,
+        &name,
+        op,
+        &q,
+        &headers,
+        content_length,
+        chunked,
+        range.as_deref(),
+        body,
+    )
+    .await;
     s.log(Call {
         op: op.to_string(),
         status: response.status().as_u16(),
@@ -582,7 +595,8 @@ async fn blob_inner(
                 return azure_error(StatusCode::LENGTH_REQUIRED, "MissingContentLengthHeader");
             };
             let dest = if op == PUT_BLOB {
-                if headers.get("x-ms-blob-type").and_then(|v| v.to_str().ok()) != Some("BlockBlob") {
+                if headers.get("x-ms-blob-type").and_then(|v| v.to_str().ok()) != Some("BlockBlob")
+                {
                     return azure_error(StatusCode::BAD_REQUEST, "MissingRequiredHeader");
                 }
                 s.blob_path(name)
@@ -602,7 +616,8 @@ async fn blob_inner(
                 let _ = tokio::fs::create_dir_all(&dir).await;
                 dir.join(hex::encode(id.as_bytes()))
             };
-            let tmp = dest.with_extension(format!("part{}", hex::encode(rand::random::<[u8; 4]>())));
+            let tmp =
+                dest.with_extension(format!("part{}", hex::encode(rand::random::<[u8; 4]>())));
             let written = match save_body(body, &tmp).await {
                 Ok(n) => n,
                 Err(_) => return azure_error(StatusCode::BAD_REQUEST, "InvalidInput"),
@@ -660,7 +675,11 @@ async fn blob_inner(
             StatusCode::CREATED.into_response()
         }
         HEAD_BLOB => match tokio::fs::metadata(s.blob_path(name)).await {
-            Ok(m) => (StatusCode::OK, [(header::CONTENT_LENGTH, m.len().to_string())]).into_response(),
+            Ok(m) => (
+                StatusCode::OK,
+                [(header::CONTENT_LENGTH, m.len().to_string())],
+            )
+                .into_response(),
             Err(_) => StatusCode::NOT_FOUND.into_response(),
         },
         GET_BLOB => {
@@ -701,12 +720,16 @@ async fn blob_inner(
             };
             let mut r = Response::new(body);
             *r.status_mut() = status;
-            r.headers_mut()
-                .insert(header::CONTENT_LENGTH, len.to_string().parse().expect("number"));
+            r.headers_mut().insert(
+                header::CONTENT_LENGTH,
+                len.to_string().parse().expect("number"),
+            );
             if status == StatusCode::PARTIAL_CONTENT {
                 r.headers_mut().insert(
                     header::CONTENT_RANGE,
-                    format!("bytes {start}-{end}/{total}").parse().expect("range"),
+                    format!("bytes {start}-{end}/{total}")
+                        .parse()
+                        .expect("range"),
                 );
             }
             r
