@@ -1,1 +1,403 @@
-//! TODO(cache): filled in by its issue.
+//! The GitHub Actions cache (service v2), byte-compatible with `@actions/cache` 6.x, and a
+//! filesystem backend with the same matching rules and archive format for `fro-bot local`.
+//!
+//! Save: archive the existing paths to a temp file (`archive`), reserve (`twirp`), upload
+//! (`blob`), finalize. Restore: look up, download to a temp file, extract confined to the
+//! requested paths (`extract`), which only then replaces what is on disk.
+
+mod archive;
+mod blob;
+mod error;
+mod extract;
+mod fs_backend;
+mod paths;
+mod twirp;
+mod version;
+
+use std::path::{Path, PathBuf};
+
+pub use archive::{write_archive, ArchiveSummary};
+pub use blob::TransferOptions;
+pub use error::CacheError;
+pub use extract::{extract_confined, ExtractReport, RejectReason, RejectedMember};
+pub use fs_backend::{FsBackend, FsEntry};
+pub use twirp::{LookupHit, RetryPolicy, Rpc, TwirpClient};
+pub use version::version;
+
+use crate::runner::{env, Cancellation, Env};
+
+/// File name of the archive inside its temp dir (the toolkit's name).
+const ARCHIVE_NAME: &str = "cache.tzst";
+/// Key limits of the service: 512 UTF-16 code units, no commas, at most 10 keys per lookup.
+const MAX_KEY_UNITS: usize = 512;
+const MAX_KEYS: usize = 10;
+
+/// `ACTIONS_CACHE_MODE`: which directions the runner allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheMode {
+    ReadWrite,
+    /// `read`: restore only.
+    ReadOnly,
+    /// `write-only`: save only.
+    WriteOnly,
+    /// `none`: neither.
+    Disabled,
+}
+
+impl CacheMode {
+    /// Unknown or empty values allow both directions, as the toolkit does.
+    pub fn parse(value: Option<&str>) -> Self {
+        match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
+            Some("none") => CacheMode::Disabled,
+            Some("read") => CacheMode::ReadOnly,
+            Some("write-only") => CacheMode::WriteOnly,
+            Some(_) | None => CacheMode::ReadWrite,
+        }
+    }
+
+    pub fn can_restore(self) -> bool {
+        matches!(self, CacheMode::ReadWrite | CacheMode::ReadOnly)
+    }
+
+    pub fn can_save(self) -> bool {
+        matches!(self, CacheMode::ReadWrite | CacheMode::WriteOnly)
+    }
+}
+
+pub struct RestoreRequest<'a> {
+    pub key: &'a str,
+    pub restore_keys: &'a [String],
+    /// Absolute path strings exactly as given; the version is computed from them.
+    pub paths: &'a [String],
+    /// Member names are relative to it.
+    pub workspace: &'a Path,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreOutcome {
+    Hit {
+        matched_key: String,
+        /// Cache paths replaced by their archived version.
+        restored: Vec<PathBuf>,
+        /// Archive members refused by the confined extraction (already logged as warnings).
+        rejected: Vec<RejectedMember>,
+        /// Size of the downloaded archive.
+        size_bytes: u64,
+    },
+    Miss,
+}
+
+pub struct SaveRequest<'a> {
+    pub key: &'a str,
+    pub paths: &'a [String],
+    pub workspace: &'a Path,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaveReceipt {
+    /// The service's entry id (absent from the filesystem backend and some service replies).
+    pub entry_id: Option<i64>,
+    /// Size of the archive written.
+    pub size_bytes: u64,
+}
+
+/// The Actions cache service v2 client: Twirp calls plus blob transfer.
+#[derive(Debug, Clone)]
+pub struct ActionsCacheClient {
+    pub twirp: TwirpClient,
+    blob: blob::BlobClient,
+    pub mode: CacheMode,
+    /// Where archives are staged (`RUNNER_TEMP` when usable, else the system temp dir).
+    pub scratch: Option<PathBuf>,
+    pub cancel: Option<Cancellation>,
+}
+
+impl ActionsCacheClient {
+    /// `results_url` = `ACTIONS_RESULTS_URL`; the token is masked here.
+    pub fn new(results_url: &str, token: &str, mode: CacheMode) -> Result<Self, CacheError> {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("fro-bot/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(std::time::Duration::from_secs(30))
+            .build()
+            .map_err(|source| CacheError::Transport {
+                operation: "building the HTTP client",
+                source,
+            })?;
+        Ok(Self {
+            twirp: TwirpClient::new(http.clone(), results_url, token)?,
+            blob: blob::BlobClient {
+                http,
+                transfer: TransferOptions::default(),
+                retry: RetryPolicy::default(),
+            },
+            mode,
+            scratch: None,
+            cancel: None,
+        })
+    }
+
+    /// Same policy for RPCs and blob transfers (tests use millisecond delays).
+    pub fn set_retry(&mut self, retry: RetryPolicy) {
+        self.twirp.retry = retry;
+        self.blob.retry = retry;
+    }
+
+    pub fn set_transfer(&mut self, transfer: TransferOptions) {
+        self.blob.transfer = transfer;
+    }
+
+    pub async fn restore(&self, req: &RestoreRequest<'_>) -> Result<RestoreOutcome, CacheError> {
+        if !self.mode.can_restore() {
+            return Err(CacheError::Disabled {
+                reason: format!(
+                    "restore is disabled by ACTIONS_CACHE_MODE ({:?})",
+                    self.mode
+                ),
+            });
+        }
+        validate_keys(req.key, req.restore_keys)?;
+        let version = version(req.paths);
+        let Some(hit) = self
+            .twirp
+            .lookup(req.key, req.restore_keys, &version)
+            .await?
+        else {
+            return Ok(RestoreOutcome::Miss);
+        };
+        let tmp = scratch_dir(self.scratch.as_deref())?;
+        let archive = tmp.path().join(ARCHIVE_NAME);
+        let size_bytes = self.blob.download(&hit.download_url, &archive).await?;
+        let report = extract_blocking(archive, req.paths, req.workspace).await?;
+        Ok(RestoreOutcome::Hit {
+            matched_key: hit.matched_key,
+            restored: report.restored,
+            rejected: report.rejected,
+            size_bytes,
+        })
+    }
+
+    pub async fn save(&self, req: &SaveRequest<'_>) -> Result<SaveReceipt, CacheError> {
+        if !self.mode.can_save() {
+            return Err(CacheError::Disabled {
+                reason: format!("save is disabled by ACTIONS_CACHE_MODE ({:?})", self.mode),
+            });
+        }
+        validate_keys(req.key, &[])?;
+        let version = version(req.paths);
+        let tmp = scratch_dir(self.scratch.as_deref())?;
+        let archive = tmp.path().join(ARCHIVE_NAME);
+        // Archive first: with nothing to save the service is never asked to reserve a key.
+        let summary = archive_blocking(archive.clone(), req.paths, req.workspace).await?;
+        let upload_url = self.twirp.create(req.key, &version).await?;
+        self.blob
+            .upload(&upload_url, &archive, summary.size_bytes)
+            .await?;
+        let entry_id = self
+            .twirp
+            .finalize(req.key, &version, summary.size_bytes)
+            .await?;
+        Ok(SaveReceipt {
+            entry_id,
+            size_bytes: summary.size_bytes,
+        })
+    }
+}
+
+/// Where the phases restore from and save to.
+// One Backend exists per run; boxing the client would only add an indirection.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Backend {
+    Actions(ActionsCacheClient),
+    Filesystem(FsBackend),
+}
+
+impl Backend {
+    /// Picks the v2 client when ACTIONS_RESULTS_URL and ACTIONS_RUNTIME_TOKEN are set (honouring
+    /// ACTIONS_CACHE_MODE); None when there is no cache service.
+    pub fn from_env(env: &Env) -> Option<Backend> {
+        let url = env.get(env::ACTIONS_RESULTS_URL)?;
+        let token = env.get(env::ACTIONS_RUNTIME_TOKEN)?;
+        let mode = CacheMode::parse(env.get(env::ACTIONS_CACHE_MODE));
+        match ActionsCacheClient::new(url, token, mode) {
+            Ok(mut client) => {
+                // Older runners pass a host RUNNER_TEMP that does not exist in the container.
+                client.scratch = env
+                    .get(env::RUNNER_TEMP)
+                    .map(PathBuf::from)
+                    .filter(|p| p.is_dir());
+                Some(Backend::Actions(client))
+            }
+            Err(e) => {
+                tracing::warn!("Actions cache unavailable: {e}");
+                None
+            }
+        }
+    }
+
+    /// Cancels transfers in flight when the run is cancelled.
+    pub fn with_cancellation(mut self, cancel: Cancellation) -> Self {
+        match &mut self {
+            Backend::Actions(c) => c.cancel = Some(cancel),
+            Backend::Filesystem(f) => f.cancel = Some(cancel),
+        }
+        self
+    }
+
+    pub fn can_restore(&self) -> bool {
+        match self {
+            Backend::Actions(c) => c.mode.can_restore(),
+            Backend::Filesystem(_) => true,
+        }
+    }
+
+    pub fn can_save(&self) -> bool {
+        match self {
+            Backend::Actions(c) => c.mode.can_save(),
+            Backend::Filesystem(_) => true,
+        }
+    }
+
+    pub async fn restore(&self, req: &RestoreRequest<'_>) -> Result<RestoreOutcome, CacheError> {
+        match self {
+            Backend::Actions(c) => cancellable(c.cancel.as_ref(), c.restore(req)).await,
+            Backend::Filesystem(f) => cancellable(f.cancel.as_ref(), f.restore(req)).await,
+        }
+    }
+
+    pub async fn save(&self, req: &SaveRequest<'_>) -> Result<SaveReceipt, CacheError> {
+        match self {
+            Backend::Actions(c) => cancellable(c.cancel.as_ref(), c.save(req)).await,
+            Backend::Filesystem(f) => cancellable(f.cancel.as_ref(), f.save(req)).await,
+        }
+    }
+}
+
+/// Drops the operation (closing its connections; temp files clean up on drop) on cancellation.
+/// Extraction already running in a blocking thread finishes its own move-into-place step.
+async fn cancellable<T>(
+    cancel: Option<&Cancellation>,
+    op: impl std::future::Future<Output = Result<T, CacheError>>,
+) -> Result<T, CacheError> {
+    match cancel {
+        Some(c) => tokio::select! {
+            biased;
+            _ = c.cancelled() => Err(CacheError::Cancelled),
+            r = op => r,
+        },
+        None => op.await,
+    }
+}
+
+fn validate_keys(key: &str, restore_keys: &[String]) -> Result<(), CacheError> {
+    if 1 + restore_keys.len() > MAX_KEYS {
+        return Err(CacheError::InvalidKey {
+            key: key.to_string(),
+            reason: "more than 10 keys (key + restore keys)",
+        });
+    }
+    for k in std::iter::once(key).chain(restore_keys.iter().map(String::as_str)) {
+        if k.is_empty() {
+            return Err(CacheError::InvalidKey {
+                key: k.to_string(),
+                reason: "empty",
+            });
+        }
+        if k.encode_utf16().count() > MAX_KEY_UNITS {
+            return Err(CacheError::InvalidKey {
+                key: k.to_string(),
+                reason: "longer than 512 characters",
+            });
+        }
+        if k.contains(',') {
+            return Err(CacheError::InvalidKey {
+                key: k.to_string(),
+                reason: "contains a comma",
+            });
+        }
+    }
+    Ok(())
+}
+
+fn scratch_dir(base: Option<&Path>) -> Result<tempfile::TempDir, CacheError> {
+    let builder = {
+        let mut b = tempfile::Builder::new();
+        b.prefix("fro-bot-cache-");
+        b
+    };
+    match base {
+        Some(dir) => builder
+            .tempdir_in(dir)
+            .map_err(|e| CacheError::io("cannot create a temp dir in", dir, e)),
+        None => builder
+            .tempdir()
+            .map_err(|e| CacheError::io("cannot create a temp dir in", std::env::temp_dir(), e)),
+    }
+}
+
+pub(crate) async fn archive_blocking(
+    dest: PathBuf,
+    paths: &[String],
+    workspace: &Path,
+) -> Result<ArchiveSummary, CacheError> {
+    let paths = paths.to_vec();
+    let workspace = workspace.to_path_buf();
+    tokio::task::spawn_blocking(move || write_archive(&paths, &workspace, &dest))
+        .await
+        .map_err(|source| CacheError::Task { source })?
+}
+
+pub(crate) async fn extract_blocking(
+    archive: PathBuf,
+    paths: &[String],
+    workspace: &Path,
+) -> Result<ExtractReport, CacheError> {
+    let paths = paths.to_vec();
+    let workspace = workspace.to_path_buf();
+    tokio::task::spawn_blocking(move || extract_confined(&archive, &paths, &workspace))
+        .await
+        .map_err(|source| CacheError::Task { source })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_mode_follows_the_toolkit() {
+        let m = |v| CacheMode::parse(v);
+        assert!(m(None).can_restore() && m(None).can_save());
+        assert!(m(Some("")).can_restore() && m(Some("weird")).can_save());
+        assert!(m(Some("read")).can_restore() && !m(Some("read")).can_save());
+        assert!(!m(Some("write-only")).can_restore() && m(Some("write-only")).can_save());
+        assert!(m(Some("write")).can_restore() && m(Some("write")).can_save());
+        assert!(!m(Some("none")).can_restore() && !m(Some("none")).can_save());
+    }
+
+    #[test]
+    fn from_env_needs_url_and_token() {
+        let base = [
+            (env::ACTIONS_RESULTS_URL, "https://results.example.com/"),
+            (env::ACTIONS_RUNTIME_TOKEN, "runtime-token-xyz"),
+        ];
+        assert!(Backend::from_env(&Env::from_pairs(base)).is_some());
+        assert!(Backend::from_env(&Env::from_pairs([base[0]])).is_none());
+        assert!(Backend::from_env(&Env::from_pairs([base[1]])).is_none());
+        let mut e = Env::from_pairs(base);
+        e.set(env::ACTIONS_CACHE_MODE, "read");
+        let b = Backend::from_env(&e).unwrap();
+        assert!(b.can_restore() && !b.can_save());
+    }
+
+    #[test]
+    fn keys_are_validated_like_the_service() {
+        assert!(validate_keys("a", &[]).is_ok());
+        assert!(matches!(
+            validate_keys("a,b", &[]),
+            Err(CacheError::InvalidKey { .. })
+        ));
+        assert!(validate_keys(&"x".repeat(513), &[]).is_err());
+        let many: Vec<String> = (0..10).map(|i| i.to_string()).collect();
+        assert!(validate_keys("a", &many).is_err());
+    }
+}
