@@ -79,9 +79,20 @@ fn main() -> ExitCode {
     };
     let env = fro_bot::runner::Env::from_process();
     fro_bot::runner::log::init_tracing(env.is_github_actions());
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            fro_bot::runner::log::error(&format!("cannot start the async runtime: {e}"));
+            return ExitCode::FAILURE;
+        }
+    };
     match command {
         Command::Post => {
-            not_implemented("post");
+            runtime.block_on(fro_bot::phases::post::post(&env, async {}));
             // A failing post step fails the whole job: post always exits 0.
             ExitCode::SUCCESS
         }

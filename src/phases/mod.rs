@@ -2,5 +2,8 @@
 //! a shared run context; `post` is its own entry.
 
 pub mod paths;
+pub mod post;
 pub mod project_identity;
 pub mod report;
+pub mod restore;
+pub mod save;

@@ -3,6 +3,7 @@
 
 pub mod cancel;
 pub mod env;
+pub mod failpoint;
 pub mod file_command;
 pub mod log;
 pub mod summary;
@@ -93,6 +94,14 @@ impl Env {
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.vars.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
+}
+
+/// Wall-clock epoch milliseconds (for records written to disk; lease timing has its own clock).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// The environment variable that carries an input.

@@ -46,7 +46,10 @@ fn wal_only_rows_are_folded_into_the_main_file_by_checkpoint() {
     let db = dir.path().join("opencode.db");
     killed_writer(&db, 500);
     let wal = dir.path().join("opencode.db-wal");
-    assert!(wal.metadata().unwrap().len() > 0, "the rows must sit in the WAL");
+    assert!(
+        wal.metadata().unwrap().len() > 0,
+        "the rows must sit in the WAL"
+    );
     assert_eq!(
         count_rows_in_main_file_alone(&db),
         0,
@@ -55,4 +58,255 @@ fn wal_only_rows_are_folded_into_the_main_file_by_checkpoint() {
     assert_eq!(checkpoint::checkpoint(&db), CheckpointOutcome::Checkpointed);
     assert_eq!(wal.metadata().map(|m| m.len()).unwrap_or(0), 0);
     assert_eq!(count_rows_in_main_file_alone(&db), 500);
+}
+
+mod phases {
+    use std::path::{Path, PathBuf};
+
+    use fro_bot::cache::Backend;
+    use fro_bot::phases::paths::StatePaths;
+    use fro_bot::phases::report::{CacheStatus, RestoreReport, RestoreSource};
+    use fro_bot::phases::restore::{restore, RestoreInputs, StoreAttempt};
+    use fro_bot::phases::save::{save, SaveInputs, SaveReport};
+    use fro_bot::runner::Env;
+    use fro_bot::save_result::{GateInputs, SaveOutcome, StateValue, StorePublish};
+
+    use super::killed_writer;
+    use crate::support::cache_server::CacheServer;
+
+    pub const OPEN_GATE: GateInputs = GateInputs {
+        agent_still_running: false,
+        server_quiescent: true,
+        lease_lost: false,
+    };
+
+    /// A runner-like job: `/github/workspace` and `/github/home` under one temp root.
+    pub struct Job {
+        _root: tempfile::TempDir,
+        pub workspace: PathBuf,
+        pub paths: StatePaths,
+    }
+
+    impl Job {
+        pub fn new() -> Self {
+            let root = tempfile::tempdir().unwrap();
+            let workspace = root.path().join("github/workspace");
+            std::fs::create_dir_all(&workspace).unwrap();
+            let paths = StatePaths::new(root.path().join("github/home/.local/share/opencode"));
+            std::fs::create_dir_all(&paths.data_dir).unwrap();
+            Job {
+                _root: root,
+                workspace,
+                paths,
+            }
+        }
+
+        pub async fn save(
+            &self,
+            backend: Option<&Backend>,
+            key: &str,
+            gate: GateInputs,
+        ) -> SaveReport {
+            save(
+                SaveInputs {
+                    paths: &self.paths,
+                    workspace: &self.workspace,
+                    skip_cache: false,
+                    gate,
+                    cache: backend,
+                    save_key: key,
+                    run_id: "1",
+                    now_ms: 1,
+                },
+                || async { StorePublish::Disabled },
+            )
+            .await
+        }
+
+        pub async fn restore(&self, backend: &Backend, prefix: &str) -> RestoreReport {
+            restore(
+                RestoreInputs {
+                    paths: &self.paths,
+                    workspace: &self.workspace,
+                    skip_cache: false,
+                    cache: Some(backend),
+                    key: prefix,
+                    restore_keys: &[format!("{prefix}-")],
+                },
+                async { StoreAttempt::Disabled },
+            )
+            .await
+        }
+    }
+
+    pub fn rows(db: &Path) -> i64 {
+        rusqlite::Connection::open(db)
+            .unwrap()
+            .query_row("SELECT count(*) FROM memory", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    pub fn backend(server: &CacheServer) -> Backend {
+        Backend::from_env(&Env::from_pairs(server.env_pairs())).unwrap()
+    }
+
+    #[tokio::test]
+    async fn wal_only_rows_survive_save_then_restore_in_a_new_job() {
+        let server = CacheServer::start().await;
+        let backend = backend(&server);
+        let first = Job::new();
+        killed_writer(&first.paths.db(), 300);
+        std::fs::write(
+            first.paths.auth_file(),
+            r#"{"p":{"type":"api","key":"sk-x"}}"#,
+        )
+        .unwrap();
+        let report = first
+            .save(
+                Some(&backend),
+                "opencode-storage-o-r-main-Linux-1-1",
+                OPEN_GATE,
+            )
+            .await;
+        assert_eq!(
+            report.result.outcome,
+            SaveOutcome::Persisted,
+            "{:?}",
+            report.result
+        );
+        assert_eq!(report.result.state_value(), StateValue::Durable);
+        assert!(
+            !first.paths.auth_file().exists(),
+            "auth.json must be deleted before saving"
+        );
+
+        // A new job on a runner has the same absolute paths and an empty home.
+        let second = first;
+        std::fs::remove_dir_all(&second.paths.data_dir).unwrap();
+        let restored = second
+            .restore(&backend, "opencode-storage-o-r-main-Linux")
+            .await;
+        assert_eq!(restored.status, CacheStatus::Hit, "{:?}", restored.notes);
+        assert_eq!(restored.source, RestoreSource::Cache);
+        assert_eq!(rows(&second.paths.db()), 300);
+        assert!(!second.paths.auth_file().exists());
+        assert!(second.paths.marker().exists());
+    }
+
+    #[tokio::test]
+    async fn garbage_database_in_an_entry_is_discarded_and_the_run_starts_clean() {
+        let server = CacheServer::start().await;
+        let backend = backend(&server);
+        let job = Job::new();
+        std::fs::write(job.paths.db(), vec![0x5au8; 64 * 1024]).unwrap();
+        let report = job.save(Some(&backend), "k-main-1", OPEN_GATE).await;
+        // Saving does not judge content (nothing to checkpoint): the garbage is stored as-is...
+        assert_eq!(report.result.outcome, SaveOutcome::Persisted);
+        std::fs::remove_dir_all(&job.paths.data_dir).unwrap();
+        // ...and restore recognises it and starts clean.
+        let restored = job.restore(&backend, "k-main").await;
+        assert_eq!(
+            restored.status,
+            CacheStatus::Corrupted,
+            "{:?}",
+            restored.notes
+        );
+        assert!(!job.paths.db().exists());
+    }
+
+    #[tokio::test]
+    async fn read_only_token_is_rejected_not_an_error_and_post_would_retry() {
+        let server = CacheServer::start().await;
+        server.set_read_only(true);
+        let backend = backend(&server);
+        let job = Job::new();
+        killed_writer(&job.paths.db(), 5);
+        let report = job.save(Some(&backend), "k-ro-1", OPEN_GATE).await;
+        assert_eq!(
+            report.result.outcome,
+            SaveOutcome::CacheRejected,
+            "{:?}",
+            report.result
+        );
+        assert_eq!(report.result.state_value(), StateValue::NotPersisted);
+        assert!(
+            report.result.detail.contains("cache write denied"),
+            "{}",
+            report.result.detail
+        );
+    }
+
+    #[tokio::test]
+    async fn server_errors_after_retries_are_cache_errors() {
+        use crate::support::cache_server::{Fault, CREATE};
+        let server = CacheServer::start().await;
+        server.inject(CREATE, (0..5).map(|_| Fault::status(503)));
+        let mut backend = backend(&server);
+        if let Backend::Actions(client) = &mut backend {
+            client.set_retry(fro_bot::cache::RetryPolicy {
+                base_delay: std::time::Duration::from_millis(1),
+                ..Default::default()
+            });
+        }
+        let job = Job::new();
+        killed_writer(&job.paths.db(), 5);
+        let report = job.save(Some(&backend), "k-5xx-1", OPEN_GATE).await;
+        assert_eq!(
+            report.result.outcome,
+            SaveOutcome::CacheError,
+            "{:?}",
+            report.result
+        );
+        assert_eq!(report.result.state_value(), StateValue::NotPersisted);
+    }
+
+    #[tokio::test]
+    async fn the_safety_gate_refuses_before_touching_anything() {
+        let server = CacheServer::start().await;
+        let backend = backend(&server);
+        let job = Job::new();
+        killed_writer(&job.paths.db(), 5);
+        let wal_before = std::fs::metadata(job.paths.data_dir.join("opencode.db-wal"))
+            .unwrap()
+            .len();
+        for gate in [
+            GateInputs {
+                agent_still_running: true,
+                ..OPEN_GATE
+            },
+            GateInputs {
+                server_quiescent: false,
+                ..OPEN_GATE
+            },
+            GateInputs {
+                lease_lost: true,
+                ..OPEN_GATE
+            },
+        ] {
+            let report = job.save(Some(&backend), "k-gate-1", gate).await;
+            assert_eq!(report.result.outcome, SaveOutcome::OwnershipDeclined);
+            assert_eq!(report.result.state_value(), StateValue::DeclinedForSafety);
+            assert!(
+                report.checkpoint.is_none(),
+                "the gate comes before the checkpoint"
+            );
+        }
+        // Nothing checkpointed, nothing uploaded.
+        let wal_after = std::fs::metadata(job.paths.data_dir.join("opencode.db-wal"))
+            .unwrap()
+            .len();
+        assert_eq!(wal_before, wal_after);
+        assert!(server.entries().is_empty());
+    }
+
+    #[tokio::test]
+    async fn nothing_to_save_is_skipped_empty() {
+        let server = CacheServer::start().await;
+        let backend = backend(&server);
+        let job = Job::new();
+        let report = job.save(Some(&backend), "k-empty-1", OPEN_GATE).await;
+        assert_eq!(report.result.outcome, SaveOutcome::SkippedEmpty);
+        assert_eq!(report.result.state_value(), StateValue::Skipped);
+        assert!(server.calls().is_empty(), "the service must not be asked");
+    }
 }

@@ -1,6 +1,7 @@
 //! Test services shared by the integration tests, one file each.
 #![allow(dead_code)]
 
+pub mod action;
 pub mod cache_server;
 pub mod fake_github;
 pub mod fake_llm;

@@ -1,0 +1,140 @@
+//! The post step (REQUIREMENTS §12): decide from main's `cacheSaved` state; retry only a save that
+//! did not persist, Actions cache only, with the same keys and path list as main; release a lease
+//! main left behind. Time-boxed; never fails the job.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::cache;
+use crate::config;
+use crate::github::keys::{invocation_identity, CacheKeys};
+use crate::phases::paths::StatePaths;
+use crate::phases::save::{save, SaveInputs};
+use crate::runner::env::{input, state};
+use crate::runner::{log, Env, FileCommands};
+use crate::save_result::{post_decision, GateInputs, PostDecision, StateValue, StorePublish};
+
+/// The whole post step gets this long: the job's own timeout is not ours to spend.
+pub const POST_TIME_BOX: Duration = Duration::from_secs(240);
+
+/// What post did, for its summary and the tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PostOutcome {
+    NothingToDo { why: &'static str },
+    Declined,
+    Retried { state: StateValue, detail: String },
+    CouldNotRetry { why: String },
+    TimedOut,
+}
+
+/// Runs post. `release_lease` releases a lease main left behind (it gets its own 10 s deadline
+/// inside); it runs whatever the decision.
+pub async fn post<R>(env: &Env, release_lease: R) -> PostOutcome
+where
+    R: Future<Output = ()>,
+{
+    let files = FileCommands::from_env(env);
+    let outcome = match tokio::time::timeout(POST_TIME_BOX, async {
+        release_lease.await;
+        decide_and_retry(env).await
+    })
+    .await
+    {
+        Ok(outcome) => outcome,
+        Err(_) => PostOutcome::TimedOut,
+    };
+    let summary = match &outcome {
+        PostOutcome::NothingToDo { why } => {
+            tracing::info!("post: nothing to do: {why}");
+            format!("### Session Persistence (post)\n\nNothing to do: {why}.\n\n")
+        }
+        PostOutcome::Declined => {
+            let text = "the main step declined to save for safety (see its Session Persistence \
+                        section); saving now could store a half-written database or overwrite \
+                        newer memory, so the post step does not save either";
+            tracing::warn!("post: {text}");
+            format!("### Session Persistence (post)\n\nNot saved: {text}.\n\n")
+        }
+        PostOutcome::Retried { state, detail } => {
+            match state {
+                StateValue::Durable => tracing::info!("post: memory saved on retry: {detail}"),
+                _ => log::warning(&format!(
+                    "post: memory not saved on retry ({state}): {detail}"
+                )),
+            }
+            format!("### Session Persistence (post)\n\nRetried the Actions cache save: **{state}** — {detail}.\n\n")
+        }
+        PostOutcome::CouldNotRetry { why } => {
+            log::warning(&format!("post: cannot retry the save: {why}"));
+            format!("### Session Persistence (post)\n\nCould not retry the save: {why}.\n\n")
+        }
+        PostOutcome::TimedOut => {
+            log::warning("post: gave up after its 4-minute time box");
+            "### Session Persistence (post)\n\nGave up after the 4-minute time box.\n\n".into()
+        }
+    };
+    if let Err(e) = files.append_summary(&summary) {
+        tracing::warn!("{e}");
+    }
+    outcome
+}
+
+async fn decide_and_retry(env: &Env) -> PostOutcome {
+    match post_decision(StateValue::parse(env.state(state::CACHE_SAVED))) {
+        PostDecision::NothingToDo { why } => PostOutcome::NothingToDo { why },
+        PostDecision::Declined => PostOutcome::Declined,
+        PostDecision::RetryCacheSave => retry(env).await,
+    }
+}
+
+async fn retry(env: &Env) -> PostOutcome {
+    // Only the inputs the retry needs; a bad value elsewhere was main's to report.
+    if config::parse_bool(env, input::SKIP_CACHE, false).unwrap_or(false) {
+        return PostOutcome::NothingToDo {
+            why: "skip-cache is set",
+        };
+    }
+    let paths = match StatePaths::from_env(env) {
+        Ok(p) => p,
+        Err(e) => return PostOutcome::CouldNotRetry { why: e.to_string() },
+    };
+    let identity = invocation_identity(env, env.input(input::MATRIX_CONTEXT));
+    let keys = match CacheKeys::from_env(env, identity.as_deref()) {
+        Ok(k) => k,
+        Err(e) => return PostOutcome::CouldNotRetry { why: e.to_string() },
+    };
+    let Some(workspace) = env.get(crate::runner::env::GITHUB_WORKSPACE) else {
+        return PostOutcome::CouldNotRetry {
+            why: "GITHUB_WORKSPACE is not set".into(),
+        };
+    };
+    let backend = cache::Backend::from_env(env);
+    let save_key = keys.save_key();
+    let run_id = env
+        .get(crate::runner::env::GITHUB_RUN_ID)
+        .unwrap_or("unknown");
+    let report = save(
+        SaveInputs {
+            paths: &paths,
+            workspace: std::path::Path::new(workspace),
+            skip_cache: false,
+            // Main is gone: nothing of this run can still be writing.
+            gate: GateInputs {
+                agent_still_running: false,
+                server_quiescent: true,
+                lease_lost: false,
+            },
+            cache: backend.as_ref(),
+            save_key: &save_key,
+            run_id,
+            now_ms: crate::runner::now_ms(),
+        },
+        // Never the object store from post: the lease is gone.
+        || async { StorePublish::NotAttempted },
+    )
+    .await;
+    PostOutcome::Retried {
+        state: report.result.state_value(),
+        detail: report.result.detail,
+    }
+}

@@ -1,0 +1,144 @@
+//! Save phase (REQUIREMENTS §11): safety gate, checkpoint, marker, object-store publish (first),
+//! then the Actions cache. Each step's failure is reported in the result, never raised.
+
+use std::future::Future;
+use std::path::Path;
+
+use crate::cache::{self, CacheError};
+use crate::checkpoint::{self, CheckpointOutcome};
+use crate::phases::paths::{write_marker, StatePaths};
+use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
+
+pub struct SaveInputs<'a> {
+    pub paths: &'a StatePaths,
+    pub workspace: &'a Path,
+    pub skip_cache: bool,
+    pub gate: GateInputs,
+    pub cache: Option<&'a cache::Backend>,
+    pub save_key: &'a str,
+    pub run_id: &'a str,
+    pub now_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct SaveReport {
+    pub result: CacheSaveResult,
+    pub checkpoint: Option<CheckpointOutcome>,
+    pub store_publish: StorePublish,
+}
+
+/// Runs the save. `publish` is called once, after the checkpoint and marker and before the cache
+/// write, only when there is something to save; it returns `StorePublish::Disabled` when the store
+/// is off and does its own lease check.
+pub async fn save<F, Fut>(inputs: SaveInputs<'_>, publish: F) -> SaveReport
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = StorePublish>,
+{
+    let not_attempted = |result, checkpoint| SaveReport {
+        result,
+        checkpoint,
+        store_publish: StorePublish::NotAttempted,
+    };
+    if let Some(refusal) = safety_gate(inputs.gate) {
+        let result =
+            CacheSaveResult::new(SaveOutcome::OwnershipDeclined, false, refusal.describe());
+        return not_attempted(result, None);
+    }
+    if inputs.skip_cache {
+        let result = CacheSaveResult::new(
+            SaveOutcome::SkippedByConfiguration,
+            false,
+            "skip-cache is set",
+        );
+        return not_attempted(result, None);
+    }
+    // Credentials never reach a saved path.
+    if let Err(e) = inputs.paths.remove_auth_file() {
+        let result = CacheSaveResult::new(
+            SaveOutcome::CheckpointDeclined,
+            false,
+            format!("cannot remove auth.json before saving: {e}"),
+        );
+        return not_attempted(result, None);
+    }
+    let db = inputs.paths.db();
+    let cp = {
+        let db = db.clone();
+        tokio::task::spawn_blocking(move || checkpoint::checkpoint(&db))
+            .await
+            .unwrap_or_else(|e| CheckpointOutcome::Failed {
+                structural: false,
+                message: format!("checkpoint task failed: {e}"),
+            })
+    };
+    if let CheckpointOutcome::Failed { message, .. } = &cp {
+        let result = CacheSaveResult::new(
+            SaveOutcome::CheckpointDeclined,
+            false,
+            format!("the WAL could not be folded into the database: {message}"),
+        );
+        return not_attempted(result, Some(cp));
+    }
+    if std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0) == 0 {
+        let result = CacheSaveResult::new(
+            SaveOutcome::SkippedEmpty,
+            false,
+            "no session database to save",
+        );
+        return not_attempted(result, Some(cp));
+    }
+    if let Err(e) = write_marker(inputs.paths, inputs.run_id, inputs.now_ms) {
+        // The marker is advisory (a missing one reads as compatible): save without it.
+        tracing::warn!("cannot write the memory marker: {e}");
+        let _ = std::fs::remove_file(inputs.paths.marker());
+    }
+
+    let store_publish = publish().await;
+    let store_persisted = store_publish == StorePublish::Published;
+
+    let result = match inputs.cache {
+        None => CacheSaveResult::new(
+            SaveOutcome::CacheError,
+            store_persisted,
+            "no cache service available (ACTIONS_RESULTS_URL/ACTIONS_RUNTIME_TOKEN not set)",
+        ),
+        Some(cache) if !cache.can_save() => CacheSaveResult::new(
+            SaveOutcome::CacheRejected,
+            store_persisted,
+            "the runner's cache mode does not allow saving (ACTIONS_CACHE_MODE)",
+        ),
+        Some(cache) => {
+            let request = cache::SaveRequest {
+                key: inputs.save_key,
+                paths: inputs.paths.cache_paths(),
+                workspace: inputs.workspace,
+            };
+            match cache.save(&request).await {
+                Ok(receipt) => CacheSaveResult::new(
+                    SaveOutcome::Persisted,
+                    store_persisted,
+                    format!(
+                        "saved as `{}` ({} bytes)",
+                        inputs.save_key, receipt.size_bytes
+                    ),
+                ),
+                Err(e) => classify(e, store_persisted),
+            }
+        }
+    };
+    SaveReport {
+        result,
+        checkpoint: Some(cp),
+        store_publish,
+    }
+}
+
+fn classify(error: CacheError, store_persisted: bool) -> CacheSaveResult {
+    let outcome = if error.is_rejection() {
+        SaveOutcome::CacheRejected
+    } else {
+        SaveOutcome::CacheError
+    };
+    CacheSaveResult::new(outcome, store_persisted, error.to_string())
+}

@@ -1,0 +1,29 @@
+//! Named kill points for crash tests: with `FRO_BOT_FAILPOINT=<name>` in the environment, the
+//! process SIGKILLs itself when it reaches that point, exactly as the runner kills a container
+//! that overran its cancel budget. Unset (always, outside tests), a check is one load of a
+//! cached `Option`.
+
+use std::sync::OnceLock;
+
+pub const FRO_BOT_FAILPOINT: &str = "FRO_BOT_FAILPOINT";
+
+fn armed() -> Option<&'static str> {
+    static ARMED: OnceLock<Option<String>> = OnceLock::new();
+    ARMED
+        .get_or_init(|| {
+            std::env::var(FRO_BOT_FAILPOINT)
+                .ok()
+                .filter(|v| !v.is_empty())
+        })
+        .as_deref()
+}
+
+/// Dies here if this point is armed.
+pub fn hit(name: &str) {
+    if armed() == Some(name) {
+        // SAFETY: kill(2) on our own pid has no memory-safety preconditions.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}

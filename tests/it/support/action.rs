@@ -1,0 +1,190 @@
+//! Runs the built `fro-bot` binary the way the runner runs a container action: a HOME laid out like
+//! `/github/home`, a git checkout as the workspace, an event payload file, `GITHUB_*`/`RUNNER_*`/
+//! `INPUT_*` variables, and file-command files read back through the runner's own parser.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use fro_bot::runner::file_command;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_fro-bot");
+
+/// One job's filesystem: shared by its main and post steps (as `/github/home` is).
+pub struct Job {
+    pub root: tempfile::TempDir,
+    pub env: BTreeMap<String, String>,
+}
+
+pub struct StepResult {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    pub outputs: BTreeMap<String, String>,
+    pub state: BTreeMap<String, String>,
+    pub summary: String,
+}
+
+impl StepResult {
+    pub fn output(&self, name: &str) -> &str {
+        self.outputs
+            .get(name)
+            .map(String::as_str)
+            .unwrap_or_else(|| {
+                panic!(
+                    "no output {name:?}; outputs {:?}\nstdout:\n{}\nstderr:\n{}",
+                    self.outputs, self.stdout, self.stderr
+                )
+            })
+    }
+}
+
+pub fn git(dir: &Path, args: &[&str]) {
+    let status = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .stdout(Stdio::null())
+        .status()
+        .expect("git runs");
+    assert!(status.success(), "git {args:?} failed");
+}
+
+/// A fresh single-commit repository at `dir` (what `fetch-depth: 1` leaves: a different root
+/// commit for different content).
+pub fn fresh_checkout(dir: &Path, content: &str) {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    git(dir, &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.join("README.md"), content).unwrap();
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "-q", "-m", "init"]);
+}
+
+impl Job {
+    /// A job of run `run_id` in repository `owner/repo` on `main`.
+    pub fn new(run_id: u64) -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let home = root.path().join("home");
+        let workspace = root.path().join("workspace");
+        let files = root.path().join("file_commands");
+        let temp = root.path().join("runner_temp");
+        for d in [&home, &files, &temp] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        fresh_checkout(&workspace, "hello\n");
+        let mut env = BTreeMap::new();
+        let s = |p: &Path| p.to_string_lossy().into_owned();
+        for (k, v) in [
+            ("HOME", s(&home)),
+            ("PATH", std::env::var("PATH").unwrap_or_default()),
+            ("GITHUB_ACTIONS", "true".into()),
+            ("CI", "true".into()),
+            ("GITHUB_WORKSPACE", s(&workspace)),
+            ("GITHUB_REPOSITORY", "octo/hello".into()),
+            ("GITHUB_REPOSITORY_OWNER", "octo".into()),
+            ("GITHUB_REF_NAME", "main".into()),
+            ("GITHUB_REF", "refs/heads/main".into()),
+            ("GITHUB_RUN_ID", run_id.to_string()),
+            ("GITHUB_RUN_ATTEMPT", "1".into()),
+            ("GITHUB_JOB", "agent".into()),
+            ("GITHUB_ACTOR", "alice".into()),
+            ("GITHUB_SERVER_URL", "https://github.com".into()),
+            ("RUNNER_OS", "Linux".into()),
+            ("RUNNER_TEMP", s(&temp)),
+            ("GITHUB_OUTPUT", s(&files.join("output"))),
+            ("GITHUB_STATE", s(&files.join("state"))),
+            ("GITHUB_ENV", s(&files.join("env"))),
+            ("GITHUB_STEP_SUMMARY", s(&files.join("summary"))),
+            ("GITHUB_EVENT_PATH", s(&root.path().join("event.json"))),
+            ("INPUT_AUTH-JSON", "{}".into()),
+            ("INPUT_MATRIX-CONTEXT", "null".into()),
+        ] {
+            env.insert(k.to_string(), v);
+        }
+        Job { root, env }
+    }
+
+    pub fn home(&self) -> PathBuf {
+        self.root.path().join("home")
+    }
+
+    pub fn workspace(&self) -> PathBuf {
+        self.root.path().join("workspace")
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.home().join(".local/share/opencode")
+    }
+
+    pub fn set(&mut self, k: &str, v: impl Into<String>) -> &mut Self {
+        self.env.insert(k.to_string(), v.into());
+        self
+    }
+
+    pub fn input(&mut self, name: &str, v: impl Into<String>) -> &mut Self {
+        self.set(&fro_bot::runner::input_var(name), v)
+    }
+
+    pub fn event(&mut self, name: &str, payload: &serde_json::Value) -> &mut Self {
+        std::fs::write(
+            self.root.path().join("event.json"),
+            serde_json::to_vec(payload).unwrap(),
+        )
+        .unwrap();
+        self.set("GITHUB_EVENT_NAME", name)
+    }
+
+    fn files(&self) -> PathBuf {
+        self.root.path().join("file_commands")
+    }
+
+    /// Runs one step. File-command files start empty for each step, as the runner makes new ones;
+    /// `extra` adds step-specific variables (e.g. `STATE_*` for post).
+    pub fn step(&self, args: &[&str], extra: &[(String, String)]) -> StepResult {
+        for f in ["output", "state", "env", "summary"] {
+            let _ = std::fs::remove_file(self.files().join(f));
+        }
+        let out = Command::new(BIN)
+            .args(args)
+            .env_clear()
+            .envs(&self.env)
+            .envs(extra.iter().map(|(k, v)| (k, v)))
+            .current_dir(self.workspace())
+            .stdin(Stdio::null())
+            .output()
+            .expect("fro-bot runs");
+        let read = |f: &str| std::fs::read_to_string(self.files().join(f)).unwrap_or_default();
+        let parse = |f: &str| -> BTreeMap<String, String> {
+            file_command::parse(&read(f))
+                .unwrap_or_else(|e| panic!("{f} file does not parse like the runner: {e}"))
+                .into_iter()
+                .collect()
+        };
+        StepResult {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            outputs: parse("output"),
+            state: parse("state"),
+            summary: read("summary"),
+        }
+    }
+
+    pub fn main_step(&self) -> StepResult {
+        self.step(&["run"], &[])
+    }
+
+    /// The post step, with main's saved state handed over as `STATE_*` the way the runner does.
+    pub fn post_step(&self, main: &StepResult) -> StepResult {
+        let state: Vec<(String, String)> = main
+            .state
+            .iter()
+            .map(|(k, v)| (format!("STATE_{k}"), v.clone()))
+            .collect();
+        self.step(&["post"], &state)
+    }
+}
