@@ -51,16 +51,10 @@ pub trait SentinelStore {
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// The newest sentinel whose key starts with `prefix`, if any.
-    fn find(
-        &self,
-        prefix: &str,
-    ) -> impl Future<Output = Result<Option<Sentinel>, Self::Error>> + Send;
+    fn find(&self, prefix: &str) -> impl Future<Output = Result<Option<Sentinel>, Self::Error>>;
 
-    fn save(
-        &self,
-        key: &str,
-        sentinel: &Sentinel,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    fn save(&self, key: &str, sentinel: &Sentinel)
+        -> impl Future<Output = Result<(), Self::Error>>;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! The pipeline: restore → session prep → agent → cleanup → save, each a plain async function over
 //! a shared run context; `post` is its own entry.
 
+pub mod dedup;
 pub mod paths;
 pub mod post;
 pub mod project_identity;
