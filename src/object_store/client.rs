@@ -81,18 +81,27 @@ impl StoreError {
     pub fn status(&self) -> Option<u16> {
         match self {
             StoreError::Request { status, .. } => *status,
-            StoreError::Local { .. } | StoreError::InvalidKey { .. } | StoreError::Integrity { .. } => None,
+            StoreError::Local { .. }
+            | StoreError::InvalidKey { .. }
+            | StoreError::Integrity { .. } => None,
         }
     }
 
     pub fn code(&self) -> Option<&str> {
         match self {
             StoreError::Request { code, .. } => code.as_deref(),
-            StoreError::Local { .. } | StoreError::InvalidKey { .. } | StoreError::Integrity { .. } => None,
+            StoreError::Local { .. }
+            | StoreError::InvalidKey { .. }
+            | StoreError::Integrity { .. } => None,
         }
     }
 
-    pub(crate) fn local(operation: Operation, key: &str, path: &Path, source: std::io::Error) -> Self {
+    pub(crate) fn local(
+        operation: Operation,
+        key: &str,
+        path: &Path,
+        source: std::io::Error,
+    ) -> Self {
         StoreError::Local {
             operation,
             key: key.to_string(),
@@ -152,7 +161,19 @@ pub fn sanitize(text: &str) -> String {
                 let stop = if to_eol {
                     matches!(b, b'\n' | b'\r' | b'"' | b'\'' | b'}')
                 } else {
-                    matches!(b, b'&' | b',' | b' ' | b'\n' | b'\r' | b'"' | b'\'' | b';' | b'}' | b'>' | b'<')
+                    matches!(
+                        b,
+                        b'&' | b','
+                            | b' '
+                            | b'\n'
+                            | b'\r'
+                            | b'"'
+                            | b'\''
+                            | b';'
+                            | b'}'
+                            | b'>'
+                            | b'<'
+                    )
                 };
                 if stop {
                     break;
@@ -185,7 +206,9 @@ pub enum Condition<'a> {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PutOutcome {
-    Written { etag: String },
+    Written {
+        etag: String,
+    },
     /// 412, 409 ConditionalRequestConflict, or 404 on If-Match: someone else wrote first.
     PreconditionFailed,
 }
@@ -270,7 +293,11 @@ pub struct Listing {
 
 /// How a failed conditional request is read (REQUIREMENTS §7: 412, 409 ConditionalRequestConflict,
 /// and — AWS — 404 for If-Match on a missing key all mean "someone else won").
-pub fn is_precondition_failure(status: Option<u16>, code: Option<&str>, cond: Condition<'_>) -> bool {
+pub fn is_precondition_failure(
+    status: Option<u16>,
+    code: Option<&str>,
+    cond: Condition<'_>,
+) -> bool {
     match (status, cond) {
         (_, Condition::None) => false,
         (Some(412), _) => true,
@@ -460,7 +487,11 @@ impl ObjectStore {
 
     /// Streams an object into a temporary file in `dir`. A failure, a short body, or dropping
     /// this future leaves no file behind (the temp file is deleted on drop).
-    pub async fn download_to_temp(&self, key: &str, dir: &Path) -> Result<DownloadOutcome, StoreError> {
+    pub async fn download_to_temp(
+        &self,
+        key: &str,
+        dir: &Path,
+    ) -> Result<DownloadOutcome, StoreError> {
         let op = Operation::GetObject;
         let out = match self.get_request(key).await? {
             Some(out) => out,
@@ -475,7 +506,8 @@ impl ObjectStore {
         let std_file = tmp
             .reopen()
             .map_err(|e| StoreError::local(op, key, tmp.path(), e))?;
-        let mut file = tokio::io::BufWriter::with_capacity(1 << 20, tokio::fs::File::from_std(std_file));
+        let mut file =
+            tokio::io::BufWriter::with_capacity(1 << 20, tokio::fs::File::from_std(std_file));
         let mut body = out.body;
         let mut written: u64 = 0;
         while let Some(chunk) = body
@@ -510,7 +542,11 @@ impl ObjectStore {
     }
 
     /// Deletes an object; conditional on its ETag with [`Condition::IfMatch`].
-    pub async fn delete(&self, key: &str, cond: Condition<'_>) -> Result<DeleteOutcome, StoreError> {
+    pub async fn delete(
+        &self,
+        key: &str,
+        cond: Condition<'_>,
+    ) -> Result<DeleteOutcome, StoreError> {
         let mut req = self
             .client
             .delete_object()
@@ -604,7 +640,12 @@ mod tests {
             (Some(404), Some("NoSuchKey"), a, false),
             (Some(500), Some("InternalError"), m, false),
             (Some(403), Some("AccessDenied"), a, false),
-            (Some(412), Some("PreconditionFailed"), Condition::None, false),
+            (
+                Some(412),
+                Some("PreconditionFailed"),
+                Condition::None,
+                false,
+            ),
             (None, None, m, false),
         ];
         for (status, code, cond, want) in cases {
@@ -620,7 +661,14 @@ mod tests {
     fn sanitize_removes_signatures() {
         let raw = "GET https://b.s3.amazonaws.com/k?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAEXAMPLE%2F20260101&X-Amz-Signature=deadbeefcafe&X-Amz-Security-Token=tok123 failed; headers: {\"authorization\": \"AWS4-HMAC-SHA256 Credential=AKIAEXAMPLE/2026, SignedHeaders=host, Signature=abcdef0123\"}\nAuthorization: AWS4-HMAC-SHA256 Credential=AKIAX, Signature=99ff\nnext line";
         let s = sanitize(raw);
-        for secret in ["deadbeefcafe", "AKIAEXAMPLE", "tok123", "abcdef0123", "AKIAX", "99ff"] {
+        for secret in [
+            "deadbeefcafe",
+            "AKIAEXAMPLE",
+            "tok123",
+            "abcdef0123",
+            "AKIAX",
+            "99ff",
+        ] {
             assert!(!s.contains(secret), "{secret} left in {s}");
         }
         assert!(s.contains("X-Amz-Algorithm=AWS4-HMAC-SHA256"), "{s}");

@@ -14,10 +14,14 @@ use super::validate::confine_path;
 
 #[derive(Debug)]
 pub enum PublishOutcome {
-    Published { etag: String },
+    Published {
+        etag: String,
+    },
     /// Another run published newer memory since our restore: never overwritten.
     Conflict,
-    Failed { error: StoreError },
+    Failed {
+        error: StoreError,
+    },
 }
 
 /// Uploads the session database, conditional on the ETag seen at restore (`If-Match`), or on
@@ -71,8 +75,8 @@ async fn restore_inner(
 ) -> Result<Option<(String, u64)>, StoreError> {
     let key = keys.session_db();
     let op = Operation::GetObject;
-    let target =
-        confine_path(data_dir, SESSION_DB_NAME).map_err(|source| StoreError::InvalidKey { source })?;
+    let target = confine_path(data_dir, SESSION_DB_NAME)
+        .map_err(|source| StoreError::InvalidKey { source })?;
     tokio::fs::create_dir_all(data_dir)
         .await
         .map_err(|e| StoreError::local(op, &key, data_dir, e))?;
@@ -169,7 +173,11 @@ impl Default for ArtifactLimits {
 pub enum ArtifactsOutcome {
     /// `dir` does not exist.
     NothingToUpload,
-    Uploaded { files: usize, bytes: u64, skipped: usize },
+    Uploaded {
+        files: usize,
+        bytes: u64,
+        skipped: usize,
+    },
     /// Some uploads failed (the rest were still attempted).
     Failed {
         files: usize,

@@ -80,7 +80,11 @@ impl StoreSettings {
             (None, None) => SseMode::AwsKms,
         };
         let sse_kms_key_id = validate_kms_key_id(s3.sse_kms_key_id.as_deref(), sse)?;
-        let region = match (non_empty(s3.region.as_deref()), non_empty(env_region), &endpoint) {
+        let region = match (
+            non_empty(s3.region.as_deref()),
+            non_empty(env_region),
+            &endpoint,
+        ) {
             (Some(r), _, _) | (None, Some(r), _) => validate_region(r)?,
             (None, None, Some(_)) => "us-east-1".to_string(),
             (None, None, None) => {
@@ -297,7 +301,10 @@ pub fn classify_host(host: &str) -> HostClass {
 }
 
 fn classify_domain(domain: &str) -> HostClass {
-    let d = domain.strip_suffix('.').unwrap_or(domain).to_ascii_lowercase();
+    let d = domain
+        .strip_suffix('.')
+        .unwrap_or(domain)
+        .to_ascii_lowercase();
     if let Ok(ip) = d.parse::<IpAddr>() {
         return classify_ip(ip);
     }
@@ -325,7 +332,11 @@ const METADATA_V4: [Ipv4Addr; 3] = [
 const METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
 
 fn in_v4(ip: Ipv4Addr, net: [u8; 4], bits: u32) -> bool {
-    let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits) };
+    let mask = if bits == 0 {
+        0
+    } else {
+        u32::MAX << (32 - bits)
+    };
     u32::from(ip) & mask == u32::from(Ipv4Addr::from(net)) & mask
 }
 
@@ -508,7 +519,10 @@ mod tests {
             assert_eq!(got, *want, "{raw}: strict={strict:?} lax={lax:?}");
             if let Err(ValidationError::Invalid { input, reason }) = strict {
                 assert_eq!(input, "s3-endpoint");
-                assert!(!reason.contains(":pass@"), "{raw}: leaks userinfo: {reason}");
+                assert!(
+                    !reason.contains(":pass@"),
+                    "{raw}: leaks userinfo: {reason}"
+                );
             }
         }
     }
@@ -559,7 +573,13 @@ mod tests {
         ];
         for p in bad {
             assert!(
-                matches!(validate_prefix(p), Err(ValidationError::Invalid { input: "s3-prefix", .. })),
+                matches!(
+                    validate_prefix(p),
+                    Err(ValidationError::Invalid {
+                        input: "s3-prefix",
+                        ..
+                    })
+                ),
                 "{p:?}"
             );
         }
@@ -645,17 +665,87 @@ mod tests {
         );
         let custom = Some("https://s3.example.com");
         let cases: &[Case] = &[
-            (None, None, None, Some("eu-west-1"), None, Ok((SseMode::AwsKms, "eu-west-1"))),
-            (None, None, None, None, Some("us-west-2"), Ok((SseMode::AwsKms, "us-west-2"))),
-            (None, None, None, Some("eu-west-1"), Some("us-west-2"), Ok((SseMode::AwsKms, "eu-west-1"))),
+            (
+                None,
+                None,
+                None,
+                Some("eu-west-1"),
+                None,
+                Ok((SseMode::AwsKms, "eu-west-1")),
+            ),
+            (
+                None,
+                None,
+                None,
+                None,
+                Some("us-west-2"),
+                Ok((SseMode::AwsKms, "us-west-2")),
+            ),
+            (
+                None,
+                None,
+                None,
+                Some("eu-west-1"),
+                Some("us-west-2"),
+                Ok((SseMode::AwsKms, "eu-west-1")),
+            ),
             (None, None, None, None, None, Err("aws-region")),
-            (custom, None, None, None, None, Ok((SseMode::Aes256, "us-east-1"))),
-            (custom, None, None, None, Some("auto"), Ok((SseMode::Aes256, "auto"))),
-            (custom, Some(SseMode::AwsKms), Some("key-1"), None, None, Ok((SseMode::AwsKms, "us-east-1"))),
-            (None, Some(SseMode::Aes256), None, Some("eu-west-1"), None, Ok((SseMode::Aes256, "eu-west-1"))),
-            (None, None, Some("arn:aws:kms:k"), Some("eu-west-1"), None, Ok((SseMode::AwsKms, "eu-west-1"))),
-            (custom, None, Some("key-1"), None, None, Err("s3-sse-kms-key-id")),
-            (None, Some(SseMode::Aes256), Some("key-1"), Some("eu-west-1"), None, Err("s3-sse-kms-key-id")),
+            (
+                custom,
+                None,
+                None,
+                None,
+                None,
+                Ok((SseMode::Aes256, "us-east-1")),
+            ),
+            (
+                custom,
+                None,
+                None,
+                None,
+                Some("auto"),
+                Ok((SseMode::Aes256, "auto")),
+            ),
+            (
+                custom,
+                Some(SseMode::AwsKms),
+                Some("key-1"),
+                None,
+                None,
+                Ok((SseMode::AwsKms, "us-east-1")),
+            ),
+            (
+                None,
+                Some(SseMode::Aes256),
+                None,
+                Some("eu-west-1"),
+                None,
+                Ok((SseMode::Aes256, "eu-west-1")),
+            ),
+            (
+                None,
+                None,
+                Some("arn:aws:kms:k"),
+                Some("eu-west-1"),
+                None,
+                Ok((SseMode::AwsKms, "eu-west-1")),
+            ),
+            (
+                custom,
+                None,
+                Some("key-1"),
+                None,
+                None,
+                Err("s3-sse-kms-key-id"),
+            ),
+            (
+                None,
+                Some(SseMode::Aes256),
+                Some("key-1"),
+                Some("eu-west-1"),
+                None,
+                Err("s3-sse-kms-key-id"),
+            ),
             (None, None, None, Some("eu west"), None, Err("aws-region")),
         ];
         for (i, (endpoint, sse, kms, region, env_region, want)) in cases.iter().enumerate() {
@@ -669,7 +759,11 @@ mod tests {
             let got = StoreSettings::from_input_with_env_region(&input, *env_region);
             match (got, want) {
                 (Result::Ok(s), Result::Ok((want_sse, want_region))) => {
-                    assert_eq!((s.sse, s.region.as_str()), (*want_sse, *want_region), "case {i}");
+                    assert_eq!(
+                        (s.sse, s.region.as_str()),
+                        (*want_sse, *want_region),
+                        "case {i}"
+                    );
                     assert_eq!(s.sse_kms_key_id.as_deref(), *kms, "case {i}");
                     assert_eq!(s.endpoint.is_some(), endpoint.is_some(), "case {i}");
                 }
@@ -684,15 +778,39 @@ mod tests {
     #[test]
     fn from_input_names_the_bad_input() {
         let cases: &[(S3Input, &str)] = &[
-            (S3Input { bucket: " ".into(), ..base_input() }, "s3-bucket"),
-            (S3Input { bucket: "a/b".into(), ..base_input() }, "s3-bucket"),
-            (S3Input { prefix: "../x".into(), ..base_input() }, "s3-prefix"),
             (
-                S3Input { expected_bucket_owner: Some("abc".into()), ..base_input() },
+                S3Input {
+                    bucket: " ".into(),
+                    ..base_input()
+                },
+                "s3-bucket",
+            ),
+            (
+                S3Input {
+                    bucket: "a/b".into(),
+                    ..base_input()
+                },
+                "s3-bucket",
+            ),
+            (
+                S3Input {
+                    prefix: "../x".into(),
+                    ..base_input()
+                },
+                "s3-prefix",
+            ),
+            (
+                S3Input {
+                    expected_bucket_owner: Some("abc".into()),
+                    ..base_input()
+                },
                 "s3-expected-bucket-owner",
             ),
             (
-                S3Input { endpoint: Some("http://127.0.0.1:9000".into()), ..base_input() },
+                S3Input {
+                    endpoint: Some("http://127.0.0.1:9000".into()),
+                    ..base_input()
+                },
                 "s3-endpoint",
             ),
         ];
