@@ -4,4 +4,5 @@
 pub mod cache_server;
 pub mod fake_github;
 pub mod fake_llm;
+pub mod s3;
 pub mod services;
