@@ -319,7 +319,9 @@ impl Shared {
             Condition::IfMatch(&st.etag),
             ObjectKind::LeaseRecord,
         );
-        match timed("renew", self.config.call_timeout, put).await {
+        // Never let a renewal land after the lease it renews has expired.
+        let remaining = Duration::from_millis(st.record.expires_at - now);
+        match timed("renew", self.config.call_timeout.min(remaining), put).await {
             Ok(PutOutcome::Written { etag }) => {
                 let expires_at = next.expires_at;
                 self.update(|s| {
