@@ -571,9 +571,18 @@ impl ObjectStore {
 
     /// Lists keys under `prefix`, at most [`MAX_LIST_PAGES`] pages (warns when capped).
     pub async fn list(&self, prefix: &str) -> Result<Listing, StoreError> {
+        self.list_with_page_cap(prefix, MAX_LIST_PAGES).await
+    }
+
+    /// [`Self::list`] with an explicit page cap (tests).
+    pub async fn list_with_page_cap(
+        &self,
+        prefix: &str,
+        max_pages: usize,
+    ) -> Result<Listing, StoreError> {
         let mut objects = Vec::new();
         let mut token: Option<String> = None;
-        for _page in 0..MAX_LIST_PAGES {
+        for _page in 0..max_pages {
             let out = self
                 .client
                 .list_objects_v2()
@@ -602,7 +611,7 @@ impl ObjectStore {
             }
         }
         tracing::warn!(
-            "S3 listing of {prefix} stopped after {MAX_LIST_PAGES} pages; later objects are ignored"
+            "S3 listing of {prefix} stopped after {max_pages} pages; later objects are ignored"
         );
         Ok(Listing {
             objects,

@@ -384,6 +384,10 @@ async fn listing_paginates() {
     let listing = store.list(&root).await.unwrap();
     assert_eq!(listing.objects.len(), 1001);
     assert!(!listing.capped);
+    // The page cap stops the walk and says so.
+    let capped = store.list_with_page_cap(&root, 1).await.unwrap();
+    assert_eq!(capped.objects.len(), 1000);
+    assert!(capped.capped);
 }
 
 #[tokio::test]
