@@ -152,6 +152,20 @@ pub enum LostReason {
     RenewalFailed(String),
 }
 
+/// Whether the session database may be published now (REQUIREMENTS §7 publish gate).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublishGate {
+    Open {
+        generation: u64,
+    },
+    Lost(LostReason),
+    Released,
+    /// Held, but it could expire before the upload finishes.
+    TooLittleTime {
+        remaining_ms: u64,
+    },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RenewOutcome {
     Renewed { expires_at: u64 },
@@ -427,11 +441,26 @@ impl LeaseHandle {
 
     /// The publish gate: held, not lost, not released, and at least `min_remaining` left.
     pub fn can_publish(&self, min_remaining: Duration) -> bool {
+        matches!(self.publish_gate(min_remaining), PublishGate::Open { .. })
+    }
+
+    /// [`Self::can_publish`] with the reason, for the summary.
+    pub fn publish_gate(&self, min_remaining: Duration) -> PublishGate {
         let s = self.shared.snapshot();
         let min_ms = u64::try_from(min_remaining.as_millis()).unwrap_or(u64::MAX);
-        s.lost.is_none()
-            && !s.released
-            && self.shared.clock.now_ms().saturating_add(min_ms) < s.expires_at
+        let now = self.shared.clock.now_ms();
+        match (s.lost, s.released) {
+            (Some(reason), _) => PublishGate::Lost(reason),
+            (None, true) => PublishGate::Released,
+            (None, false) if now.saturating_add(min_ms) >= s.expires_at => {
+                PublishGate::TooLittleTime {
+                    remaining_ms: s.expires_at.saturating_sub(now),
+                }
+            }
+            (None, false) => PublishGate::Open {
+                generation: s.generation,
+            },
+        }
     }
 
     /// What main saves in state so post can release a lease left behind: (key, current ETag).

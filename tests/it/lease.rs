@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use fro_bot::lease::{
     release_left_behind, AcquireOutcome, Clock, Holder, Lease, LeaseConfig, LeaseHandle,
-    LeaseRecord, LeaseStatus, LostReason, ManualClock, ReleaseOutcome, RenewOutcome, SystemClock,
+    LeaseRecord, LeaseStatus, LostReason, ManualClock, PublishGate, ReleaseOutcome, RenewOutcome,
+    SystemClock,
 };
 use fro_bot::object_store::{Condition, GetOutcome, ObjectKind, ObjectStore, PutOutcome};
 
@@ -67,7 +68,17 @@ async fn acquire_writes_the_record_and_release_deletes_it() {
     assert_eq!(rec.ttl_seconds, 300);
     assert_eq!(h.state_for_post(), (keys.lease().to_string(), etag));
     assert!(h.can_publish(Duration::from_secs(60)));
+    assert_eq!(
+        h.publish_gate(Duration::from_secs(60)),
+        PublishGate::Open { generation: 1 }
+    );
     assert!(!h.can_publish(Duration::from_secs(300)));
+    assert_eq!(
+        h.publish_gate(Duration::from_secs(300)),
+        PublishGate::TooLittleTime {
+            remaining_ms: 300_000
+        }
+    );
     assert!(matches!(h.release().await, ReleaseOutcome::Released));
     assert!(stored(&store, keys.lease()).await.is_none());
 }
@@ -193,6 +204,10 @@ async fn holder_that_lost_the_lease_cannot_publish_or_renew() {
         "a superseded holder must not publish"
     );
     assert_eq!(a.lost(), Some(LostReason::Superseded));
+    assert_eq!(
+        a.publish_gate(Duration::ZERO),
+        PublishGate::Lost(LostReason::Superseded)
+    );
     assert!(b.can_publish(Duration::from_secs(1)));
     assert!(matches!(b.renew_now().await, RenewOutcome::Renewed { .. }));
     assert!(matches!(a.release().await, ReleaseOutcome::NotHeld));
@@ -511,5 +526,54 @@ async fn lease_race_16_contenders_100_rounds_never_two_holders() {
     assert_eq!(empty, 0, "every round someone must win: {per_round:?}");
     for (store, key) in keys {
         assert!(stored(&store, &key).await.is_none(), "released at the end");
+    }
+}
+
+/// 16 contenders race to take over the same expired record (all `If-Match` on one ETag): exactly
+/// one wins each round, and the generation goes up by one per takeover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_race_takeover_of_expired_record_has_one_winner() {
+    let (store, keys) = s3::fresh("lease-takeover").await;
+    let cfg = manual(Duration::from_secs(10));
+    let start = ManualClock::at_system_time();
+    let first = acquired(
+        Lease::acquire(
+            &store,
+            keys.lease(),
+            &holder(0),
+            cfg,
+            Arc::new(start.clone()),
+        )
+        .await,
+    );
+    let mut expired_at = first.expires_at();
+    drop(first); // dies without releasing
+    for round in 0..3u64 {
+        let clock = ManualClock::new(expired_at + 1);
+        let mut tasks = tokio::task::JoinSet::new();
+        for c in 0..16u64 {
+            let (store, key, clock) = (store.clone(), keys.lease().to_string(), clock.clone());
+            tasks.spawn(async move {
+                Lease::acquire(
+                    &store,
+                    &key,
+                    &holder(1000 * (round + 1) + c),
+                    cfg,
+                    Arc::new(clock),
+                )
+                .await
+            });
+        }
+        let mut winners = Vec::new();
+        while let Some(out) = tasks.join_next().await {
+            match out.unwrap() {
+                AcquireOutcome::Acquired(h) => winners.push(h),
+                AcquireOutcome::HeldByOther { .. } => {}
+                AcquireOutcome::Error { error } => panic!("round {round}: {error}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: {} winners", winners.len());
+        assert_eq!(winners[0].generation(), round + 2);
+        expired_at = winners[0].expires_at();
     }
 }
