@@ -1,1 +1,18 @@
-//! TODO(object_store): filled in by its issue.
+//! The S3-compatible object store (REQUIREMENTS §6): input validation, key layout, the aws-sdk-s3
+//! adapter, and syncing the session database and run records.
+
+pub mod client;
+pub mod keys;
+pub mod sync;
+pub mod validate;
+
+pub use client::{
+    Condition, DeleteOutcome, DownloadOutcome, GetOutcome, Listing, ObjectBody, ObjectKind,
+    ObjectStore, Operation, PutOutcome, StoreError,
+};
+pub use keys::StoreKeys;
+pub use sync::{
+    publish_session_db, restore_session_db, upload_run_artifacts, upload_run_metadata,
+    ArtifactsOutcome, PublishOutcome, StoreRestore, UploadOutcome,
+};
+pub use validate::{StoreSettings, ValidationError};

@@ -22,6 +22,10 @@ pub const RUNNER_TEMP: &str = "RUNNER_TEMP";
 pub const HOME: &str = "HOME";
 pub const XDG_DATA_HOME: &str = "XDG_DATA_HOME";
 
+// AWS SDK environment (the object store's region fallback; credentials stay with aws-config).
+pub const AWS_REGION: &str = "AWS_REGION";
+pub const AWS_DEFAULT_REGION: &str = "AWS_DEFAULT_REGION";
+
 // Actions runtime (cache service).
 pub const ACTIONS_RUNTIME_TOKEN: &str = "ACTIONS_RUNTIME_TOKEN";
 pub const ACTIONS_RESULTS_URL: &str = "ACTIONS_RESULTS_URL";

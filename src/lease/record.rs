@@ -1,0 +1,143 @@
+//! The lease record stored at `.../locks/repo.json` (REQUIREMENTS §7). Times are epoch ms.
+
+use serde::{Deserialize, Serialize};
+
+pub const RECORD_VERSION: u32 = 1;
+
+/// Who is asking for the lease: one run attempt of one job invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// `owner/repo`.
+    pub repo: String,
+    pub run_id: u64,
+    pub run_attempt: u32,
+    /// The invocation identity (§4), if any.
+    pub identity: Option<String>,
+}
+
+impl Holder {
+    /// `action:{runId}:{runAttempt}[:{identity}]`.
+    pub fn holder_id(&self) -> String {
+        match &self.identity {
+            Some(id) => format!("action:{}:{}:{id}", self.run_id, self.run_attempt),
+            None => format!("action:{}:{}", self.run_id, self.run_attempt),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub version: u32,
+    pub repo: String,
+    pub holder_id: String,
+    pub surface: String,
+    pub run_id: u64,
+    pub generation: u64,
+    /// Fresh random hex on every write: S3 ETags are the body's MD5, so two identical bodies
+    /// would share an ETag and a compare-and-swap could succeed twice (ABA).
+    pub nonce: String,
+    pub acquired_at: u64,
+    pub renewed_at: u64,
+    pub expires_at: u64,
+    pub ttl_seconds: u64,
+}
+
+pub fn fresh_nonce() -> String {
+    hex::encode(rand::random::<[u8; 16]>())
+}
+
+impl LeaseRecord {
+    pub fn new(holder: &Holder, generation: u64, now_ms: u64, ttl_ms: u64) -> Self {
+        LeaseRecord {
+            version: RECORD_VERSION,
+            repo: holder.repo.clone(),
+            holder_id: holder.holder_id(),
+            surface: "github".into(),
+            run_id: holder.run_id,
+            generation,
+            nonce: fresh_nonce(),
+            acquired_at: now_ms,
+            renewed_at: now_ms,
+            expires_at: now_ms.saturating_add(ttl_ms),
+            ttl_seconds: ttl_ms / 1000,
+        }
+    }
+
+    /// The same holding, renewed at `now_ms`, with a fresh nonce.
+    pub fn renewed(&self, now_ms: u64, ttl_ms: u64) -> Self {
+        LeaseRecord {
+            nonce: fresh_nonce(),
+            renewed_at: now_ms,
+            expires_at: now_ms.saturating_add(ttl_ms),
+            ttl_seconds: ttl_ms / 1000,
+            ..self.clone()
+        }
+    }
+
+    pub fn to_bytes(&self) -> bytes::Bytes {
+        // A struct of strings and integers always serializes.
+        bytes::Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    /// `None` for anything that is not a well-formed record of a version we understand.
+    pub fn parse(body: &[u8]) -> Option<Self> {
+        serde_json::from_slice::<LeaseRecord>(body)
+            .ok()
+            .filter(|r| r.version == RECORD_VERSION && !r.holder_id.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holder_id_format() {
+        let mut h = Holder {
+            repo: "o/r".into(),
+            run_id: 42,
+            run_attempt: 2,
+            identity: None,
+        };
+        assert_eq!(h.holder_id(), "action:42:2");
+        h.identity = Some("build-m0a1b2c3d".into());
+        assert_eq!(h.holder_id(), "action:42:2:build-m0a1b2c3d");
+    }
+
+    #[test]
+    fn record_round_trip_and_fresh_nonce() {
+        let h = Holder {
+            repo: "o/r".into(),
+            run_id: 7,
+            run_attempt: 1,
+            identity: None,
+        };
+        let r = LeaseRecord::new(&h, 3, 1_000, 300_000);
+        assert_eq!(r.expires_at, 301_000);
+        assert_eq!(r.ttl_seconds, 300);
+        let json: serde_json::Value = serde_json::from_slice(&r.to_bytes()).unwrap();
+        for field in [
+            "version",
+            "repo",
+            "holder_id",
+            "surface",
+            "run_id",
+            "generation",
+            "nonce",
+            "acquired_at",
+            "renewed_at",
+            "expires_at",
+            "ttl_seconds",
+        ] {
+            assert!(json.get(field).is_some(), "{field}");
+        }
+        assert_eq!(LeaseRecord::parse(&r.to_bytes()), Some(r.clone()));
+        // Same time, same holder: the bodies still differ (ABA guard).
+        let again = r.renewed(1_000, 300_000);
+        assert_ne!(again.nonce, r.nonce);
+        assert_ne!(again.to_bytes(), r.to_bytes());
+        assert_eq!(again.generation, 3);
+        assert!(LeaseRecord::parse(b"{}").is_none());
+        assert!(LeaseRecord::parse(b"garbage").is_none());
+    }
+}

@@ -1,0 +1,120 @@
+//! The object key layout (REQUIREMENTS §6). Every component is sanitized once, here.
+
+use super::validate::{sanitize_key_component, validate_prefix, ValidationError};
+
+/// Object keys for one repository under one prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreKeys {
+    /// `{prefix}/github/{owner}/{repo}`
+    repo_root: String,
+    lease: String,
+}
+
+/// The only file restore ever downloads from `sessions/` (an allowlist).
+pub const SESSION_DB_NAME: &str = "opencode.db";
+
+impl StoreKeys {
+    pub fn new(prefix: &str, owner: &str, repo: &str) -> Result<StoreKeys, ValidationError> {
+        let prefix = validate_prefix(prefix)?;
+        let owner = sanitize_key_component(owner)?;
+        let repo = sanitize_key_component(repo)?;
+        Ok(StoreKeys {
+            repo_root: format!("{prefix}/github/{owner}/{repo}"),
+            lease: format!("{prefix}/coordination/{owner}/{repo}/locks/repo.json"),
+        })
+    }
+
+    /// From `GITHUB_REPOSITORY` (`owner/repo`).
+    pub fn for_repository(prefix: &str, repository: &str) -> Result<StoreKeys, ValidationError> {
+        let (owner, repo) = repository.split_once('/').unwrap_or((repository, ""));
+        Self::new(prefix, owner, repo)
+    }
+
+    /// `.../sessions/` — the folder restore reads one allowlisted name from.
+    pub fn sessions_dir(&self) -> String {
+        format!("{}/sessions/", self.repo_root)
+    }
+
+    pub fn session_db(&self) -> String {
+        format!("{}{SESSION_DB_NAME}", self.sessions_dir())
+    }
+
+    /// `.../metadata/{runKey}.json`; `run_key` is `{runId}-{runAttempt}[-{identity}]`.
+    pub fn run_metadata(&self, run_key: &str) -> Result<String, ValidationError> {
+        let run_key = sanitize_key_component(run_key)?;
+        Ok(format!("{}/metadata/{run_key}.json", self.repo_root))
+    }
+
+    /// `.../artifacts/{runKey}/{relpath}`; each path segment is sanitized on its own.
+    pub fn run_artifact(&self, run_key: &str, relpath: &str) -> Result<String, ValidationError> {
+        let run_key = sanitize_key_component(run_key)?;
+        let segments = relpath
+            .split(['/', '\\'])
+            .filter(|s| !s.is_empty() && *s != ".")
+            .map(sanitize_key_component)
+            .collect::<Result<Vec<_>, _>>()?;
+        if segments.is_empty() {
+            return Err(ValidationError::Invalid {
+                input: super::validate::KEY_COMPONENT,
+                reason: format!("artifact path {relpath:?} names no file"),
+            });
+        }
+        Ok(format!(
+            "{}/artifacts/{run_key}/{}",
+            self.repo_root,
+            segments.join("/")
+        ))
+    }
+
+    pub fn lease(&self) -> &str {
+        &self.lease
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout() {
+        let k = StoreKeys::new("fro-bot-state", "octo", "hello.world").unwrap();
+        assert_eq!(
+            k.session_db(),
+            "fro-bot-state/github/octo/hello.world/sessions/opencode.db"
+        );
+        assert_eq!(
+            k.run_metadata("123-2-build-m0a1b2c3d").unwrap(),
+            "fro-bot-state/github/octo/hello.world/metadata/123-2-build-m0a1b2c3d.json"
+        );
+        assert_eq!(
+            k.run_artifact("123-1", "log/2026.log").unwrap(),
+            "fro-bot-state/github/octo/hello.world/artifacts/123-1/log/2026.log"
+        );
+        assert_eq!(
+            k.lease(),
+            "fro-bot-state/coordination/octo/hello.world/locks/repo.json"
+        );
+        assert_eq!(
+            StoreKeys::for_repository("p", "octo/repo").unwrap(),
+            StoreKeys::new("p", "octo", "repo").unwrap()
+        );
+    }
+
+    #[test]
+    fn components_are_sanitized_or_rejected() {
+        let k = StoreKeys::new("p", "o\nwner", "re\\po").unwrap();
+        assert_eq!(k.session_db(), "p/github/owner/re-po/sessions/opencode.db");
+        assert!(StoreKeys::new("p", "..", "r").is_err());
+        assert!(StoreKeys::new("p", "o", "").is_err());
+        assert!(StoreKeys::new("p/q", "o", "r").is_err());
+        assert!(StoreKeys::for_repository("p", "noslash").is_err());
+        let k = StoreKeys::new("p", "o", "r").unwrap();
+        assert!(k.run_metadata("1-1/../x").is_err());
+        assert!(k.run_artifact("1-1", "../secret").is_err());
+        assert!(k.run_artifact("1-1", "").is_err());
+        assert_eq!(
+            k.run_artifact("1/1", "./a//b").unwrap(),
+            "p/github/o/r/artifacts/1-1/a/b"
+        );
+    }
+}
