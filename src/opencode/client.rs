@@ -432,18 +432,16 @@ impl Client {
     }
 
     pub async fn children(&self, id: &str) -> Result<Vec<Session>, ApiError> {
-        self.json(
-            "GET",
-            &format!("/session/{}/children", seg(id)),
-            &[],
-            None,
-        )
-        .await
+        self.json("GET", &format!("/session/{}/children", seg(id)), &[], None)
+            .await
     }
 
     /// Messages of a session, oldest first; `limit` = the newest N.
     pub async fn messages(&self, id: &str, limit: Option<usize>) -> Result<Vec<Message>, ApiError> {
-        let q: Vec<(&str, String)> = limit.map(|l| ("limit", l.to_string())).into_iter().collect();
+        let q: Vec<(&str, String)> = limit
+            .map(|l| ("limit", l.to_string()))
+            .into_iter()
+            .collect();
         self.json("GET", &format!("/session/{}/message", seg(id)), &q, None)
             .await
     }

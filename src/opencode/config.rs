@@ -149,7 +149,10 @@ mod tests {
         assert_eq!(cfg["share"], "manual");
         assert_eq!(cfg["model"], "openai/gpt");
         let entry = &cfg["mcp"][SESSION_TOOLS_MCP];
-        assert_eq!(entry["command"], json!(["/usr/bin/fro-bot", "session-tools"]));
+        assert_eq!(
+            entry["command"],
+            json!(["/usr/bin/fro-bot", "session-tools"])
+        );
         assert_eq!(
             entry["environment"][FRO_BOT_OPENCODE_URL],
             "http://127.0.0.1:5000"

@@ -202,7 +202,9 @@ mod tests {
         let env = Env::from_pairs([(PATH, empty.to_str().unwrap())]);
         let err = locate(&env, "1.18.33", &cache).await.unwrap_err();
         assert!(matches!(err, LocateError::NotFound { .. }));
-        assert!(err.to_string().contains("npm install -g opencode-ai@1.18.33"));
+        assert!(err
+            .to_string()
+            .contains("npm install -g opencode-ai@1.18.33"));
     }
 
     #[tokio::test]

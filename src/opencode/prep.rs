@@ -57,7 +57,7 @@ pub async fn prior_work(
         .into_iter()
         .filter(|s| !exclude.contains(&s.id.as_str()))
         .collect();
-    sessions.sort_by(|a, b| b.time.updated.cmp(&a.time.updated));
+    sessions.sort_by_key(|s| std::cmp::Reverse(s.time.updated));
     let mut out = Vec::new();
     for s in sessions.into_iter().take(MAX_SESSIONS_SCANNED) {
         if out.len() >= MAX_EXCERPTS {
@@ -66,11 +66,7 @@ pub async fn prior_work(
         let Ok(msgs) = client.messages(&s.id, Some(200)).await else {
             continue; // deleted meanwhile: not worth failing prep
         };
-        let text: String = msgs
-            .iter()
-            .map(|m| m.text())
-            .collect::<Vec<_>>()
-            .join("\n");
+        let text: String = msgs.iter().map(|m| m.text()).collect::<Vec<_>>().join("\n");
         for ex in find_excerpts(&text, terms, MAX_PER_SESSION) {
             if out.len() >= MAX_EXCERPTS {
                 break;
@@ -230,7 +226,10 @@ pub fn build_prompt(input: &PromptInput) -> String {
         // Shrink, in order: comments (oldest first), body, prior work, then the context whole.
         if let Some(c) = ctx.as_mut().filter(|c| !c.comments.is_empty()) {
             c.comments.remove(0);
-        } else if let Some(c) = ctx.as_ref().filter(|c| body_cap > MIN_BODY && c.body.len() > MIN_BODY) {
+        } else if let Some(c) = ctx
+            .as_ref()
+            .filter(|c| body_cap > MIN_BODY && c.body.len() > MIN_BODY)
+        {
             // Halve the body (never below MIN_BODY, so this ends).
             body_cap = (body_cap.min(c.body.len()) / 2).max(MIN_BODY);
         } else if !prior.is_empty() {
@@ -292,7 +291,10 @@ fn prior_section(prior: &[Excerpt]) -> String {
         "## Relevant prior work\nExcerpts from earlier sessions (use the session_* tools to read more):\n",
     );
     for e in prior {
-        s.push_str(&format!("- [{} \"{}\"] {}\n", e.session_id, e.title, e.text));
+        s.push_str(&format!(
+            "- [{} \"{}\"] {}\n",
+            e.session_id, e.title, e.text
+        ));
     }
     s
 }
@@ -303,7 +305,10 @@ fn task_section(i: &PromptInput) -> String {
     let directive = if i.prompt_replaces_directive && prompt.is_some() {
         None
     } else {
-        i.directive.as_deref().map(str::trim).filter(|d| !d.is_empty())
+        i.directive
+            .as_deref()
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
     };
     if let Some(d) = directive {
         s.push_str(d);
@@ -443,7 +448,9 @@ mod tests {
         ];
         let mut at = 0;
         for o in order {
-            let i = p[at..].find(o).unwrap_or_else(|| panic!("{o} missing/out of order"));
+            let i = p[at..]
+                .find(o)
+                .unwrap_or_else(|| panic!("{o} missing/out of order"));
             at += i;
         }
     }

@@ -169,17 +169,23 @@ impl Server {
             .await
             .map_err(log_err)?;
         let mut cmd = Command::new(&opts.bin);
-        cmd.args(["serve", "--hostname", "127.0.0.1", "--port", &port.to_string()])
-            .current_dir(&opts.cwd)
-            .env_clear()
-            .envs(opts.env.iter().map(|(k, v)| (k, v)))
-            .env(env::OPENCODE_SERVER_PASSWORD, password)
-            .env(env::OPENCODE_CONFIG_CONTENT, (opts.config)(&url, password))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            // The child must never outlive fro-bot: killed when the handle drops.
-            .kill_on_drop(true);
+        cmd.args([
+            "serve",
+            "--hostname",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .current_dir(&opts.cwd)
+        .env_clear()
+        .envs(opts.env.iter().map(|(k, v)| (k, v)))
+        .env(env::OPENCODE_SERVER_PASSWORD, password)
+        .env(env::OPENCODE_CONFIG_CONTENT, (opts.config)(&url, password))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // The child must never outlive fro-bot: killed when the handle drops.
+        .kill_on_drop(true);
         // ...and not even when fro-bot is killed outright (SIGKILL skips destructors): the kernel
         // kills the child when the thread that spawned it dies. Spawned from a runtime thread,
         // which lives as long as the runtime.
@@ -342,16 +348,14 @@ impl Server {
             return Quiescence::Confirmed;
         };
         let deadline = Instant::now() + budget;
-        match child.id() {
-            Some(pid) => {
-                // SAFETY: a plain syscall. The pid is our direct child's and not yet reaped
-                // (`id()` returned Some), so it cannot have been reused by another process.
-                let rc = unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
-                if rc != 0 {
-                    let _ = child.start_kill();
-                }
+        // `None` = already reaped: nothing to signal.
+        if let Some(pid) = child.id() {
+            // SAFETY: a plain syscall. The pid is our direct child's and not yet reaped
+            // (`id()` returned Some), so it cannot have been reused by another process.
+            let rc = unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+            if rc != 0 {
+                let _ = child.start_kill();
             }
-            None => {} // already reaped
         }
         let exited = tokio::time::timeout(
             deadline.saturating_duration_since(Instant::now()),

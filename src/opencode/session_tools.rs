@@ -73,7 +73,8 @@ pub async fn serve_stdio(config: ToolsConfig) -> Result<(), SessionToolsError> {
         fd.try_clone_to_owned()
             .map(|owned| tokio::fs::File::from_std(std::fs::File::from(owned)))
     };
-    let stdin = dup(std::io::stdin().as_fd()).map_err(|source| SessionToolsError::Read { source })?;
+    let stdin =
+        dup(std::io::stdin().as_fd()).map_err(|source| SessionToolsError::Read { source })?;
     let stdout =
         dup(std::io::stdout().as_fd()).map_err(|source| SessionToolsError::Write { source })?;
     serve(config, tokio::io::BufReader::new(stdin), stdout).await
@@ -303,7 +304,7 @@ async fn session_list(client: &Client, args: &Value) -> Result<String, String> {
     sessions.retain(|s| {
         from.is_none_or(|f| s.time.updated >= f) && to.is_none_or(|t| s.time.updated <= t)
     });
-    sessions.sort_by(|a, b| b.time.updated.cmp(&a.time.updated));
+    sessions.sort_by_key(|s| std::cmp::Reverse(s.time.updated));
     if sessions.is_empty() {
         return Ok("No sessions found.".into());
     }
@@ -324,7 +325,14 @@ async fn session_read(client: &Client, args: &Value) -> Result<String, String> {
         .map_err(|e| e.to_string())?;
     let mut blocks: Vec<String> = msgs
         .iter()
-        .map(|m| format!("[{} {}]\n{}", m.info.role, format_ms(m.info.time.created), m.text()))
+        .map(|m| {
+            format!(
+                "[{} {}]\n{}",
+                m.info.role,
+                format_ms(m.info.time.created),
+                m.text()
+            )
+        })
         .collect();
     // Over the cap: keep the newest messages, say what was left out.
     let mut total: usize = blocks.iter().map(|b| b.len() + 2).sum();
@@ -355,7 +363,7 @@ async fn session_search(client: &Client, args: &Value) -> Result<String, String>
         Some(id) => vec![client.get_session(id).await.map_err(|e| e.to_string())?],
         None => {
             let mut all = client.list_sessions().await.map_err(|e| e.to_string())?;
-            all.sort_by(|a, b| b.time.updated.cmp(&a.time.updated));
+            all.sort_by_key(|s| std::cmp::Reverse(s.time.updated));
             all
         }
     };
@@ -477,7 +485,12 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["session_list", "session_read", "session_search", "session_info"]
+            [
+                "session_list",
+                "session_read",
+                "session_search",
+                "session_info"
+            ]
         );
         assert_eq!(replies[2]["id"], 3);
         assert_eq!(replies[2]["result"]["isError"], true);

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::client::{ApiError, Client, Message, ModelSpec, NamedError, PromptBody, Session, Tokens};
+use super::client::{
+    ApiError, Client, Message, ModelSpec, NamedError, PromptBody, Session, Tokens,
+};
 use super::events::EventStream;
 use crate::runner::{log, Cancellation};
 
@@ -21,6 +23,7 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 const CONNECT_WAIT: Duration = Duration::from_secs(10);
 const ABORT_WAIT: Duration = Duration::from_secs(5);
 const RECONNECTS: u32 = 5;
+const SETTLE_WAIT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
@@ -69,10 +72,7 @@ pub fn classify(e: &NamedError) -> ErrorClass {
         "MessageAbortedError" => ErrorClass::Aborted,
         _ if is_quota_text(&text) => ErrorClass::Quota,
         _ if matches!(e.data["statusCode"].as_u64(), Some(401 | 403)) => ErrorClass::ProviderAuth,
-        _ if AUTH_MARKERS
-            .iter()
-            .any(|m| text.to_lowercase().contains(m)) =>
-        {
+        _ if AUTH_MARKERS.iter().any(|m| text.to_lowercase().contains(m)) => {
             ErrorClass::ProviderAuth
         }
         _ => ErrorClass::Provider,
@@ -90,16 +90,26 @@ pub fn continuation_prompt(error: &str) -> String {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum TurnFailure {
-    Quota { message: String },
-    ProviderAuth { message: String },
+    Quota {
+        message: String,
+    },
+    ProviderAuth {
+        message: String,
+    },
     /// Still too large in a fresh session.
-    ContextOverflow { message: String },
+    ContextOverflow {
+        message: String,
+    },
     /// Provider errors on every attempt.
-    Provider { message: String },
+    Provider {
+        message: String,
+    },
     /// The turn ended without any assistant message.
     NoReply,
     /// The OpenCode API itself failed (server gone, unexpected answer).
-    Api { message: String },
+    Api {
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -162,8 +172,14 @@ impl Default for TurnOptions {
 
 /// How one prompt ended.
 enum AttemptEnd {
-    Idle { new: Vec<Message> },
-    QuotaRetry { message: String },
+    /// `observed`: the last `session.error` for the session during the attempt.
+    Idle {
+        new: Vec<Message>,
+        observed: Option<NamedError>,
+    },
+    QuotaRetry {
+        message: String,
+    },
     TimedOut,
     Cancelled,
 }
@@ -201,8 +217,8 @@ pub async fn run_turn(
                 return report;
             }
         };
-        let new = match end {
-            AttemptEnd::Idle { new } => new,
+        let (new, observed) = match end {
+            AttemptEnd::Idle { new, observed } => (new, observed),
             AttemptEnd::QuotaRetry { message } => {
                 stop(client, &report.session.id).await;
                 report.errors.push(message.clone());
@@ -225,6 +241,13 @@ pub async fn run_turn(
             }
         };
         account(&mut report, &new);
+        // OpenCode reports idle before it stores the failed message's error: an empty reply
+        // after a `session.error` failed with that error.
+        if let (Some(r), Some(err)) = (report.reply.as_mut(), observed) {
+            if r.error.is_none() && r.text.trim().is_empty() {
+                r.error = Some(err);
+            }
+        }
         let Some(reply) = report.reply.clone() else {
             report.outcome = TurnOutcome::Failed(TurnFailure::NoReply);
             return report;
@@ -330,6 +353,7 @@ async fn attempt(
     let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
     let until = deadline.unwrap_or(far);
     let mut reconnects = 0;
+    let mut observed: Option<NamedError> = None;
     loop {
         let next = tokio::select! {
             ev = events.next() => ev,
@@ -343,6 +367,13 @@ async fn attempt(
                 }
                 match ev.kind.as_str() {
                     "session.idle" => break,
+                    "session.error" => {
+                        if let Ok(e) =
+                            serde_json::from_value::<NamedError>(ev.properties["error"].clone())
+                        {
+                            observed = Some(e);
+                        }
+                    }
                     "session.status" => {
                         let status = &ev.properties["status"];
                         match status["type"].as_str() {
@@ -380,10 +411,21 @@ async fn attempt(
             }
         }
     }
-    let msgs = client.messages(session_id, None).await?;
-    Ok(AttemptEnd::Idle {
-        new: msgs.into_iter().skip(before).collect(),
-    })
+    // Idle is announced before the last message is finalized: give it a moment to complete.
+    let settle = Instant::now() + SETTLE_WAIT;
+    loop {
+        let msgs = client.messages(session_id, None).await?;
+        let new: Vec<Message> = msgs.into_iter().skip(before).collect();
+        let settled = new
+            .iter()
+            .rev()
+            .find(|m| m.info.role == "assistant")
+            .is_none_or(|m| m.info.time.completed.is_some() || m.info.error.is_some());
+        if settled || Instant::now() >= settle {
+            return Ok(AttemptEnd::Idle { new, observed });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Opens `/event` and waits for `server.connected`, so nothing the prompt causes is missed.
@@ -456,7 +498,10 @@ mod tests {
         );
         assert_eq!(classify(&auth), ErrorClass::ProviderAuth);
         assert_eq!(
-            classify(&err("ProviderAuthError", json!({"providerID": "x", "message": "no key"}))),
+            classify(&err(
+                "ProviderAuthError",
+                json!({"providerID": "x", "message": "no key"})
+            )),
             ErrorClass::ProviderAuth
         );
         let quota = err(

@@ -56,9 +56,7 @@ impl Harness {
             extra_env: vec![],
             fro_bot_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_fro-bot"))),
             model: None,
-            user_config: Some(
-                serde_json::from_value(self.llm.opencode_config()).expect("object"),
-            ),
+            user_config: Some(serde_json::from_value(self.llm.opencode_config()).expect("object")),
             auth: serde_json::Map::new(),
             log_file: self.log.clone(),
             startup_deadline: Duration::from_secs(60),
@@ -122,7 +120,11 @@ async fn start_ready_stop_leaves_the_wal_behind() {
     assert!(wal.len() > 0, "WAL is empty");
     // The pre-seeded config dir kept OpenCode from npm-installing its plugin.
     let nm = h.dirs.config_home.join("opencode/node_modules");
-    assert_eq!(std::fs::read_dir(&nm).unwrap().count(), 0, "plugin installed");
+    assert_eq!(
+        std::fs::read_dir(&nm).unwrap().count(),
+        0,
+        "plugin installed"
+    );
     let log = std::fs::read_to_string(&h.log).unwrap();
     assert!(log.contains("opencode server listening"));
     assert!(!log.contains(&password), "password in the server log");
@@ -164,7 +166,11 @@ async fn a_turn_runs_a_tool_and_returns_the_final_message() {
         .map(|m| m["role"].as_str().unwrap())
         .collect();
     assert!(roles.ends_with(&["assistant", "tool"]), "{roles:?}");
-    assert_eq!(h.llm.title_requests(), 0, "sessions are created with a title");
+    assert_eq!(
+        h.llm.title_requests(),
+        0,
+        "sessions are created with a title"
+    );
     assert!(!agent.is_busy(Some(&s.session.id)).await.unwrap());
     agent.shutdown(Duration::from_secs(5)).await;
 }
@@ -184,7 +190,10 @@ async fn a_session_resumes_by_title_across_a_restart() {
         )
         .await;
     assert_eq!(r.outcome, TurnOutcome::Completed);
-    assert_eq!(agent.shutdown(Duration::from_secs(5)).await, Quiescence::Confirmed);
+    assert_eq!(
+        agent.shutdown(Duration::from_secs(5)).await,
+        Quiescence::Confirmed
+    );
 
     let mut agent = h.start().await;
     let again = agent.resolve_session("pr-5").await.unwrap();
@@ -197,7 +206,12 @@ async fn a_session_resumes_by_title_across_a_restart() {
 
     h.llm.push(Reply::text("Second answer"));
     let r = agent
-        .run_turn(again.session, "What was the code word?", &opts(None), &Cancellation::new())
+        .run_turn(
+            again.session,
+            "What was the code word?",
+            &opts(None),
+            &Cancellation::new(),
+        )
         .await;
     assert_eq!(r.outcome, TurnOutcome::Completed);
     let reqs = h.llm.requests();
@@ -258,7 +272,10 @@ async fn cancellation_aborts_the_turn() {
     let c2 = cancel.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_secs(2)).await;
-        c2.cancel_with(fro_bot::runner::cancel::Signal::Interrupt, std::time::Instant::now());
+        c2.cancel_with(
+            fro_bot::runner::cancel::Signal::Interrupt,
+            std::time::Instant::now(),
+        );
     });
     let r = agent
         .run_turn(s.session.clone(), "Take forever", &opts(None), &cancel)
@@ -303,7 +320,11 @@ async fn provider_errors_give_up_after_three_attempts() {
         "{r:?}"
     );
     assert_eq!(r.attempts, 3);
-    assert_eq!(h.llm.requests().len(), 18, "3 attempts x (1 + 5 OpenCode retries)");
+    assert_eq!(
+        h.llm.requests().len(),
+        18,
+        "3 attempts x (1 + 5 OpenCode retries)"
+    );
     agent.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -315,7 +336,12 @@ async fn quota_exhaustion_is_terminal_at_once() {
     let s = agent.resolve_session("issue-7").await.unwrap();
     let t0 = Instant::now();
     let r = agent
-        .run_turn(s.session.clone(), "Do the thing", &opts(None), &Cancellation::new())
+        .run_turn(
+            s.session.clone(),
+            "Do the thing",
+            &opts(None),
+            &Cancellation::new(),
+        )
         .await;
     assert!(
         matches!(&r.outcome, TurnOutcome::Failed(TurnFailure::Quota { message }) if message.contains("quota")),
@@ -381,20 +407,28 @@ async fn context_overflow_archives_and_starts_fresh_once() {
         .run_turn(next.session, "Big task", &opts(None), &Cancellation::new())
         .await;
     assert!(
-        matches!(r2.outcome, TurnOutcome::Failed(TurnFailure::ContextOverflow { .. })),
+        matches!(
+            r2.outcome,
+            TurnOutcome::Failed(TurnFailure::ContextOverflow { .. })
+        ),
         "{r2:?}"
     );
     assert!(r2.replaced.is_some());
     assert_eq!(r2.attempts, 2);
-    assert_eq!(h.llm.requests().len() - before, 4, "2 sessions x (prompt + compaction)");
+    assert_eq!(
+        h.llm.requests().len() - before,
+        4,
+        "2 sessions x (prompt + compaction)"
+    );
     agent.shutdown(Duration::from_secs(5)).await;
 }
 
 #[tokio::test]
 async fn prior_work_excerpts_reach_the_llm() {
     let h = Harness::new().await;
-    h.llm
-        .push(Reply::text("The parser crash was fixed by bumping nom to 8.0.1."));
+    h.llm.push(Reply::text(
+        "The parser crash was fixed by bumping nom to 8.0.1.",
+    ));
     let mut agent = h.start().await;
     let earlier = agent.resolve_session("pr-3").await.unwrap();
     let r = agent
@@ -418,7 +452,10 @@ async fn prior_work_excerpts_reach_the_llm() {
     assert!(prior.iter().all(|e| e.session_id == earlier.session.id));
     // The current session itself is never a source.
     let own = agent
-        .prior_work(&["Fix the parser crash".into()], &[earlier.session.id.as_str()])
+        .prior_work(
+            &["Fix the parser crash".into()],
+            &[earlier.session.id.as_str()],
+        )
         .await
         .unwrap();
     assert!(own.is_empty(), "{own:?}");
@@ -473,39 +510,67 @@ async fn writeback_is_searchable_through_the_session_tools() {
                "params": {"name": name, "arguments": args}})
         .to_string()
     };
-    let r = session_tools::handle_line(&tools, &call("session_search", json!({"query": "run id: 987654"})))
-        .await
-        .unwrap();
-    let text = r["result"]["content"][0]["text"].as_str().unwrap();
-    assert_eq!(r["result"]["isError"], false, "{text}");
-    assert!(text.contains(&s.session.id) && text.contains("987654"), "{text}");
-    // Case-sensitive search does not match the wrong case.
     let r = session_tools::handle_line(
         &tools,
-        &call("session_search", json!({"query": "RUN ID: 987654", "case_sensitive": true})),
+        &call("session_search", json!({"query": "run id: 987654"})),
     )
     .await
     .unwrap();
-    assert!(r["result"]["content"][0]["text"].as_str().unwrap().starts_with("No matches"));
+    let text = r["result"]["content"][0]["text"].as_str().unwrap();
+    assert_eq!(r["result"]["isError"], false, "{text}");
+    assert!(
+        text.contains(&s.session.id) && text.contains("987654"),
+        "{text}"
+    );
+    // Case-sensitive search does not match the wrong case.
+    let r = session_tools::handle_line(
+        &tools,
+        &call(
+            "session_search",
+            json!({"query": "RUN ID: 987654", "case_sensitive": true}),
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("No matches"));
 
-    let r = session_tools::handle_line(&tools, &call("session_read", json!({"session_id": s.session.id})))
-        .await
-        .unwrap();
-    assert!(r["result"]["content"][0]["text"].as_str().unwrap().contains(SUMMARY_HEADER));
+    let r = session_tools::handle_line(
+        &tools,
+        &call("session_read", json!({"session_id": s.session.id})),
+    )
+    .await
+    .unwrap();
+    assert!(r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains(SUMMARY_HEADER));
     let r = session_tools::handle_line(&tools, &call("session_list", json!({"limit": 5})))
         .await
         .unwrap();
-    assert!(r["result"]["content"][0]["text"].as_str().unwrap().contains("fro-bot: issue-20"));
-    let r = session_tools::handle_line(&tools, &call("session_info", json!({"session_id": s.session.id})))
-        .await
-        .unwrap();
-    let info: Value = serde_json::from_str(r["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert!(r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .contains("fro-bot: issue-20"));
+    let r = session_tools::handle_line(
+        &tools,
+        &call("session_info", json!({"session_id": s.session.id})),
+    )
+    .await
+    .unwrap();
+    let info: Value =
+        serde_json::from_str(r["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
     assert_eq!(info["title"], "fro-bot: issue-20");
     assert_eq!(info["messages"], 1);
     // An unknown session is a tool error, not a crash.
-    let r = session_tools::handle_line(&tools, &call("session_info", json!({"session_id": "ses_nope"})))
-        .await
-        .unwrap();
+    let r = session_tools::handle_line(
+        &tools,
+        &call("session_info", json!({"session_id": "ses_nope"})),
+    )
+    .await
+    .unwrap();
     assert_eq!(r["result"]["isError"], true);
     assert!(r["result"]["content"][0]["text"]
         .as_str()
@@ -521,9 +586,19 @@ async fn pruning_keeps_exactly_the_right_sessions() {
     let mut agent = h.start().await;
     let mut ids = Vec::new();
     for i in 0..7 {
-        ids.push(agent.resolve_session(&format!("k{i}")).await.unwrap().session.id);
+        ids.push(
+            agent
+                .resolve_session(&format!("k{i}"))
+                .await
+                .unwrap()
+                .session
+                .id,
+        );
     }
-    assert_eq!(agent.shutdown(Duration::from_secs(5)).await, Quiescence::Confirmed);
+    assert_eq!(
+        agent.shutdown(Duration::from_secs(5)).await,
+        Quiescence::Confirmed
+    );
 
     // Ages (days): k0 1, k1 10, k2 40, k3 50, k4 60, k5 70 (child of k4), k6 80 (the current one).
     let now = fro_bot::opencode::system_now_ms();
@@ -561,7 +636,12 @@ async fn pruning_keeps_exactly_the_right_sessions() {
         .map(|s| s.id)
         .collect();
     left.sort();
-    let mut want = vec![ids[0].clone(), ids[1].clone(), ids[2].clone(), ids[6].clone()];
+    let mut want = vec![
+        ids[0].clone(),
+        ids[1].clone(),
+        ids[2].clone(),
+        ids[6].clone(),
+    ];
     want.sort();
     assert_eq!(left, want);
     agent.shutdown(Duration::from_secs(5)).await;
@@ -574,14 +654,22 @@ async fn the_agent_gets_real_results_from_session_search_over_mcp() {
     let old = agent.resolve_session("pr-77").await.unwrap();
     agent
         .client()
-        .append_message(&old.session.id, "Migration notes: ZEBRA-42 needs the v2 schema.")
+        .append_message(
+            &old.session.id,
+            "Migration notes: ZEBRA-42 needs the v2 schema.",
+        )
         .await
         .unwrap();
     // First turn: learn the MCP tool's name from the tools OpenCode offers the model.
     let cur = agent.resolve_session("issue-77").await.unwrap();
     h.llm.push(Reply::text("hello"));
     let r = agent
-        .run_turn(cur.session.clone(), "Say hello", &opts(None), &Cancellation::new())
+        .run_turn(
+            cur.session.clone(),
+            "Say hello",
+            &opts(None),
+            &Cancellation::new(),
+        )
         .await;
     assert_eq!(r.outcome, TurnOutcome::Completed, "{r:?}");
     let tools = h.llm.requests()[0]["tools"].clone();
@@ -598,10 +686,16 @@ async fn the_agent_gets_real_results_from_session_search_over_mcp() {
         .clone();
     assert!(names.iter().any(|n| n.ends_with("session_read")));
 
-    h.llm.push(Reply::tool(&search, json!({"query": "ZEBRA-42"})));
+    h.llm
+        .push(Reply::tool(&search, json!({"query": "ZEBRA-42"})));
     h.llm.push(Reply::text("Found it"));
     let r = agent
-        .run_turn(cur.session.clone(), "Search memory", &opts(None), &Cancellation::new())
+        .run_turn(
+            cur.session.clone(),
+            "Search memory",
+            &opts(None),
+            &Cancellation::new(),
+        )
         .await;
     assert_eq!(r.outcome, TurnOutcome::Completed, "{r:?}");
     let reqs = h.llm.requests();

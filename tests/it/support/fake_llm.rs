@@ -316,9 +316,8 @@ fn sse(chunks: Vec<String>, stall: bool) -> Response<Body> {
     if !stall {
         items.push("data: [DONE]\n\n".into());
     }
-    let stream = futures_util::stream::unfold(
-        (items.into_iter(), stall),
-        |(mut it, stall)| async move {
+    let stream =
+        futures_util::stream::unfold((items.into_iter(), stall), |(mut it, stall)| async move {
             match it.next() {
                 Some(s) => Some((Ok::<_, std::io::Error>(s), (it, stall))),
                 None if stall => {
@@ -327,8 +326,7 @@ fn sse(chunks: Vec<String>, stall: bool) -> Response<Body> {
                 }
                 None => None,
             }
-        },
-    );
+        });
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "text/event-stream")
