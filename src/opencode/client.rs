@@ -224,6 +224,15 @@ pub struct ModelSpec {
     pub model_id: String,
 }
 
+impl From<&crate::config::ModelRef> for ModelSpec {
+    fn from(m: &crate::config::ModelRef) -> Self {
+        Self {
+            provider_id: m.provider.clone(),
+            model_id: m.model.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct PromptBody {
     pub parts: Vec<Value>,

@@ -421,3 +421,63 @@ fn free_port() -> std::io::Result<u16> {
     let l = std::net::TcpListener::bind(("127.0.0.1", 0))?;
     Ok(l.local_addr()?.port())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_child_env_drops_inputs_state_runtime_and_tokens() {
+        let base = Env::from_pairs([
+            ("PATH", "/usr/bin"),
+            ("INPUT_GITHUB-TOKEN", "ghs_x"),
+            ("STATE_cacheSaved", "durable"),
+            ("ACTIONS_RUNTIME_TOKEN", "rt"),
+            ("ACTIONS_RESULTS_URL", "https://results"),
+            ("GITHUB_TOKEN", "ghs_y"),
+            ("GH_TOKEN", "ghs_z"),
+            ("HOME", "/root"),
+            ("ANTHROPIC_API_KEY", "provider-key"),
+            ("GITHUB_REPOSITORY", "o/r"),
+        ]);
+        let env = child_env(
+            &base,
+            &[
+                ("HOME".into(), "/github/home".into()),
+                ("GH_TOKEN".into(), "given".into()),
+            ],
+        );
+        let get = |k: &str| {
+            let v: Vec<&str> = env
+                .iter()
+                .filter(|(n, _)| n == k)
+                .map(|(_, v)| v.as_str())
+                .collect();
+            v
+        };
+        assert_eq!(get("PATH"), ["/usr/bin"]);
+        assert_eq!(get("HOME"), ["/github/home"]);
+        assert_eq!(get("GH_TOKEN"), ["given"], "only when the caller passes it");
+        assert_eq!(get("ANTHROPIC_API_KEY"), ["provider-key"]);
+        assert_eq!(get("GITHUB_REPOSITORY"), ["o/r"]);
+        for hidden in [
+            "INPUT_GITHUB-TOKEN",
+            "STATE_cacheSaved",
+            "ACTIONS_RUNTIME_TOKEN",
+            "ACTIONS_RESULTS_URL",
+            "GITHUB_TOKEN",
+        ] {
+            assert!(get(hidden).is_empty(), "{hidden} leaked");
+        }
+        assert_eq!(get("OPENCODE_DISABLE_AUTOUPDATE"), ["1"]);
+        assert_eq!(get("OPENCODE_DISABLE_MODELS_FETCH"), ["1"]);
+    }
+
+    #[test]
+    fn passwords_are_random_and_long() {
+        let a = random_password();
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(a, random_password());
+    }
+}

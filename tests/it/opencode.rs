@@ -713,3 +713,45 @@ async fn the_agent_gets_real_results_from_session_search_over_mcp() {
     assert!(content.contains(&old.session.id), "{content}");
     agent.shutdown(Duration::from_secs(5)).await;
 }
+
+#[tokio::test]
+async fn auth_json_reaches_the_provider_without_an_auth_file() {
+    let h = Harness::new().await;
+    let mut options = h.options();
+    // No key in the provider config: it must come from auth-json.
+    let mut cfg = h.llm.opencode_config();
+    cfg["provider"]["fake"]["options"]
+        .as_object_mut()
+        .unwrap()
+        .remove("apiKey");
+    options.user_config = Some(serde_json::from_value(cfg).unwrap());
+    options.auth =
+        serde_json::from_value(json!({"fake": {"type": "api", "key": "sk-from-auth-json"}}))
+            .unwrap();
+    // An inherited input or token must not reach the agent.
+    options.base_env.set("INPUT_GITHUB-TOKEN", "ghs_inputtoken");
+    options
+        .base_env
+        .set("ACTIONS_RUNTIME_TOKEN", "runtime-token");
+    h.llm.push(Reply::tool(
+        "bash",
+        json!({"command": "env > env.txt", "description": "Dump the environment"}),
+    ));
+    h.llm.push(Reply::text("ok"));
+    let mut agent = Agent::start(options).await.unwrap();
+    let s = agent.resolve_session("issue-30").await.unwrap();
+    let r = agent
+        .run_turn(s.session, "Hi", &opts(None), &Cancellation::new())
+        .await;
+    assert_eq!(r.outcome, TurnOutcome::Completed, "{r:?}");
+    assert_eq!(
+        h.llm.auth_headers()[0].as_deref(),
+        Some("Bearer sk-from-auth-json")
+    );
+    agent.shutdown(Duration::from_secs(5)).await;
+    assert!(!fro_bot::opencode::config::auth_file(&h.dirs.data_dir()).exists());
+    let env = std::fs::read_to_string(h.workspace.join("env.txt")).unwrap();
+    assert!(!env.contains("ghs_inputtoken") && !env.contains("runtime-token"));
+    assert!(env.contains("OPENCODE_DISABLE_AUTOUPDATE=1"));
+    assert!(env.contains(&format!("HOME={}", h.dirs.home.display())));
+}

@@ -99,6 +99,8 @@ struct Script {
     queue: VecDeque<Reply>,
     default: Reply,
     requests: Vec<Value>,
+    /// The `Authorization` header of each recorded request.
+    auth_headers: Vec<Option<String>>,
     title_requests: usize,
 }
 
@@ -116,6 +118,7 @@ impl FakeLlm {
             queue: VecDeque::new(),
             default: Reply::text("Done."),
             requests: Vec::new(),
+            auth_headers: Vec::new(),
             title_requests: 0,
         }));
         let app = Router::new()
@@ -154,6 +157,11 @@ impl FakeLlm {
     /// Every chat request body received so far (title-generator requests excluded), in order.
     pub fn requests(&self) -> Vec<Value> {
         self.script.lock().unwrap().requests.clone()
+    }
+
+    /// The `Authorization` header of each request in [`requests`](Self::requests).
+    pub fn auth_headers(&self) -> Vec<Option<String>> {
+        self.script.lock().unwrap().auth_headers.clone()
     }
 
     pub fn title_requests(&self) -> usize {
@@ -221,7 +229,11 @@ fn is_title_request(body: &Value) -> bool {
         .unwrap_or(false)
 }
 
-async fn chat(State(script): State<Arc<Mutex<Script>>>, body: String) -> Response<Body> {
+async fn chat(
+    State(script): State<Arc<Mutex<Script>>>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> Response<Body> {
     let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
     let reply = {
         let mut s = script.lock().unwrap();
@@ -230,6 +242,12 @@ async fn chat(State(script): State<Arc<Mutex<Script>>>, body: String) -> Respons
             None
         } else {
             s.requests.push(body.clone());
+            s.auth_headers.push(
+                headers
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string),
+            );
             Some(s.queue.pop_front().unwrap_or_else(|| s.default.clone()))
         }
     };
