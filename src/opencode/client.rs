@@ -348,7 +348,7 @@ impl Client {
         let resp = req.send().await.map_err(|source| ApiError::Transport {
             method,
             route: route.to_string(),
-            detail: log::redact(&source.to_string()),
+            detail: log::redact(&error_chain(&source)),
             source,
         })?;
         let status = resp.status();
@@ -505,6 +505,21 @@ impl Client {
         let resp = self.send("GET", "/event", &[], None, None).await?;
         Ok(EventStream::new(resp))
     }
+}
+
+/// The error and its causes on one line ("error sending request: ... Connection refused").
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = c.source();
+    }
+    out
 }
 
 /// A path segment: session ids are `ses_...`, but never let one inject a path.

@@ -473,6 +473,47 @@ mod tests {
         assert_eq!(get("OPENCODE_DISABLE_MODELS_FETCH"), ["1"]);
     }
 
+    fn script_options(dir: &std::path::Path, body: &str, deadline: Duration) -> ServerOptions {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = dir.join("opencode");
+        std::fs::write(&bin, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        ServerOptions {
+            bin,
+            cwd: dir.to_path_buf(),
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            config: std::sync::Arc::new(|_, _| "{}".to_string()),
+            auth_content: None,
+            log_file: dir.join("log/opencode.log"),
+            startup_deadline: deadline,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_server_that_dies_or_never_gets_ready_is_an_error_with_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = script_options(
+            dir.path(),
+            "echo \"port $5 in use\" >&2; exit 1",
+            Duration::from_secs(20),
+        );
+        let err = Server::start(&opts).await.unwrap_err();
+        assert!(matches!(err, ServerError::ExitedEarly { .. }), "{err:?}");
+        let log = std::fs::read_to_string(&opts.log_file).unwrap();
+        // Retried on fresh ports (the last attempt's log copy may still be in flight).
+        assert!(log.matches("in use").count() >= 2, "{log}");
+
+        let opts = script_options(
+            dir.path(),
+            "echo starting; exec sleep 30",
+            Duration::from_millis(700),
+        );
+        let t0 = Instant::now();
+        let err = Server::start(&opts).await.unwrap_err();
+        assert!(matches!(err, ServerError::NotReady { .. }), "{err:?}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+
     #[test]
     fn passwords_are_random_and_long() {
         let a = random_password();
