@@ -208,6 +208,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn missing_opencode_is_installed_with_npm_into_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let arch = match std::env::consts::ARCH {
+            "x86_64" => "x64",
+            "aarch64" => "arm64",
+            other => other,
+        };
+        // A stand-in npm that lays out what `npm install opencode-ai@V` brings, and records its args.
+        let npm = exe(&bin, "npm");
+        std::fs::write(
+            &npm,
+            format!(
+                "#!/bin/sh\necho \"$@\" > args.txt\n\
+                 mkdir -p node_modules/opencode-{os}-{arch}/bin\n\
+                 printf '#!/bin/sh\\n' > node_modules/opencode-{os}-{arch}/bin/opencode\n\
+                 chmod +x node_modules/opencode-{os}-{arch}/bin/opencode\n",
+                os = std::env::consts::OS
+            ),
+        )
+        .unwrap();
+        let cache = dir.path().join("cache");
+        let path = format!("{}:/usr/bin:/bin", bin.display());
+        let env = Env::from_pairs([(PATH, path.as_str())]);
+        let found = locate(&env, "1.18.33", &cache).await.unwrap();
+        assert!(matches!(found, Located::Installed(_)), "{found:?}");
+        assert!(found.path().starts_with(cache.join("opencode-1.18.33")));
+        let args = std::fs::read_to_string(cache.join("opencode-1.18.33/args.txt")).unwrap();
+        assert!(
+            args.contains("install") && args.contains("opencode-ai@1.18.33"),
+            "{args}"
+        );
+
+        // A failing npm is an install error carrying npm's message.
+        std::fs::write(&npm, "#!/bin/sh\necho 'E404 no such package' >&2\nexit 1\n").unwrap();
+        let err = locate(&env, "0.0.1", &cache).await.unwrap_err();
+        assert!(matches!(err, LocateError::Install { .. }));
+        assert!(err.to_string().contains("E404"), "{err}");
+    }
+
+    #[tokio::test]
     async fn a_previous_install_in_the_cache_is_reused() {
         let dir = tempfile::tempdir().unwrap();
         let cache = dir.path().join("cache");
