@@ -343,6 +343,13 @@ async fn attempt(
     deadline: Option<Instant>,
     cancel: &Cancellation,
 ) -> Result<AttemptEnd, ApiError> {
+    // Already out of time or cancelled: start nothing.
+    if cancel.is_cancelled() {
+        return Ok(AttemptEnd::Cancelled);
+    }
+    if deadline.is_some_and(|d| Instant::now() >= d) {
+        return Ok(AttemptEnd::TimedOut);
+    }
     let mut events = subscribe(client).await?;
     let before = client.messages(session_id, None).await?.len();
     let mut body = PromptBody::text(text);
@@ -453,16 +460,35 @@ async fn subscribe(client: &Client) -> Result<EventStream, ApiError> {
     }
 }
 
-/// Aborts the session and waits (bounded) until OpenCode reports it idle.
+/// Aborts the session and waits (bounded) until OpenCode reports it idle. `prompt_async` returns
+/// before the loop starts, so an early abort can find nothing to abort and the loop then starts
+/// anyway: the abort is repeated while the session is busy, and idle must hold on two checks.
 async fn stop(client: &Client, session_id: &str) {
-    let _ = client.abort(session_id).await;
     let until = Instant::now() + ABORT_WAIT;
+    let mut idle_checks = 0;
+    let mut last_abort: Option<Instant> = None;
     while Instant::now() < until {
         match is_busy(client, Some(session_id)).await {
-            Ok(false) => return,
-            Ok(true) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Ok(false) => {
+                idle_checks += 1;
+                if idle_checks >= 2 {
+                    return;
+                }
+            }
+            Ok(true) => {
+                idle_checks = 0;
+                if last_abort.is_none_or(|t| t.elapsed() >= Duration::from_millis(500)) {
+                    let _ = client.abort(session_id).await;
+                    last_abort = Some(Instant::now());
+                }
+            }
             Err(_) => return,
         }
+        if last_abort.is_none() {
+            let _ = client.abort(session_id).await;
+            last_abort = Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
     }
 }
 

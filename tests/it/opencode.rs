@@ -270,8 +270,15 @@ async fn cancellation_aborts_the_turn() {
     let s = agent.resolve_session("issue-4").await.unwrap();
     let cancel = Cancellation::new();
     let c2 = cancel.clone();
+    let llm = h.llm.clone();
+    // Cancel once the agent is waiting on the model (as a signal mid-run would).
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        for _ in 0..600 {
+            if !llm.requests().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         c2.cancel_with(
             fro_bot::runner::cancel::Signal::Interrupt,
             std::time::Instant::now(),
