@@ -98,7 +98,30 @@ fn main() -> ExitCode {
         }
         Command::Run => not_implemented("run"),
         Command::Local(_args) => not_implemented("local"),
-        Command::SessionTools => not_implemented("session-tools"),
+        Command::SessionTools => session_tools(&env),
+    }
+}
+
+/// The MCP server OpenCode starts for the agent. stdout is the protocol channel: nothing else may
+/// print there. Tool failures are tool results; only a broken stdin/stdout ends it with an error.
+fn session_tools(env: &fro_bot::runner::Env) -> ExitCode {
+    let config = fro_bot::opencode::session_tools::ToolsConfig::from_env(env);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fro-bot session-tools: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(fro_bot::opencode::session_tools::serve_stdio(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fro-bot session-tools: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

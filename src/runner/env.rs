@@ -20,7 +20,11 @@ pub const GITHUB_API_URL: &str = "GITHUB_API_URL";
 pub const RUNNER_OS: &str = "RUNNER_OS";
 pub const RUNNER_TEMP: &str = "RUNNER_TEMP";
 pub const HOME: &str = "HOME";
+pub const PATH: &str = "PATH";
 pub const XDG_DATA_HOME: &str = "XDG_DATA_HOME";
+pub const XDG_CONFIG_HOME: &str = "XDG_CONFIG_HOME";
+pub const XDG_CACHE_HOME: &str = "XDG_CACHE_HOME";
+pub const XDG_STATE_HOME: &str = "XDG_STATE_HOME";
 
 // AWS SDK environment (the object store's region fallback; credentials stay with aws-config).
 pub const AWS_REGION: &str = "AWS_REGION";
@@ -41,6 +45,9 @@ pub const OPENCODE_CONFIG_CONTENT: &str = "OPENCODE_CONFIG_CONTENT";
 pub const OPENCODE_DISABLE_AUTOUPDATE: &str = "OPENCODE_DISABLE_AUTOUPDATE";
 pub const OPENCODE_SERVER_PASSWORD: &str = "OPENCODE_SERVER_PASSWORD";
 pub const OPENCODE_PATH: &str = "OPENCODE_PATH";
+pub const OPENCODE_DISABLE_MODELS_FETCH: &str = "OPENCODE_DISABLE_MODELS_FETCH";
+/// Provider credentials as JSON; OpenCode 1.18 reads them from here instead of `auth.json`.
+pub const OPENCODE_AUTH_CONTENT: &str = "OPENCODE_AUTH_CONTENT";
 pub const FRO_BOT_OPENCODE_URL: &str = "FRO_BOT_OPENCODE_URL";
 pub const FRO_BOT_OPENCODE_PASSWORD: &str = "FRO_BOT_OPENCODE_PASSWORD";
 pub const FRO_BOT_WORKSPACE: &str = "FRO_BOT_WORKSPACE";

@@ -1,1 +1,354 @@
-//! Test service: fake_llm.
+//! Test service: a scripted OpenAI-compatible LLM (`POST /v1/chat/completions`, streaming SSE).
+//!
+//! OpenCode talks to it through its bundled `@ai-sdk/openai-compatible` provider. Replies come from
+//! a queue (text, streamed tool calls, delays, stalls, and the error responses OpenAI sends); when
+//! the queue is empty the default reply answers. Every request body is recorded so tests can check
+//! what the agent sent (e.g. that a resumed session carries the earlier exchange).
+//!
+//! Error bodies and status codes are OpenAI's, so OpenCode classifies them as in production:
+//! 429 `rate_limit_exceeded` (with `retry-after-ms`, which OpenCode honours, so its own five
+//! internal retries take milliseconds), 429 `insufficient_quota`, 401 `invalid_api_key`,
+//! 400 `context_length_exceeded`, 500 `server_error`.
+//!
+//! OpenCode's title-generator requests (sessions created without a title) are answered separately
+//! and never consume the queue.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, Response, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use serde_json::{json, Value};
+
+/// One scripted answer to one chat-completions request.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// Streamed assistant text, finish reason `stop`.
+    Text(String),
+    /// One streamed tool call (arguments split over several deltas), finish reason `tool_calls`.
+    ToolCall { name: String, arguments: Value },
+    /// An error response as OpenAI sends it.
+    Error(LlmError),
+    /// Waits, then answers with the inner reply.
+    Delayed(Duration, Box<Reply>),
+    /// Starts streaming, then never finishes (until the client hangs up, or 10 minutes).
+    Stall,
+}
+
+impl Reply {
+    pub fn text(s: impl Into<String>) -> Self {
+        Reply::Text(s.into())
+    }
+
+    pub fn tool(name: impl Into<String>, arguments: Value) -> Self {
+        Reply::ToolCall {
+            name: name.into(),
+            arguments,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LlmError {
+    RateLimit,
+    Quota,
+    Auth,
+    ContextOverflow,
+    Server,
+}
+
+impl LlmError {
+    fn status_and_body(self) -> (StatusCode, Value) {
+        match self {
+            LlmError::RateLimit => (
+                StatusCode::TOO_MANY_REQUESTS,
+                json!({"error": {"message": "Rate limit reached for gpt-4o in organization org-fake on requests per min (RPM): Limit 3, Used 3, Requested 1. Please try again in 20ms.",
+                    "type": "requests", "param": null, "code": "rate_limit_exceeded"}}),
+            ),
+            LlmError::Quota => (
+                StatusCode::TOO_MANY_REQUESTS,
+                json!({"error": {"message": "You exceeded your current quota, please check your plan and billing details. For more information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes/api-errors.",
+                    "type": "insufficient_quota", "param": null, "code": "insufficient_quota"}}),
+            ),
+            LlmError::Auth => (
+                StatusCode::UNAUTHORIZED,
+                json!({"error": {"message": "Incorrect API key provided: sk-fake. You can find your API key at https://platform.openai.com/account/api-keys.",
+                    "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}),
+            ),
+            LlmError::ContextOverflow => (
+                StatusCode::BAD_REQUEST,
+                json!({"error": {"message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 131072 tokens. Please reduce the length of the messages.",
+                    "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}),
+            ),
+            LlmError::Server => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                json!({"error": {"message": "The server had an error while processing your request. Sorry about that!",
+                    "type": "server_error", "param": null, "code": null}}),
+            ),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Script {
+    queue: VecDeque<Reply>,
+    default: Reply,
+    requests: Vec<Value>,
+    /// The `Authorization` header of each recorded request.
+    auth_headers: Vec<Option<String>>,
+    title_requests: usize,
+}
+
+#[derive(Clone)]
+pub struct FakeLlm {
+    addr: SocketAddr,
+    script: Arc<Mutex<Script>>,
+    _server: Arc<tokio::task::JoinHandle<()>>,
+}
+
+impl FakeLlm {
+    /// Starts on a random 127.0.0.1 port (inside the test's tokio runtime).
+    pub async fn start() -> Self {
+        let script = Arc::new(Mutex::new(Script {
+            queue: VecDeque::new(),
+            default: Reply::text("Done."),
+            requests: Vec::new(),
+            auth_headers: Vec::new(),
+            title_requests: 0,
+        }));
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .with_state(script.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Self {
+            addr,
+            script,
+            _server: Arc::new(server),
+        }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    pub fn push(&self, reply: Reply) {
+        self.script.lock().unwrap().queue.push_back(reply);
+    }
+
+    pub fn push_n(&self, n: usize, reply: Reply) {
+        for _ in 0..n {
+            self.push(reply.clone());
+        }
+    }
+
+    pub fn set_default(&self, reply: Reply) {
+        self.script.lock().unwrap().default = reply;
+    }
+
+    /// Every chat request body received so far (title-generator requests excluded), in order.
+    pub fn requests(&self) -> Vec<Value> {
+        self.script.lock().unwrap().requests.clone()
+    }
+
+    /// The `Authorization` header of each request in [`requests`](Self::requests).
+    pub fn auth_headers(&self) -> Vec<Option<String>> {
+        self.script.lock().unwrap().auth_headers.clone()
+    }
+
+    pub fn title_requests(&self) -> usize {
+        self.script.lock().unwrap().title_requests
+    }
+
+    /// The `opencode-config` fragment that points OpenCode at this server as provider `fake`.
+    pub fn opencode_config(&self) -> Value {
+        json!({
+            "model": "fake/fake-model",
+            "small_model": "fake/fake-model",
+            "enabled_providers": ["fake"],
+            "provider": {"fake": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "Fake",
+                "options": {"baseURL": self.base_url(), "apiKey": "sk-fake"},
+                "models": {"fake-model": {"name": "Fake", "tool_call": true,
+                    "limit": {"context": 128000, "output": 4096}}}
+            }},
+            "permission": "allow"
+        })
+    }
+}
+
+/// All text of a request's messages, flattened (content may be a string or an array of parts).
+pub fn request_text(body: &Value) -> String {
+    let mut out = String::new();
+    for m in body["messages"].as_array().into_iter().flatten() {
+        collect_text(&m["content"], &mut out);
+        for call in m["tool_calls"].as_array().into_iter().flatten() {
+            out.push_str(call["function"]["arguments"].as_str().unwrap_or(""));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn collect_text(v: &Value, out: &mut String) {
+    match v {
+        Value::String(s) => {
+            out.push_str(s);
+            out.push('\n');
+        }
+        Value::Array(items) => items.iter().for_each(|i| collect_text(i, out)),
+        Value::Object(o) => {
+            if let Some(t) = o.get("text") {
+                collect_text(t, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn is_title_request(body: &Value) -> bool {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.first())
+        .map(|first| {
+            first["role"] == "system" && {
+                let mut s = String::new();
+                collect_text(&first["content"], &mut s);
+                s.contains("title generator")
+            }
+        })
+        .unwrap_or(false)
+}
+
+async fn chat(
+    State(script): State<Arc<Mutex<Script>>>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> Response<Body> {
+    let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let reply = {
+        let mut s = script.lock().unwrap();
+        if is_title_request(&body) {
+            s.title_requests += 1;
+            None
+        } else {
+            s.requests.push(body.clone());
+            s.auth_headers.push(
+                headers
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string),
+            );
+            Some(s.queue.pop_front().unwrap_or_else(|| s.default.clone()))
+        }
+    };
+    let reply = reply.unwrap_or_else(|| Reply::text("Fake session title"));
+    respond(reply).await
+}
+
+async fn respond(mut reply: Reply) -> Response<Body> {
+    loop {
+        match reply {
+            Reply::Delayed(d, inner) => {
+                tokio::time::sleep(d).await;
+                reply = *inner;
+            }
+            Reply::Error(e) => {
+                let (status, body) = e.status_and_body();
+                let mut resp = Response::builder()
+                    .status(status)
+                    .header(header::CONTENT_TYPE, "application/json");
+                if e == LlmError::RateLimit {
+                    resp = resp.header("retry-after-ms", "20");
+                }
+                return resp.body(Body::from(body.to_string())).unwrap();
+            }
+            Reply::Text(text) => {
+                let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
+                // Several deltas, as a real model streams.
+                let mut rest = text.as_str();
+                while !rest.is_empty() {
+                    let mut cut = rest.len().min(16);
+                    while !rest.is_char_boundary(cut) {
+                        cut += 1;
+                    }
+                    chunks.push(chunk(json!({"content": &rest[..cut]}), None));
+                    rest = &rest[cut..];
+                }
+                chunks.push(chunk(json!({}), Some("stop")));
+                return sse(chunks, false);
+            }
+            Reply::ToolCall { name, arguments } => {
+                let args = arguments.to_string();
+                let id = format!("call_{}", rand::random::<u32>());
+                let mut chunks = vec![chunk(
+                    json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0, "id": id,
+                        "type": "function", "function": {"name": name, "arguments": ""}}]}),
+                    None,
+                )];
+                let mid = args.len() / 2;
+                let split = (mid..=args.len())
+                    .find(|i| args.is_char_boundary(*i))
+                    .unwrap_or(args.len());
+                for piece in [&args[..split], &args[split..]] {
+                    chunks.push(chunk(
+                        json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+                        None,
+                    ));
+                }
+                chunks.push(chunk(json!({}), Some("tool_calls")));
+                return sse(chunks, false);
+            }
+            Reply::Stall => {
+                let chunks = vec![chunk(
+                    json!({"role": "assistant", "content": "Thinking"}),
+                    None,
+                )];
+                return sse(chunks, true);
+            }
+        }
+    }
+}
+
+fn chunk(delta: Value, finish: Option<&str>) -> String {
+    let mut c = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
+        "model": "fake-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    if finish.is_some() {
+        c["usage"] = json!({"prompt_tokens": 120, "completion_tokens": 8, "total_tokens": 128});
+    }
+    format!("data: {c}\n\n")
+}
+
+fn sse(chunks: Vec<String>, stall: bool) -> Response<Body> {
+    let mut items: Vec<String> = chunks;
+    if !stall {
+        items.push("data: [DONE]\n\n".into());
+    }
+    let stream =
+        futures_util::stream::unfold((items.into_iter(), stall), |(mut it, stall)| async move {
+            match it.next() {
+                Some(s) => Some((Ok::<_, std::io::Error>(s), (it, stall))),
+                None if stall => {
+                    tokio::time::sleep(Duration::from_secs(600)).await;
+                    None
+                }
+                None => None,
+            }
+        });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap()
+}

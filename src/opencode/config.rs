@@ -1,0 +1,200 @@
+//! OpenCode's configuration, given through `OPENCODE_CONFIG_CONTENT` (never a file in the workspace):
+//! baseline → session-tools MCP entry → `model` → the user's `opencode-config` (deep merge, user
+//! wins). Also the pre-seeded config dir that stops OpenCode from npm-installing its plugin package
+//! at every start.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+use crate::config::ModelRef;
+use crate::runner::env::{FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_WORKSPACE};
+
+/// Name of the MCP server entry that gives the agent `session_*` tools.
+pub const SESSION_TOOLS_MCP: &str = "fro-bot-sessions";
+
+/// Where the session-tools MCP server (a `fro-bot session-tools` child of OpenCode) finds the
+/// server. The URL must be known before OpenCode starts, because the MCP entry is part of the
+/// config OpenCode reads at start: the server is started on a port chosen beforehand (see
+/// `server.rs`).
+#[derive(Debug, Clone)]
+pub struct SessionToolsEntry {
+    pub fro_bot_exe: PathBuf,
+    pub url: String,
+    pub password: String,
+    pub workspace: PathBuf,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ConfigInput<'a> {
+    pub session_tools: Option<&'a SessionToolsEntry>,
+    pub model: Option<&'a ModelRef>,
+    pub user: Option<&'a Map<String, Value>>,
+}
+
+/// The JSON for `OPENCODE_CONFIG_CONTENT`.
+pub fn config_content(input: &ConfigInput<'_>) -> String {
+    let mut cfg = json!({"autoupdate": false, "share": "disabled"});
+    if let Some(tools) = input.session_tools {
+        let entry = json!({"mcp": {SESSION_TOOLS_MCP: {
+            "type": "local",
+            "command": [tools.fro_bot_exe.to_string_lossy(), "session-tools"],
+            "environment": {
+                FRO_BOT_OPENCODE_URL: tools.url,
+                FRO_BOT_OPENCODE_PASSWORD: tools.password,
+                FRO_BOT_WORKSPACE: tools.workspace.to_string_lossy(),
+            },
+            "enabled": true,
+        }}});
+        deep_merge(&mut cfg, entry);
+    }
+    if let Some(m) = input.model {
+        deep_merge(
+            &mut cfg,
+            json!({"model": format!("{}/{}", m.provider, m.model)}),
+        );
+    }
+    if let Some(user) = input.user {
+        deep_merge(&mut cfg, Value::Object(user.clone()));
+    }
+    cfg.to_string()
+}
+
+/// Merges `over` into `base`: objects merge key by key, anything else in `over` replaces.
+pub fn deep_merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(existing) => deep_merge(existing, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+/// `OPENCODE_AUTH_CONTENT`: the `auth-json` object as OpenCode 1.18 reads it from the environment
+/// (it then never reads or writes `auth.json`, so credentials never land in the cached data dir).
+pub fn auth_content(auth: &Map<String, Value>) -> Option<String> {
+    (!auth.is_empty()).then(|| Value::Object(auth.clone()).to_string())
+}
+
+/// `auth.json` in a data dir. fro-bot never writes it (credentials go through the environment),
+/// but one restored or left by a user's tooling must be deleted before any save.
+pub fn auth_file(data_dir: &Path) -> PathBuf {
+    data_dir.join("auth.json")
+}
+
+/// OpenCode npm-installs `@opencode-ai/plugin` into its config dir at every start unless
+/// `package.json`, a `package-lock.json` declaring the same version, and `node_modules/` are there.
+/// Seeds them when absent (an existing real install is left alone). Nothing in the agent needs the
+/// plugin package unless the user adds plugins, which then install as usual.
+pub fn seed_plugin_dir(config_dir: &Path, version: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(config_dir.join("node_modules"))?;
+    let pkg = config_dir.join("package.json");
+    if !pkg.exists() {
+        std::fs::write(
+            &pkg,
+            json!({"dependencies": {"@opencode-ai/plugin": version}}).to_string(),
+        )?;
+    }
+    let lock = config_dir.join("package-lock.json");
+    if !lock.exists() {
+        std::fs::write(
+            &lock,
+            json!({"name": "opencode", "lockfileVersion": 3, "requires": true, "packages": {
+                "": {"dependencies": {"@opencode-ai/plugin": version}},
+                "node_modules/@opencode-ai/plugin": {"version": version}
+            }})
+            .to_string(),
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_apply_in_order_and_the_user_wins() {
+        let tools = SessionToolsEntry {
+            fro_bot_exe: "/usr/bin/fro-bot".into(),
+            url: "http://127.0.0.1:5000".into(),
+            password: "pw-secret".into(),
+            workspace: "/ws".into(),
+        };
+        let model = ModelRef {
+            provider: "anthropic".into(),
+            model: "claude".into(),
+        };
+        let user: Map<String, Value> = serde_json::from_value(json!({
+            "share": "manual",
+            "model": "openai/gpt",
+            "mcp": {"other": {"type": "remote", "url": "https://x"},
+                    SESSION_TOOLS_MCP: {"enabled": false}}
+        }))
+        .unwrap();
+        let cfg: Value = serde_json::from_str(&config_content(&ConfigInput {
+            session_tools: Some(&tools),
+            model: Some(&model),
+            user: Some(&user),
+        }))
+        .unwrap();
+        assert_eq!(cfg["autoupdate"], false);
+        assert_eq!(cfg["share"], "manual");
+        assert_eq!(cfg["model"], "openai/gpt");
+        let entry = &cfg["mcp"][SESSION_TOOLS_MCP];
+        assert_eq!(
+            entry["command"],
+            json!(["/usr/bin/fro-bot", "session-tools"])
+        );
+        assert_eq!(
+            entry["environment"][FRO_BOT_OPENCODE_URL],
+            "http://127.0.0.1:5000"
+        );
+        assert_eq!(entry["environment"][FRO_BOT_WORKSPACE], "/ws");
+        // Deep merge: the user's partial override keeps the rest of our entry.
+        assert_eq!(entry["enabled"], false);
+        assert_eq!(entry["type"], "local");
+        assert_eq!(cfg["mcp"]["other"]["url"], "https://x");
+
+        let bare: Value = serde_json::from_str(&config_content(&ConfigInput::default())).unwrap();
+        assert_eq!(bare, json!({"autoupdate": false, "share": "disabled"}));
+    }
+
+    #[test]
+    fn seeding_keeps_an_existing_install() {
+        let dir = tempfile::tempdir().unwrap();
+        seed_plugin_dir(dir.path(), "1.2.3").unwrap();
+        let lock: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("package-lock.json")).unwrap())
+                .unwrap();
+        assert_eq!(
+            lock["packages"][""]["dependencies"]["@opencode-ai/plugin"],
+            "1.2.3"
+        );
+        assert!(dir.path().join("node_modules").is_dir());
+        std::fs::write(dir.path().join("package.json"), "{\"mine\":1}").unwrap();
+        seed_plugin_dir(dir.path(), "1.2.3").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("package.json")).unwrap(),
+            "{\"mine\":1}"
+        );
+    }
+
+    #[test]
+    fn empty_auth_is_not_passed() {
+        assert_eq!(auth_content(&Map::new()), None);
+        let m: Map<String, Value> =
+            serde_json::from_value(json!({"openai": {"type": "api", "key": "k"}})).unwrap();
+        assert_eq!(
+            auth_content(&m).unwrap(),
+            r#"{"openai":{"key":"k","type":"api"}}"#
+        );
+    }
+}

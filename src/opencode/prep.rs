@@ -1,0 +1,481 @@
+//! Session prep: "Relevant prior work" found in earlier sessions, and the prompt the agent gets.
+//! `PromptInput` is plain data so the GitHub module can fill it without this module knowing GitHub.
+
+use super::client::{ApiError, Client, Session};
+
+pub const MAX_EXCERPTS: usize = 5;
+/// Characters of context on each side of a match.
+pub const EXCERPT_CONTEXT: usize = 50;
+/// Sessions scanned, newest first (bounds the cost of prep on a large store).
+const MAX_SESSIONS_SCANNED: usize = 40;
+const MAX_PER_SESSION: usize = 2;
+/// Default prompt budget in characters.
+pub const DEFAULT_PROMPT_BUDGET: usize = 48_000;
+/// The issue/PR body is never cut below this.
+const MIN_BODY: usize = 500;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Excerpt {
+    pub session_id: String,
+    pub title: String,
+    pub text: String,
+}
+
+/// What to look for: the logical key and the issue/PR title (as a phrase and by its longer words).
+pub fn search_terms(logical_key: &str, title: Option<&str>) -> Vec<String> {
+    let mut terms = vec![logical_key.to_string()];
+    if let Some(t) = title.map(str::trim).filter(|t| !t.is_empty()) {
+        terms.push(t.to_string());
+        let mut words: Vec<String> = t
+            .split(|c: char| !c.is_alphanumeric() && c != '-' && c != '_')
+            .filter(|w| w.chars().count() >= 5)
+            .map(str::to_lowercase)
+            .filter(|w| !STOPWORDS.contains(&w.as_str()))
+            .collect();
+        words.sort_by_key(|w| std::cmp::Reverse(w.len()));
+        words.dedup();
+        terms.extend(words.into_iter().take(5));
+    }
+    terms
+}
+
+const STOPWORDS: &[&str] = &[
+    "about", "after", "again", "should", "would", "could", "there", "their", "which", "where",
+    "while", "these", "those", "being", "other", "issue", "error", "please",
+];
+
+/// Up to [`MAX_EXCERPTS`] excerpts from sessions other than `exclude` (the current session and any
+/// session it replaced), newest sessions first.
+pub async fn prior_work(
+    client: &Client,
+    terms: &[String],
+    exclude: &[&str],
+) -> Result<Vec<Excerpt>, ApiError> {
+    let mut sessions: Vec<Session> = client
+        .list_sessions()
+        .await?
+        .into_iter()
+        .filter(|s| !exclude.contains(&s.id.as_str()))
+        .collect();
+    sessions.sort_by_key(|s| std::cmp::Reverse(s.time.updated));
+    let mut out = Vec::new();
+    for s in sessions.into_iter().take(MAX_SESSIONS_SCANNED) {
+        if out.len() >= MAX_EXCERPTS {
+            break;
+        }
+        let Ok(msgs) = client.messages(&s.id, Some(200)).await else {
+            continue; // deleted meanwhile: not worth failing prep
+        };
+        let text: String = msgs.iter().map(|m| m.text()).collect::<Vec<_>>().join("\n");
+        for ex in find_excerpts(&text, terms, MAX_PER_SESSION) {
+            if out.len() >= MAX_EXCERPTS {
+                break;
+            }
+            out.push(Excerpt {
+                session_id: s.id.clone(),
+                title: s.title.clone(),
+                text: ex,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Excerpts around case-insensitive matches of `terms` (earlier terms first), non-overlapping.
+pub fn find_excerpts(text: &str, terms: &[String], max: usize) -> Vec<String> {
+    let lower = text.to_lowercase();
+    // Lowercasing can change byte lengths (rare scripts); fall back to exact matching then.
+    let hay = if lower.len() == text.len() {
+        lower.as_str()
+    } else {
+        text
+    };
+    let mut spans: Vec<(usize, usize)> = Vec::new();
+    for term in terms.iter().filter(|t| !t.trim().is_empty()) {
+        let needle = if hay.len() == text.len() && hay != text {
+            term.to_lowercase()
+        } else {
+            term.clone()
+        };
+        let mut from = 0;
+        while let Some(pos) = hay[from..].find(&needle) {
+            let start = from + pos;
+            let end = start + needle.len();
+            let (a, b) = window(text, start, end, EXCERPT_CONTEXT);
+            if !spans.iter().any(|(x, y)| a < *y && *x < b) {
+                spans.push((a, b));
+                if spans.len() >= max {
+                    break;
+                }
+            }
+            from = end;
+        }
+        if spans.len() >= max {
+            break;
+        }
+    }
+    spans
+        .into_iter()
+        .map(|(a, b)| {
+            let mut s = String::new();
+            if a > 0 {
+                s.push('…');
+            }
+            s.push_str(&text[a..b].split_whitespace().collect::<Vec<_>>().join(" "));
+            if b < text.len() {
+                s.push('…');
+            }
+            s
+        })
+        .collect()
+}
+
+fn window(text: &str, start: usize, end: usize, ctx: usize) -> (usize, usize) {
+    let mut a = start.saturating_sub(ctx);
+    while !text.is_char_boundary(a) {
+        a -= 1;
+    }
+    let mut b = (end + ctx).min(text.len());
+    while !text.is_char_boundary(b) {
+        b += 1;
+    }
+    (a, b)
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CommentContext {
+    pub author: String,
+    pub body: String,
+}
+
+/// The issue / pull request / discussion the run is about.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EntityContext {
+    /// "issue", "pull request", "discussion".
+    pub kind: String,
+    pub number: u64,
+    pub title: String,
+    pub body: String,
+    pub author: String,
+    /// Recent comments, oldest first.
+    pub comments: Vec<CommentContext>,
+    /// The comment that triggered the run, if any.
+    pub trigger: Option<CommentContext>,
+}
+
+/// Who answers on GitHub, which decides the response rules.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ResponseRules {
+    /// The harness posts the agent's final answer as one comment (comment-triggered runs).
+    #[default]
+    HarnessPosts,
+    /// The agent acts on the repository itself (schedule/dispatch with a token).
+    AgentActs,
+    /// Nothing is posted anywhere (`response-mode: none`, local runs).
+    NoPosting,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PromptInput {
+    pub repo: String,
+    pub event: String,
+    pub actor: Option<String>,
+    pub git_ref: Option<String>,
+    pub run_url: Option<String>,
+    pub context: Option<EntityContext>,
+    pub prior_work: Vec<Excerpt>,
+    /// What the event asks for (e.g. "Respond to the comment above").
+    pub directive: Option<String>,
+    /// The `prompt` input.
+    pub prompt: Option<String>,
+    /// Schedule/dispatch: the prompt replaces the directive instead of adding to it.
+    pub prompt_replaces_directive: bool,
+    pub rules: ResponseRules,
+    /// Characters; 0 = [`DEFAULT_PROMPT_BUDGET`].
+    pub budget: usize,
+}
+
+/// The prompt: environment, context, prior work, task, response rules. Over budget, the context is
+/// cut first (older comments, then the body), then the prior work; the task is never cut.
+pub fn build_prompt(input: &PromptInput) -> String {
+    let budget = if input.budget == 0 {
+        DEFAULT_PROMPT_BUDGET
+    } else {
+        input.budget
+    };
+    let env = environment_section(input);
+    let task = task_section(input);
+    let rules = rules_section(input.rules);
+    let fixed = env.len() + task.len() + rules.len();
+    let mut prior = input.prior_work.clone();
+    let mut ctx = input.context.clone();
+    let mut body_cap = usize::MAX;
+    loop {
+        let c = ctx
+            .as_ref()
+            .map(|c| context_section(c, body_cap))
+            .unwrap_or_default();
+        let p = prior_section(&prior);
+        if fixed + c.len() + p.len() <= budget {
+            return [env, c, p, task, rules]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+                .join("\n");
+        }
+        // Shrink, in order: comments (oldest first), body, prior work, then the context whole.
+        if let Some(c) = ctx.as_mut().filter(|c| !c.comments.is_empty()) {
+            c.comments.remove(0);
+        } else if let Some(c) = ctx
+            .as_ref()
+            .filter(|c| body_cap > MIN_BODY && c.body.len() > MIN_BODY)
+        {
+            // Halve the body (never below MIN_BODY, so this ends).
+            body_cap = (body_cap.min(c.body.len()) / 2).max(MIN_BODY);
+        } else if !prior.is_empty() {
+            prior.pop();
+        } else if ctx.is_some() {
+            ctx = None;
+        } else {
+            return [env, task, rules].join("\n");
+        }
+    }
+}
+
+fn environment_section(i: &PromptInput) -> String {
+    let mut s = String::from("## Environment\n");
+    s.push_str(&format!("- Repository: {}\n", i.repo));
+    s.push_str(&format!("- Event: {}\n", i.event));
+    if let Some(a) = &i.actor {
+        s.push_str(&format!("- Actor: {a}\n"));
+    }
+    if let Some(r) = &i.git_ref {
+        s.push_str(&format!("- Ref: {r}\n"));
+    }
+    if let Some(u) = &i.run_url {
+        s.push_str(&format!("- Run: {u}\n"));
+    }
+    s
+}
+
+fn context_section(c: &EntityContext, body_cap: usize) -> String {
+    let mut s = format!("## {} #{}: {}\n", capitalize(&c.kind), c.number, c.title);
+    if !c.author.is_empty() {
+        s.push_str(&format!("Opened by @{}.\n", c.author));
+    }
+    if !c.body.trim().is_empty() {
+        let body = cut(&c.body, body_cap);
+        s.push_str(&format!("\n{}\n", body.trim_end()));
+    }
+    if !c.comments.is_empty() {
+        s.push_str("\n### Recent comments\n");
+        for cm in &c.comments {
+            s.push_str(&format!("- @{}: {}\n", cm.author, cm.body.trim()));
+        }
+    }
+    if let Some(t) = &c.trigger {
+        s.push_str(&format!(
+            "\n### Triggering comment by @{}\n{}\n",
+            t.author,
+            t.body.trim()
+        ));
+    }
+    s
+}
+
+fn prior_section(prior: &[Excerpt]) -> String {
+    if prior.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "## Relevant prior work\nExcerpts from earlier sessions (use the session_* tools to read more):\n",
+    );
+    for e in prior {
+        s.push_str(&format!(
+            "- [{} \"{}\"] {}\n",
+            e.session_id, e.title, e.text
+        ));
+    }
+    s
+}
+
+fn task_section(i: &PromptInput) -> String {
+    let mut s = String::from("## Task\n");
+    let prompt = i.prompt.as_deref().map(str::trim).filter(|p| !p.is_empty());
+    let directive = if i.prompt_replaces_directive && prompt.is_some() {
+        None
+    } else {
+        i.directive
+            .as_deref()
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+    };
+    if let Some(d) = directive {
+        s.push_str(d);
+        s.push('\n');
+    }
+    if let Some(p) = prompt {
+        if directive.is_some() {
+            s.push_str("\nAdditional instructions:\n");
+        }
+        s.push_str(p);
+        s.push('\n');
+    }
+    s
+}
+
+fn rules_section(rules: ResponseRules) -> String {
+    let how = match rules {
+        ResponseRules::HarnessPosts => {
+            "Your final message is posted as the reply on GitHub by the harness: write it for the \
+             person who asked, in Markdown. Do not post comments yourself."
+        }
+        ResponseRules::AgentActs => {
+            "Act on the repository as the task requires (you have a GitHub token as GH_TOKEN). \
+             End with a short summary of what you did."
+        }
+        ResponseRules::NoPosting => {
+            "Nothing you write is posted anywhere; end with a short summary of what you did."
+        }
+    };
+    format!(
+        "## Response rules\n- {how}\n- Be concise; say what you changed and what you did not do.\n\
+         - Never print secrets or tokens.\n"
+    )
+}
+
+fn capitalize(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\n…(truncated)", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excerpts_have_context_and_do_not_overlap() {
+        let text = format!(
+            "{}the flaky test in parser.rs fails on CI{} and later issue-12 again",
+            "x".repeat(200),
+            "y".repeat(200)
+        );
+        let ex = find_excerpts(&text, &["FLAKY TEST".into(), "issue-12".into()], 5);
+        assert_eq!(ex.len(), 2);
+        assert!(ex[0].contains("flaky test in parser.rs"));
+        assert!(ex[0].starts_with('…') && ex[0].ends_with('…'));
+        // ~50 chars either side of the match.
+        assert!(ex[0].chars().count() <= 50 + "flaky test".len() + 50 + 2);
+        assert!(ex[1].contains("issue-12"));
+        assert!(find_excerpts("nothing here", &["absent".into()], 5).is_empty());
+    }
+
+    #[test]
+    fn terms_include_key_title_and_long_words() {
+        let t = search_terms("issue-12", Some("Parser crashes on unicode identifiers"));
+        assert_eq!(t[0], "issue-12");
+        assert_eq!(t[1], "Parser crashes on unicode identifiers");
+        assert!(t.contains(&"identifiers".to_string()));
+        assert!(!t.contains(&"on".to_string()));
+    }
+
+    fn input() -> PromptInput {
+        PromptInput {
+            repo: "o/r".into(),
+            event: "issue_comment".into(),
+            actor: Some("alice".into()),
+            git_ref: Some("main".into()),
+            run_url: Some("https://github.com/o/r/actions/runs/1".into()),
+            context: Some(EntityContext {
+                kind: "issue".into(),
+                number: 12,
+                title: "Parser crashes".into(),
+                body: "B".repeat(4000),
+                author: "bob".into(),
+                comments: (0..10)
+                    .map(|i| CommentContext {
+                        author: format!("u{i}"),
+                        body: format!("comment number {i} {}", "c".repeat(300)),
+                    })
+                    .collect(),
+                trigger: Some(CommentContext {
+                    author: "alice".into(),
+                    body: "@fro-bot please fix".into(),
+                }),
+            }),
+            prior_work: vec![Excerpt {
+                session_id: "ses_old".into(),
+                title: "fro-bot: pr-3".into(),
+                text: "…fixed the parser crash…".into(),
+            }],
+            directive: Some("Respond to the triggering comment.".into()),
+            prompt: Some("Keep answers short.".into()),
+            prompt_replaces_directive: false,
+            rules: ResponseRules::HarnessPosts,
+            budget: 0,
+        }
+    }
+
+    #[test]
+    fn prompt_has_every_section_in_order() {
+        let p = build_prompt(&input());
+        let order = [
+            "## Environment",
+            "- Run: https://github.com/o/r/actions/runs/1",
+            "## Issue #12: Parser crashes",
+            "### Recent comments",
+            "### Triggering comment by @alice",
+            "## Relevant prior work",
+            "[ses_old \"fro-bot: pr-3\"]",
+            "## Task",
+            "Respond to the triggering comment.",
+            "Keep answers short.",
+            "## Response rules",
+        ];
+        let mut at = 0;
+        for o in order {
+            let i = p[at..]
+                .find(o)
+                .unwrap_or_else(|| panic!("{o} missing/out of order"));
+            at += i;
+        }
+    }
+
+    #[test]
+    fn schedule_prompt_replaces_the_directive() {
+        let mut i = input();
+        i.context = None;
+        i.prompt_replaces_directive = true;
+        let p = build_prompt(&i);
+        assert!(p.contains("Keep answers short."));
+        assert!(!p.contains("Respond to the triggering comment."));
+    }
+
+    #[test]
+    fn budget_cuts_context_before_prior_work_and_never_the_task() {
+        let mut i = input();
+        i.budget = 3000;
+        let p = build_prompt(&i);
+        assert!(p.len() <= 3000, "{}", p.len());
+        assert!(p.contains("## Relevant prior work"));
+        assert!(p.contains("Keep answers short."));
+        assert!(!p.contains("comment number 0"), "oldest comments go first");
+        i.budget = 10;
+        let p = build_prompt(&i);
+        assert!(p.contains("Keep answers short.") && p.contains("Respond to the triggering"));
+    }
+}

@@ -1,0 +1,524 @@
+//! The `opencode serve` child process: start, readiness, and a shutdown that reports whether the
+//! server demonstrably stopped writing (process exited and its port refuses connections).
+//!
+//! The port is chosen before the spawn (bind 127.0.0.1:0, release, pass `--port N`) instead of
+//! `--port 0`: the session-tools MCP entry in the config must carry the server's URL, and the config
+//! is fixed when the process starts. (OpenCode starts MCP servers lazily, at the first prompt, but
+//! reads the config from its environment at start.) If another process takes the port in between,
+//! OpenCode exits at once ("explicit busy port exits 1") and the start is retried on a new port.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::runner::env;
+use crate::runner::{log, Env};
+
+const READY_LINE: &str = "opencode server listening on http://";
+pub const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
+pub const SHUTDOWN_BUDGET: Duration = Duration::from_secs(5);
+const PORT_ATTEMPTS: usize = 3;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot start {}", bin.display())]
+    Spawn {
+        bin: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the OpenCode log file {}", path.display())]
+    Log {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no free local port for the OpenCode server")]
+    Port {
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("OpenCode exited before it was ready ({status}); see {}", log.display())]
+    ExitedEarly { status: String, log: PathBuf },
+    #[error("OpenCode was not ready within {}s; see {}", deadline.as_secs(), log.display())]
+    NotReady { deadline: Duration, log: PathBuf },
+}
+
+/// Everything the server process gets. `env` is the complete environment apart from what the server
+/// module adds itself (password, config, auth): build it with [`child_env`].
+#[derive(Clone)]
+pub struct ServerOptions {
+    pub bin: PathBuf,
+    /// The server's working directory (the workspace).
+    pub cwd: PathBuf,
+    pub env: Vec<(String, String)>,
+    /// Builds `OPENCODE_CONFIG_CONTENT` once the URL and password are known.
+    pub config: ConfigFn,
+    pub auth_content: Option<String>,
+    /// stdout and stderr of the child are appended here.
+    pub log_file: PathBuf,
+    pub startup_deadline: Duration,
+}
+
+/// Makes the config for a server at `url` with `password`.
+pub type ConfigFn = std::sync::Arc<dyn Fn(&str, &str) -> String + Send + Sync>;
+
+impl std::fmt::Debug for ServerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the env: it may hold provider keys.
+        f.debug_struct("ServerOptions")
+            .field("bin", &self.bin)
+            .field("cwd", &self.cwd)
+            .field("log_file", &self.log_file)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether the server demonstrably stopped writing the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Quiescence {
+    Confirmed,
+    Unconfirmed { reason: String },
+}
+
+pub struct Server {
+    child: Option<Child>,
+    url: String,
+    port: u16,
+    password: String,
+    log_file: PathBuf,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("url", &self.url)
+            .field("pid", &self.pid())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The environment for the OpenCode process: ours, minus what the agent must not see (action
+/// inputs, saved state, the Actions runtime and GitHub tokens), plus `extra` (HOME, XDG_*, and e.g.
+/// `GH_TOKEN` where the agent is meant to have it).
+pub fn child_env(base: &Env, extra: &[(String, String)]) -> Vec<(String, String)> {
+    const HIDDEN_PREFIXES: &[&str] = &[env::INPUT_PREFIX, env::STATE_PREFIX, "ACTIONS_"];
+    const HIDDEN: &[&str] = &[
+        "GITHUB_TOKEN",
+        "GH_TOKEN",
+        env::OPENCODE_SERVER_PASSWORD,
+        env::OPENCODE_AUTH_CONTENT,
+        env::OPENCODE_CONFIG_CONTENT,
+    ];
+    let mut out: Vec<(String, String)> = base
+        .iter()
+        .filter(|(k, _)| !HIDDEN_PREFIXES.iter().any(|p| k.starts_with(p)) && !HIDDEN.contains(k))
+        .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    out.extend(extra.iter().cloned());
+    out.push((env::OPENCODE_DISABLE_AUTOUPDATE.into(), "1".into()));
+    out.push((env::OPENCODE_DISABLE_MODELS_FETCH.into(), "1".into()));
+    out
+}
+
+impl Server {
+    /// Starts `opencode serve` and waits until it answers `/global/health`.
+    pub async fn start(opts: &ServerOptions) -> Result<Server, ServerError> {
+        let password = random_password();
+        log::add_mask(&password);
+        let started = Instant::now();
+        let mut last_err = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port().map_err(|source| ServerError::Port { source })?;
+            match Self::start_on(opts, port, &password, started).await {
+                Ok(server) => return Ok(server),
+                // A lost race for the port: try another one.
+                Err(e @ ServerError::ExitedEarly { .. }) => last_err = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.unwrap_or(ServerError::NotReady {
+            deadline: opts.startup_deadline,
+            log: opts.log_file.clone(),
+        }))
+    }
+
+    async fn start_on(
+        opts: &ServerOptions,
+        port: u16,
+        password: &str,
+        started: Instant,
+    ) -> Result<Server, ServerError> {
+        let url = format!("http://127.0.0.1:{port}");
+        if let Some(dir) = opts.log_file.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let log_err = |source| ServerError::Log {
+            path: opts.log_file.clone(),
+            source,
+        };
+        let mut log_file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&opts.log_file)
+            .await
+            .map_err(log_err)?;
+        let mut cmd = Command::new(&opts.bin);
+        cmd.args([
+            "serve",
+            "--hostname",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .current_dir(&opts.cwd)
+        .env_clear()
+        .envs(opts.env.iter().map(|(k, v)| (k, v)))
+        .env(env::OPENCODE_SERVER_PASSWORD, password)
+        .env(env::OPENCODE_CONFIG_CONTENT, (opts.config)(&url, password))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // The child must never outlive fro-bot: killed when the handle drops.
+        .kill_on_drop(true);
+        // ...and not even when fro-bot is killed outright (SIGKILL skips destructors): the kernel
+        // kills the child when the thread that spawned it dies. Spawned from a runtime thread,
+        // which lives as long as the runtime.
+        #[cfg(target_os = "linux")]
+        // SAFETY: prctl is async-signal-safe and touches no memory of the forked process.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        if let Some(auth) = &opts.auth_content {
+            cmd.env(env::OPENCODE_AUTH_CONTENT, auth);
+        }
+        let mut child = cmd.spawn().map_err(|source| ServerError::Spawn {
+            bin: opts.bin.clone(),
+            source,
+        })?;
+
+        // stdout: watch for the ready line, copy everything to the log. stderr: copy to the log.
+        let (line_tx, mut line_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        let (log_tx, mut log_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+        if let Some(out) = child.stdout.take() {
+            let (line_tx, log_tx) = (line_tx.clone(), log_tx.clone());
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(out).lines();
+                while let Ok(Some(l)) = lines.next_line().await {
+                    let _ = line_tx.send(l.clone());
+                    let _ = log_tx.send(l);
+                }
+            });
+        }
+        drop(line_tx);
+        if let Some(err) = child.stderr.take() {
+            let log_tx = log_tx.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(err).lines();
+                while let Ok(Some(l)) = lines.next_line().await {
+                    let _ = log_tx.send(l);
+                }
+            });
+        }
+        drop(log_tx);
+        tokio::spawn(async move {
+            while let Some(l) = log_rx.recv().await {
+                let l = log::redact(&l);
+                if log_file
+                    .write_all(format!("{l}\n").as_bytes())
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            let _ = log_file.flush().await;
+        });
+
+        let deadline = started + opts.startup_deadline;
+        let not_ready = || ServerError::NotReady {
+            deadline: opts.startup_deadline,
+            log: opts.log_file.clone(),
+        };
+        // 1. The stdout line.
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(not_ready());
+            }
+            tokio::select! {
+                line = line_rx.recv() => match line {
+                    Some(l) if l.contains(READY_LINE) => break,
+                    Some(_) => continue,
+                    None => {
+                        // stdout closed: the process is gone (or going).
+                        let status = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
+                        return Err(ServerError::ExitedEarly {
+                            status: match status {
+                                Ok(Ok(s)) => s.to_string(),
+                                _ => "stdout closed".into(),
+                            },
+                            log: opts.log_file.clone(),
+                        });
+                    }
+                },
+                status = child.wait() => {
+                    return Err(ServerError::ExitedEarly {
+                        status: status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
+                        log: opts.log_file.clone(),
+                    });
+                }
+                _ = tokio::time::sleep(left) => return Err(not_ready()),
+            }
+        }
+        // 2. Health, with short per-request timeouts: requests sent just after the port opens can
+        // hang forever, so each attempt is abandoned after 0.5 s and retried.
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_millis(500))
+            .build()
+            .map_err(|_| not_ready())?;
+        loop {
+            if Instant::now() >= deadline {
+                return Err(not_ready());
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(ServerError::ExitedEarly {
+                    status: status.to_string(),
+                    log: opts.log_file.clone(),
+                });
+            }
+            let ok = http
+                .get(format!("{url}/global/health"))
+                .basic_auth("opencode", Some(password))
+                .send()
+                .await
+                .ok()
+                .filter(|r| r.status().is_success());
+            if let Some(resp) = ok {
+                if let Ok(v) = resp.json::<serde_json::Value>().await {
+                    if v["healthy"] == true {
+                        break;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(Server {
+            child: Some(child),
+            url,
+            port,
+            password: password.to_string(),
+            log_file: opts.log_file.clone(),
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The random HTTP Basic password (user `opencode`); masked in logs.
+    pub fn password(&self) -> &str {
+        &self.password
+    }
+
+    pub fn log_file(&self) -> &std::path::Path {
+        &self.log_file
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
+    /// SIGTERM, then wait for the exit and for the port to refuse connections, within `budget`
+    /// (at most 5 s is sensible). SIGKILL when the budget runs out; quiescence is then unconfirmed.
+    pub async fn shutdown(&mut self, budget: Duration) -> Quiescence {
+        let Some(mut child) = self.child.take() else {
+            return Quiescence::Confirmed;
+        };
+        let deadline = Instant::now() + budget;
+        // `None` = already reaped: nothing to signal.
+        if let Some(pid) = child.id() {
+            // SAFETY: a plain syscall. The pid is our direct child's and not yet reaped
+            // (`id()` returned Some), so it cannot have been reused by another process.
+            let rc = unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+            if rc != 0 {
+                let _ = child.start_kill();
+            }
+        }
+        let exited = tokio::time::timeout(
+            deadline.saturating_duration_since(Instant::now()),
+            child.wait(),
+        )
+        .await;
+        match exited {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                let _ = child.start_kill();
+                return Quiescence::Unconfirmed {
+                    reason: format!("cannot wait for the OpenCode process: {e}"),
+                };
+            }
+            Err(_) => {
+                let _ = child.start_kill();
+                let _ = tokio::time::timeout(Duration::from_millis(500), child.wait()).await;
+                return Quiescence::Unconfirmed {
+                    reason: format!(
+                        "OpenCode did not exit within {} ms of SIGTERM; killed",
+                        budget.as_millis()
+                    ),
+                };
+            }
+        }
+        loop {
+            let refused = tokio::time::timeout(
+                Duration::from_millis(200),
+                tokio::net::TcpStream::connect(("127.0.0.1", self.port)),
+            )
+            .await;
+            if matches!(refused, Ok(Err(_))) {
+                return Quiescence::Confirmed;
+            }
+            if Instant::now() >= deadline {
+                return Quiescence::Unconfirmed {
+                    reason: format!(
+                        "the OpenCode process exited but port {} still accepts connections",
+                        self.port
+                    ),
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn random_password() -> String {
+    let mut rng = rand::rng();
+    (0..32)
+        .map(|_| {
+            let i = rng.random_range(0..62u8);
+            (match i {
+                0..=9 => b'0' + i,
+                10..=35 => b'a' + i - 10,
+                _ => b'A' + i - 36,
+            }) as char
+        })
+        .collect()
+}
+
+fn free_port() -> std::io::Result<u16> {
+    let l = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    Ok(l.local_addr()?.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_child_env_drops_inputs_state_runtime_and_tokens() {
+        let base = Env::from_pairs([
+            ("PATH", "/usr/bin"),
+            ("INPUT_GITHUB-TOKEN", "ghs_x"),
+            ("STATE_cacheSaved", "durable"),
+            ("ACTIONS_RUNTIME_TOKEN", "rt"),
+            ("ACTIONS_RESULTS_URL", "https://results"),
+            ("GITHUB_TOKEN", "ghs_y"),
+            ("GH_TOKEN", "ghs_z"),
+            ("HOME", "/root"),
+            ("ANTHROPIC_API_KEY", "provider-key"),
+            ("GITHUB_REPOSITORY", "o/r"),
+        ]);
+        let env = child_env(
+            &base,
+            &[
+                ("HOME".into(), "/github/home".into()),
+                ("GH_TOKEN".into(), "given".into()),
+            ],
+        );
+        let get = |k: &str| {
+            let v: Vec<&str> = env
+                .iter()
+                .filter(|(n, _)| n == k)
+                .map(|(_, v)| v.as_str())
+                .collect();
+            v
+        };
+        assert_eq!(get("PATH"), ["/usr/bin"]);
+        assert_eq!(get("HOME"), ["/github/home"]);
+        assert_eq!(get("GH_TOKEN"), ["given"], "only when the caller passes it");
+        assert_eq!(get("ANTHROPIC_API_KEY"), ["provider-key"]);
+        assert_eq!(get("GITHUB_REPOSITORY"), ["o/r"]);
+        for hidden in [
+            "INPUT_GITHUB-TOKEN",
+            "STATE_cacheSaved",
+            "ACTIONS_RUNTIME_TOKEN",
+            "ACTIONS_RESULTS_URL",
+            "GITHUB_TOKEN",
+        ] {
+            assert!(get(hidden).is_empty(), "{hidden} leaked");
+        }
+        assert_eq!(get("OPENCODE_DISABLE_AUTOUPDATE"), ["1"]);
+        assert_eq!(get("OPENCODE_DISABLE_MODELS_FETCH"), ["1"]);
+    }
+
+    fn script_options(dir: &std::path::Path, body: &str, deadline: Duration) -> ServerOptions {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = dir.join("opencode");
+        std::fs::write(&bin, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        ServerOptions {
+            bin,
+            cwd: dir.to_path_buf(),
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            config: std::sync::Arc::new(|_, _| "{}".to_string()),
+            auth_content: None,
+            log_file: dir.join("log/opencode.log"),
+            startup_deadline: deadline,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_server_that_dies_or_never_gets_ready_is_an_error_with_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = script_options(
+            dir.path(),
+            "echo \"port $5 in use\" >&2; exit 1",
+            Duration::from_secs(20),
+        );
+        let err = Server::start(&opts).await.unwrap_err();
+        assert!(matches!(err, ServerError::ExitedEarly { .. }), "{err:?}");
+        let log = std::fs::read_to_string(&opts.log_file).unwrap();
+        // Retried on fresh ports (the last attempt's log copy may still be in flight).
+        assert!(log.matches("in use").count() >= 2, "{log}");
+
+        let opts = script_options(
+            dir.path(),
+            "echo starting; exec sleep 30",
+            Duration::from_millis(700),
+        );
+        let t0 = Instant::now();
+        let err = Server::start(&opts).await.unwrap_err();
+        assert!(matches!(err, ServerError::NotReady { .. }), "{err:?}");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn passwords_are_random_and_long() {
+        let a = random_password();
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(a, random_password());
+    }
+}

@@ -1,0 +1,563 @@
+//! One agent turn: subscribe to `/event` (and see `server.connected`) before `prompt_async`, wait
+//! for `session.idle`, bounded by the run's timeout and cancellation (both abort the session), and
+//! classify failures:
+//! - quota exhaustion and provider auth errors are terminal. OpenCode itself retries a 429 quota
+//!   error five times over about a minute (`session.status` `retry`): the quota text in a retry
+//!   status ends the turn at once instead;
+//! - context overflow (what is left after OpenCode's own compaction failed) archives the session and
+//!   starts a fresh one with the same title and the same prompt, once;
+//! - any other provider error is retried, up to 3 attempts in all, with a continuation prompt that
+//!   names the error.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::client::{
+    ApiError, Client, Message, ModelSpec, NamedError, PromptBody, Session, Tokens,
+};
+use super::events::EventStream;
+use crate::runner::{log, Cancellation};
+
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+const CONNECT_WAIT: Duration = Duration::from_secs(10);
+const ABORT_WAIT: Duration = Duration::from_secs(5);
+const RECONNECTS: u32 = 5;
+const SETTLE_WAIT: Duration = Duration::from_secs(3);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    Quota,
+    ProviderAuth,
+    ContextOverflow,
+    Aborted,
+    /// Rate limits, 5xx, network trouble, anything else: worth another attempt.
+    Provider,
+}
+
+/// Words providers use for an exhausted quota or balance (not a rate limit, which passes).
+const QUOTA_MARKERS: &[&str] = &[
+    "insufficient_quota",
+    "exceeded your current quota",
+    "quota exceeded",
+    "exceeded the quota",
+    "billing",
+    "credit balance is too low",
+    "insufficient credits",
+    "insufficient balance",
+];
+
+const AUTH_MARKERS: &[&str] = &[
+    "invalid_api_key",
+    "incorrect api key",
+    "invalid x-api-key",
+    "authentication_error",
+    "unauthorized",
+];
+
+pub fn is_quota_text(text: &str) -> bool {
+    let t = text.to_lowercase();
+    QUOTA_MARKERS.iter().any(|m| t.contains(m))
+}
+
+pub fn classify(e: &NamedError) -> ErrorClass {
+    let text = format!(
+        "{} {}",
+        e.data["message"].as_str().unwrap_or(""),
+        e.data["responseBody"].as_str().unwrap_or("")
+    );
+    match e.name.as_str() {
+        "ContextOverflowError" => ErrorClass::ContextOverflow,
+        "ProviderAuthError" => ErrorClass::ProviderAuth,
+        "MessageAbortedError" => ErrorClass::Aborted,
+        _ if is_quota_text(&text) => ErrorClass::Quota,
+        _ if matches!(e.data["statusCode"].as_u64(), Some(401 | 403)) => ErrorClass::ProviderAuth,
+        _ if AUTH_MARKERS.iter().any(|m| text.to_lowercase().contains(m)) => {
+            ErrorClass::ProviderAuth
+        }
+        _ => ErrorClass::Provider,
+    }
+}
+
+/// The prompt for a retry after a provider error.
+pub fn continuation_prompt(error: &str) -> String {
+    format!(
+        "The previous attempt at this task stopped with a provider error: {error}\n\
+         Continue the task from where it stopped. Do not repeat steps that already completed; \
+         finish the remaining work and give your final answer."
+    )
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnFailure {
+    Quota {
+        message: String,
+    },
+    ProviderAuth {
+        message: String,
+    },
+    /// Still too large in a fresh session.
+    ContextOverflow {
+        message: String,
+    },
+    /// Provider errors on every attempt.
+    Provider {
+        message: String,
+    },
+    /// The turn ended without any assistant message.
+    NoReply,
+    /// The OpenCode API itself failed (server gone, unexpected answer).
+    Api {
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnOutcome {
+    Completed,
+    TimedOut,
+    Cancelled,
+    Failed(TurnFailure),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AssistantReply {
+    pub message_id: String,
+    pub text: String,
+    pub tokens: Tokens,
+    pub cost: f64,
+    pub error: Option<NamedError>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnReport {
+    pub outcome: TurnOutcome,
+    /// The session the turn ended in (a fresh one after a context overflow).
+    pub session: Session,
+    /// The session archived after a context overflow, if any.
+    pub replaced: Option<String>,
+    /// Prompts sent (first attempt, continuations, the fresh-session restart).
+    pub attempts: u32,
+    /// The last assistant message of the turn.
+    pub reply: Option<AssistantReply>,
+    /// Tokens and cost over all the turn's assistant messages.
+    pub tokens: Tokens,
+    pub cost: f64,
+    /// Every error observed, in order (sanitized).
+    pub errors: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TurnOptions {
+    /// `None` = no deadline.
+    pub timeout: Option<Duration>,
+    pub agent: Option<String>,
+    pub model: Option<ModelSpec>,
+    pub max_attempts: u32,
+    /// Milliseconds since the epoch (archiving stamps it).
+    pub now_ms: fn() -> i64,
+}
+
+impl Default for TurnOptions {
+    fn default() -> Self {
+        Self {
+            timeout: None,
+            agent: None,
+            model: None,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            now_ms: super::system_now_ms,
+        }
+    }
+}
+
+/// How one prompt ended.
+enum AttemptEnd {
+    /// `observed`: the last `session.error` for the session during the attempt.
+    Idle {
+        new: Vec<Message>,
+        observed: Option<NamedError>,
+    },
+    QuotaRetry {
+        message: String,
+    },
+    TimedOut,
+    Cancelled,
+}
+
+pub async fn run_turn(
+    client: &Client,
+    session: Session,
+    prompt: &str,
+    opts: &TurnOptions,
+    cancel: &Cancellation,
+) -> TurnReport {
+    let deadline = opts.timeout.map(|t| Instant::now() + t);
+    let mut report = TurnReport {
+        outcome: TurnOutcome::Completed,
+        session,
+        replaced: None,
+        attempts: 0,
+        reply: None,
+        tokens: Tokens::default(),
+        cost: 0.0,
+        errors: Vec::new(),
+    };
+    let mut text = prompt.to_string();
+    let mut provider_attempts = 0u32;
+    loop {
+        report.attempts += 1;
+        provider_attempts += 1;
+        let end = attempt(client, &report.session.id, &text, opts, deadline, cancel).await;
+        let end = match end {
+            Ok(e) => e,
+            Err(e) => {
+                let message = log::redact(&e.to_string());
+                report.errors.push(message.clone());
+                report.outcome = TurnOutcome::Failed(TurnFailure::Api { message });
+                return report;
+            }
+        };
+        let (new, observed) = match end {
+            AttemptEnd::Idle { new, observed } => (new, observed),
+            AttemptEnd::QuotaRetry { message } => {
+                stop(client, &report.session.id).await;
+                report.errors.push(message.clone());
+                report.outcome = TurnOutcome::Failed(TurnFailure::Quota { message });
+                return report;
+            }
+            AttemptEnd::TimedOut => {
+                stop(client, &report.session.id).await;
+                report.errors.push("the turn timed out".into());
+                report.outcome = TurnOutcome::TimedOut;
+                collect_after_stop(client, &mut report).await;
+                return report;
+            }
+            AttemptEnd::Cancelled => {
+                stop(client, &report.session.id).await;
+                report.errors.push("the run was cancelled".into());
+                report.outcome = TurnOutcome::Cancelled;
+                collect_after_stop(client, &mut report).await;
+                return report;
+            }
+        };
+        account(&mut report, &new);
+        // OpenCode reports idle before it stores the failed message's error: an empty reply
+        // after a `session.error` failed with that error.
+        if let (Some(r), Some(err)) = (report.reply.as_mut(), observed) {
+            if r.error.is_none() && r.text.trim().is_empty() {
+                r.error = Some(err);
+            }
+        }
+        let Some(reply) = report.reply.clone() else {
+            report.outcome = TurnOutcome::Failed(TurnFailure::NoReply);
+            return report;
+        };
+        let Some(error) = reply.error else {
+            report.outcome = TurnOutcome::Completed;
+            return report;
+        };
+        let message = log::redact(&error.message());
+        report.errors.push(format!("{}: {message}", error.name));
+        match classify(&error) {
+            ErrorClass::Quota => {
+                report.outcome = TurnOutcome::Failed(TurnFailure::Quota { message });
+                return report;
+            }
+            ErrorClass::ProviderAuth => {
+                report.outcome = TurnOutcome::Failed(TurnFailure::ProviderAuth { message });
+                return report;
+            }
+            ErrorClass::ContextOverflow if report.replaced.is_none() => {
+                let old = report.session.clone();
+                let fresh = async {
+                    client.archive_session(&old.id, (opts.now_ms)()).await?;
+                    client.create_session(&old.title).await
+                }
+                .await;
+                match fresh {
+                    Ok(s) => {
+                        report.replaced = Some(old.id);
+                        report.session = s;
+                        text = prompt.to_string();
+                        provider_attempts = 0;
+                    }
+                    Err(e) => {
+                        let m = log::redact(&e.to_string());
+                        report.errors.push(m.clone());
+                        report.outcome = TurnOutcome::Failed(TurnFailure::Api { message: m });
+                        return report;
+                    }
+                }
+            }
+            ErrorClass::ContextOverflow => {
+                report.outcome = TurnOutcome::Failed(TurnFailure::ContextOverflow { message });
+                return report;
+            }
+            ErrorClass::Aborted | ErrorClass::Provider => {
+                if provider_attempts >= opts.max_attempts.max(1) {
+                    report.outcome = TurnOutcome::Failed(TurnFailure::Provider { message });
+                    return report;
+                }
+                text = continuation_prompt(&message);
+            }
+        }
+    }
+}
+
+/// Adds the new messages' usage to the report and takes the last assistant message as the reply.
+fn account(report: &mut TurnReport, new: &[Message]) {
+    let mut last = None;
+    for m in new.iter().filter(|m| m.info.role == "assistant") {
+        if let Some(t) = &m.info.tokens {
+            report.tokens.add(t);
+        }
+        report.cost += m.info.cost.unwrap_or(0.0);
+        last = Some(m);
+    }
+    report.reply = last.map(|m| AssistantReply {
+        message_id: m.info.id.clone(),
+        text: m.plain_text(),
+        tokens: m.info.tokens.clone().unwrap_or_default(),
+        cost: m.info.cost.unwrap_or(0.0),
+        error: m.info.error.clone(),
+    });
+}
+
+/// After an abort: whatever the agent produced so far still counts (tokens, partial text).
+async fn collect_after_stop(client: &Client, report: &mut TurnReport) {
+    if let Ok(msgs) = client.messages(&report.session.id, Some(50)).await {
+        let last_user = msgs.iter().rposition(|m| m.info.role == "user");
+        let new: Vec<Message> = match last_user {
+            Some(i) => msgs[i + 1..].to_vec(),
+            None => vec![],
+        };
+        account(report, &new);
+    }
+}
+
+async fn attempt(
+    client: &Client,
+    session_id: &str,
+    text: &str,
+    opts: &TurnOptions,
+    deadline: Option<Instant>,
+    cancel: &Cancellation,
+) -> Result<AttemptEnd, ApiError> {
+    // Already out of time or cancelled: start nothing.
+    if cancel.is_cancelled() {
+        return Ok(AttemptEnd::Cancelled);
+    }
+    if deadline.is_some_and(|d| Instant::now() >= d) {
+        return Ok(AttemptEnd::TimedOut);
+    }
+    let mut events = subscribe(client).await?;
+    let before = client.messages(session_id, None).await?.len();
+    let mut body = PromptBody::text(text);
+    body.agent = opts.agent.clone();
+    body.model = opts.model.clone();
+    client.prompt_async(session_id, &body).await?;
+
+    let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
+    let until = deadline.unwrap_or(far);
+    let mut reconnects = 0;
+    let mut observed: Option<NamedError> = None;
+    loop {
+        let next = tokio::select! {
+            ev = events.next() => ev,
+            _ = tokio::time::sleep_until(until) => return Ok(AttemptEnd::TimedOut),
+            _ = cancel.cancelled() => return Ok(AttemptEnd::Cancelled),
+        };
+        match next {
+            Ok(Some(ev)) => {
+                if ev.session_id() != Some(session_id) {
+                    continue;
+                }
+                match ev.kind.as_str() {
+                    "session.idle" => break,
+                    "session.error" => {
+                        if let Ok(e) =
+                            serde_json::from_value::<NamedError>(ev.properties["error"].clone())
+                        {
+                            observed = Some(e);
+                        }
+                    }
+                    "session.status" => {
+                        let status = &ev.properties["status"];
+                        match status["type"].as_str() {
+                            Some("idle") => break,
+                            Some("retry") => {
+                                let msg = status["message"].as_str().unwrap_or("");
+                                if is_quota_text(msg) {
+                                    return Ok(AttemptEnd::QuotaRetry {
+                                        message: log::redact(msg),
+                                    });
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Ok(None) | Err(_) => {
+                // The stream dropped: reconnect, then make sure the idle was not missed meanwhile.
+                reconnects += 1;
+                if reconnects > RECONNECTS {
+                    return Err(ApiError::Status {
+                        method: "GET",
+                        route: "/event".into(),
+                        status: 0,
+                        body: "the event stream kept dropping".into(),
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(200 * reconnects as u64)).await;
+                events = subscribe(client).await?;
+                if !is_busy(client, Some(session_id)).await? {
+                    break;
+                }
+            }
+        }
+    }
+    // Idle is announced before the last message is finalized: give it a moment to complete.
+    let settle = Instant::now() + SETTLE_WAIT;
+    loop {
+        let msgs = client.messages(session_id, None).await?;
+        let new: Vec<Message> = msgs.into_iter().skip(before).collect();
+        let settled = new
+            .iter()
+            .rev()
+            .find(|m| m.info.role == "assistant")
+            .is_none_or(|m| m.info.time.completed.is_some() || m.info.error.is_some());
+        if settled || Instant::now() >= settle {
+            return Ok(AttemptEnd::Idle { new, observed });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Opens `/event` and waits for `server.connected`, so nothing the prompt causes is missed.
+async fn subscribe(client: &Client) -> Result<EventStream, ApiError> {
+    let mut events = client.events().await?;
+    let connected = tokio::time::timeout(CONNECT_WAIT, async {
+        loop {
+            match events.next().await? {
+                Some(ev) if ev.kind == "server.connected" => return Ok(true),
+                Some(_) => continue,
+                None => return Ok(false),
+            }
+        }
+    })
+    .await;
+    match connected {
+        Ok(Ok(true)) => Ok(events),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(false)) | Err(_) => Err(ApiError::Status {
+            method: "GET",
+            route: "/event".into(),
+            status: 0,
+            body: "no server.connected event".into(),
+        }),
+    }
+}
+
+/// Aborts the session and waits (bounded) until OpenCode reports it idle. `prompt_async` returns
+/// before the loop starts, so an early abort can find nothing to abort and the loop then starts
+/// anyway: the abort is repeated while the session is busy, and idle must hold on two checks.
+async fn stop(client: &Client, session_id: &str) {
+    let until = Instant::now() + ABORT_WAIT;
+    let mut idle_checks = 0;
+    let mut last_abort: Option<Instant> = None;
+    while Instant::now() < until {
+        match is_busy(client, Some(session_id)).await {
+            Ok(false) => {
+                idle_checks += 1;
+                if idle_checks >= 2 {
+                    return;
+                }
+            }
+            Ok(true) => {
+                idle_checks = 0;
+                if last_abort.is_none_or(|t| t.elapsed() >= Duration::from_millis(500)) {
+                    let _ = client.abort(session_id).await;
+                    last_abort = Some(Instant::now());
+                }
+            }
+            Err(_) => return,
+        }
+        if last_abort.is_none() {
+            let _ = client.abort(session_id).await;
+            last_abort = Some(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+}
+
+/// Whether work is still running: the given session, or any session when `None`. This is the
+/// save safety gate's first check ("work this run started is still running").
+pub async fn is_busy(client: &Client, session_id: Option<&str>) -> Result<bool, ApiError> {
+    let status = client.status().await?;
+    Ok(match session_id {
+        Some(id) => status.get(id).is_some_and(|s| s.kind != "idle"),
+        None => status.values().any(|s| s.kind != "idle"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn err(name: &str, data: serde_json::Value) -> NamedError {
+        NamedError {
+            name: name.into(),
+            data,
+        }
+    }
+
+    #[test]
+    fn classification_matches_what_opencode_reports() {
+        // As observed from OpenCode 1.18.33 against OpenAI-shaped errors.
+        let auth = err(
+            "APIError",
+            json!({"message": "Incorrect API key provided: sk-fake.", "statusCode": 401,
+                   "isRetryable": false, "responseBody": "{\"error\":{\"code\":\"invalid_api_key\"}}"}),
+        );
+        assert_eq!(classify(&auth), ErrorClass::ProviderAuth);
+        assert_eq!(
+            classify(&err(
+                "ProviderAuthError",
+                json!({"providerID": "x", "message": "no key"})
+            )),
+            ErrorClass::ProviderAuth
+        );
+        let quota = err(
+            "APIError",
+            json!({"message": "You exceeded your current quota, please check your plan and billing details.",
+                   "statusCode": 429, "isRetryable": true}),
+        );
+        assert_eq!(classify(&quota), ErrorClass::Quota);
+        let rate = err(
+            "APIError",
+            json!({"message": "Rate limit reached for requests", "statusCode": 429, "isRetryable": true}),
+        );
+        assert_eq!(classify(&rate), ErrorClass::Provider);
+        let overflow = err(
+            "ContextOverflowError",
+            json!({"message": "Session too large to compact - context exceeds model limit even after stripping media"}),
+        );
+        assert_eq!(classify(&overflow), ErrorClass::ContextOverflow);
+        assert_eq!(
+            classify(&err("MessageAbortedError", json!({"message": "Aborted"}))),
+            ErrorClass::Aborted
+        );
+        assert_eq!(
+            classify(&err("UnknownError", json!({"message": "socket hang up"}))),
+            ErrorClass::Provider
+        );
+        assert!(is_quota_text(
+            "You exceeded your current quota, please check your plan"
+        ));
+        assert!(!is_quota_text("Rate limit reached for requests"));
+        assert!(continuation_prompt("Rate limit reached").contains("Rate limit reached"));
+    }
+}
