@@ -3,7 +3,11 @@
 
 use std::process::ExitCode;
 
+use std::path::PathBuf;
+
 use clap::{Args, Parser, Subcommand};
+use fro_bot::phases::run::Mode;
+use fro_bot::runner::{Cancellation, Env};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -78,6 +82,10 @@ fn main() -> ExitCode {
         _ => Cli::parse().command,
     };
     let env = fro_bot::runner::Env::from_process();
+    if let Command::SessionTools = command {
+        // stdout is the MCP protocol channel: nothing else may print there.
+        return session_tools(&env);
+    }
     fro_bot::runner::log::init_tracing(env.is_github_actions());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -92,14 +100,124 @@ fn main() -> ExitCode {
     };
     match command {
         Command::Post => {
-            runtime.block_on(fro_bot::phases::post::post(&env, async {}));
+            runtime.block_on(fro_bot::phases::post::run_post(&env));
             // A failing post step fails the whole job: post always exits 0.
             ExitCode::SUCCESS
         }
-        Command::Run => not_implemented("run"),
-        Command::Local(_args) => not_implemented("local"),
-        Command::SessionTools => session_tools(&env),
+        Command::Run => runtime.block_on(run(env, Mode::Action)),
+        Command::Local(args) => match local_env(env, &args) {
+            Ok((env, mode)) => runtime.block_on(run(env, mode)),
+            Err(message) => {
+                fro_bot::runner::log::error(&message);
+                ExitCode::FAILURE
+            }
+        },
+        Command::SessionTools => ExitCode::SUCCESS,
     }
+}
+
+async fn run(env: Env, mode: Mode) -> ExitCode {
+    let cancel = Cancellation::new();
+    if let Err(e) = cancel.install_signal_handlers() {
+        fro_bot::runner::log::warning(&format!("cannot handle SIGINT/SIGTERM: {e}"));
+    }
+    let local = matches!(mode, Mode::Local { .. });
+    let exit = fro_bot::phases::run::run(env, mode, cancel).await;
+    if local {
+        match &exit.answer {
+            Some(answer) => println!("\n{answer}\n"),
+            None => println!("\n(the agent gave no answer)\n"),
+        }
+    }
+    ExitCode::from(exit.code)
+}
+
+/// `fro-bot local`: the action's inputs from flags (which win) and `INPUT_*`, and a synthesized
+/// manual-dispatch run of this repository, with everything kept under the state dir.
+fn local_env(mut env: Env, args: &LocalArgs) -> Result<(Env, Mode), String> {
+    use fro_bot::runner::env as names;
+    let cwd =
+        std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .current_dir(&cwd)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    let root = git(&["rev-parse", "--show-toplevel"])
+        .map(PathBuf::from)
+        .unwrap_or(cwd.clone());
+    let branch = git(&["rev-parse", "--abbrev-ref", "HEAD"]).unwrap_or_else(|| "local".into());
+    let state_dir = match &args.state_dir {
+        Some(d) if d.is_absolute() => d.clone(),
+        Some(d) => cwd.join(d),
+        None => root.join(".fro-bot"),
+    };
+    std::fs::create_dir_all(&state_dir)
+        .map_err(|e| format!("cannot create the state dir {}: {e}", state_dir.display()))?;
+    let flags = [
+        (names::input::PROMPT, &args.prompt),
+        (names::input::MODEL, &args.model),
+        (names::input::AGENT, &args.agent),
+        (names::input::AUTH_JSON, &args.auth_json),
+        (names::input::OPENCODE_CONFIG, &args.opencode_config),
+        (names::input::TIMEOUT, &args.timeout),
+    ];
+    for (name, value) in flags {
+        if let Some(v) = value {
+            env.set(fro_bot::runner::input_var(name), v.clone());
+        }
+    }
+    if env.input(names::input::PROMPT).is_none() {
+        return Err(
+            "fro-bot local needs a task: pass --prompt \"...\" (or set INPUT_PROMPT)".into(),
+        );
+    }
+    let name = root
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "repo".into());
+    // Not a runner: no file commands, and memory under the state dir, not the user's OpenCode.
+    for var in [
+        names::GITHUB_ACTIONS,
+        names::GITHUB_OUTPUT,
+        names::GITHUB_STATE,
+        names::GITHUB_ENV,
+        names::GITHUB_STEP_SUMMARY,
+        names::GITHUB_JOB,
+        names::ACTIONS_RESULTS_URL,
+        names::ACTIONS_RUNTIME_TOKEN,
+        names::XDG_DATA_HOME,
+        names::XDG_CONFIG_HOME,
+        names::XDG_CACHE_HOME,
+        names::XDG_STATE_HOME,
+    ] {
+        env.remove(var);
+    }
+    let home = state_dir.join("home");
+    for (k, v) in [
+        (names::HOME, home.to_string_lossy().into_owned()),
+        (names::GITHUB_WORKSPACE, root.to_string_lossy().into_owned()),
+        (names::GITHUB_REPOSITORY, format!("local/{name}")),
+        (names::GITHUB_REF_NAME, branch),
+        (names::RUNNER_OS, std::env::consts::OS.to_string()),
+        (names::GITHUB_RUN_ID, fro_bot::runner::now_ms().to_string()),
+        (names::GITHUB_RUN_ATTEMPT, "1".to_string()),
+        (names::GITHUB_EVENT_NAME, "workflow_dispatch".to_string()),
+    ] {
+        env.set(k, v);
+    }
+    Ok((
+        env,
+        Mode::Local {
+            thread: args.thread.clone(),
+            state_dir,
+        },
+    ))
 }
 
 /// The MCP server OpenCode starts for the agent. stdout is the protocol channel: nothing else may
@@ -123,9 +241,4 @@ fn session_tools(env: &fro_bot::runner::Env) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn not_implemented(what: &str) -> ExitCode {
-    fro_bot::runner::log::error(&format!("`fro-bot {what}` is not implemented yet"));
-    ExitCode::FAILURE
 }

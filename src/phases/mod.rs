@@ -7,4 +7,5 @@ pub mod post;
 pub mod project_identity;
 pub mod report;
 pub mod restore;
+pub mod run;
 pub mod save;

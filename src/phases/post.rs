@@ -138,3 +138,48 @@ async fn retry(env: &Env) -> PostOutcome {
         detail: report.result.detail,
     }
 }
+
+/// The post step as the binary runs it: releases a lease main left behind (from main's state and
+/// the same `s3-*` inputs), then decides and retries.
+pub async fn run_post(env: &Env) -> PostOutcome {
+    post(env, release_left_behind(env)).await
+}
+
+async fn release_left_behind(env: &Env) {
+    use crate::lease::{self, ReleaseOutcome};
+    use crate::object_store::{ObjectStore, StoreSettings};
+    let (Some(key), Some(etag)) = (env.state(state::LEASE_KEY), env.state(state::LEASE_ETAG))
+    else {
+        return;
+    };
+    let settings = config::Settings::from_env(env, config::AuthRequirement::Optional)
+        .ok()
+        .and_then(|s| s.s3)
+        .and_then(|s3| {
+            let region = env
+                .get(crate::runner::env::AWS_REGION)
+                .or(env.get(crate::runner::env::AWS_DEFAULT_REGION));
+            StoreSettings::from_input_with_env_region(&s3, region).ok()
+        });
+    let Some(settings) = settings else {
+        log::warning("main left its memory lease behind, but the s3 inputs no longer validate; it expires by itself");
+        return;
+    };
+    let release = async {
+        let store = ObjectStore::connect(&settings).await;
+        lease::release_left_behind(&store, key, etag, lease::POST_RELEASE_DEADLINE).await
+    };
+    // The connect is bounded too: the whole release gets the 10 s deadline.
+    match tokio::time::timeout(lease::POST_RELEASE_DEADLINE, release).await {
+        Ok(ReleaseOutcome::Released) => {
+            tracing::info!("post: released the memory lease main left behind")
+        }
+        Ok(ReleaseOutcome::NotHeld) => {
+            tracing::info!("post: the lease main held was already gone or taken over")
+        }
+        Ok(ReleaseOutcome::Failed { error }) => {
+            log::warning(&format!("post: cannot release the memory lease: {error}"))
+        }
+        Err(_) => log::warning("post: releasing the memory lease timed out; it expires by itself"),
+    }
+}

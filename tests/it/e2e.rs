@@ -100,3 +100,215 @@ mod post {
         );
     }
 }
+
+mod scenarios {
+    use serde_json::json;
+
+    use super::*;
+    use crate::support::fake_github::FakeGitHub;
+    use crate::support::fake_llm::{request_text, FakeLlm, Reply};
+    use crate::support::services::opencode_bin;
+
+    /// Every service a real run talks to, started in this test's runtime.
+    pub struct World {
+        pub cache: CacheServer,
+        pub llm: FakeLlm,
+        pub github: FakeGitHub,
+    }
+
+    impl World {
+        pub async fn start() -> Self {
+            World {
+                cache: CacheServer::start().await,
+                llm: FakeLlm::start().await,
+                github: FakeGitHub::start().await,
+            }
+        }
+
+        /// A job wired to these services, the pinned OpenCode and the fake provider.
+        pub fn job(&self, run_id: u64) -> Job {
+            let mut job = Job::new(run_id);
+            with_cache(&mut job, &self.cache);
+            job.set(
+                "OPENCODE_PATH",
+                opencode_bin().to_string_lossy().into_owned(),
+            );
+            job.set("GITHUB_API_URL", self.github.url.clone());
+            job.input("github-token", crate::support::fake_github::TOKEN);
+            job.input("opencode-config", self.llm.opencode_config().to_string());
+            job.input("timeout", "120000");
+            job
+        }
+    }
+
+    pub fn comment_event(issue: u64, comment_id: u64, body: &str) -> serde_json::Value {
+        json!({
+            "action": "created",
+            "issue": {"number": issue, "title": "Flaky build", "body": "It fails sometimes.",
+                      "state": "open", "locked": false, "node_id": format!("I_{issue}"),
+                      "user": {"login": "mona", "type": "User"}, "author_association": "OWNER"},
+            "comment": {"id": comment_id, "body": body, "node_id": format!("IC_{comment_id}"),
+                        "user": {"login": "mona", "type": "User"}, "author_association": "OWNER"},
+            "repository": {"full_name": "octo/hello", "name": "hello", "owner": {"login": "octo"}},
+            "sender": {"login": "mona", "type": "User"}
+        })
+    }
+
+    pub async fn main_step(job: Job) -> (Job, StepResult) {
+        tokio::task::spawn_blocking(move || {
+            let r = job.main_step();
+            (job, r)
+        })
+        .await
+        .unwrap()
+    }
+
+    pub async fn post_step(job: Job, main: StepResult) -> (Job, StepResult) {
+        tokio::task::spawn_blocking(move || {
+            let r = job.post_step(&main);
+            (job, r)
+        })
+        .await
+        .unwrap()
+    }
+
+    fn explain(r: &StepResult) -> String {
+        format!(
+            "exit {}\nstdout:\n{}\nstderr:\n{}\nsummary:\n{}",
+            r.code, r.stdout, r.stderr, r.summary
+        )
+    }
+
+    #[tokio::test]
+    async fn a_follow_up_comment_resumes_the_thread_and_another_issue_finds_it_as_prior_work() {
+        let world = World::start().await;
+        world
+            .github
+            .seed_issue(5, "Flaky build", "It fails sometimes.");
+        world
+            .github
+            .seed_issue(6, "Flaky build again", "Still failing.");
+        world
+            .llm
+            .push(Reply::text("The flake comes from the zebra-cache timeout."));
+
+        // Run 1: a comment on issue 5.
+        let mut job = world.job(100);
+        job.event(
+            "issue_comment",
+            &comment_event(5, 501, "@fro-bot why is the build flaky?"),
+        );
+        let (job, first) = main_step(job).await;
+        assert_eq!(first.code, 0, "{}", explain(&first));
+        assert_eq!(first.output("cache-status"), "miss");
+        assert_eq!(
+            first.output("cache-save-result"),
+            "durable",
+            "{}",
+            explain(&first)
+        );
+        assert_eq!(first.output("logical-key"), "issue-5");
+        let session = first.output("session-id").to_string();
+        assert!(session.starts_with("ses_"));
+        assert!(
+            first.summary.contains("Session Persistence"),
+            "{}",
+            first.summary
+        );
+        let comments = world.github.created_comments();
+        assert_eq!(
+            comments.len(),
+            1,
+            "exactly one response comment: {:?}\n{}",
+            world.github.requests(),
+            explain(&first)
+        );
+        assert!(comments[0].1.contains("zebra-cache"), "{:?}", comments[0]);
+        assert!(comments[0].1.contains(&session), "footer names the session");
+        let (mut job, post) = post_step(job, first).await;
+        assert_eq!(post.code, 0);
+        assert!(post.summary.contains("Nothing to do"), "{}", post.summary);
+
+        // Run 2 on a fresh runner: a follow-up on issue 5 continues the same session.
+        job.next_run(101);
+        job.event(
+            "issue_comment",
+            &comment_event(5, 502, "@fro-bot and how do we fix it?"),
+        );
+        world.llm.push(Reply::text("Raise the timeout."));
+        let (mut job, second) = main_step(job).await;
+        assert_eq!(second.code, 0, "{}", explain(&second));
+        assert_eq!(second.output("cache-status"), "hit");
+        assert_eq!(
+            second.output("session-id"),
+            session,
+            "the same conversation resumes"
+        );
+        let last = world.llm.requests().last().cloned().unwrap();
+        let text = request_text(&last);
+        assert!(
+            text.contains("zebra-cache"),
+            "the first exchange is in the second request"
+        );
+
+        // Run 3: another issue starts its own session but sees the first as prior work.
+        job.next_run(102);
+        job.event(
+            "issue_comment",
+            &comment_event(6, 601, "@fro-bot is this the zebra-cache flake?"),
+        );
+        world.llm.push(Reply::text("Yes, same cause."));
+        let (_job, third) = main_step(job).await;
+        assert_eq!(third.code, 0, "{}", explain(&third));
+        assert_eq!(third.output("logical-key"), "issue-6");
+        assert_ne!(third.output("session-id"), session);
+        let text = request_text(&world.llm.requests().last().cloned().unwrap());
+        assert!(text.contains("Relevant prior work"), "{text}");
+        assert!(
+            text.contains(&session),
+            "the excerpt names the earlier session: {text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn invalid_configuration_fails_at_once_naming_the_input() {
+        let world = World::start().await;
+        let mut job = world.job(200);
+        job.input("skip-cache", "maybe");
+        job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
+        let (_job, r) = main_step(job).await;
+        assert_eq!(r.code, 1);
+        let errors: Vec<&str> = r
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("::error"))
+            .collect();
+        assert_eq!(errors.len(), 1, "{}", r.stdout);
+        assert!(
+            errors[0].contains("skip-cache") && errors[0].contains("maybe"),
+            "{}",
+            errors[0]
+        );
+        assert_eq!(
+            r.state.get("cacheSaved").map(String::as_str),
+            Some("skipped")
+        );
+        assert!(world.cache.calls().is_empty(), "nothing restored or saved");
+        assert!(world.llm.requests().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_comment_without_the_mention_is_skipped_with_the_reason() {
+        let world = World::start().await;
+        let mut job = world.job(201);
+        job.event("issue_comment", &comment_event(5, 1, "just chatting"));
+        let (_job, r) = main_step(job).await;
+        assert_eq!(r.code, 0, "{}", explain(&r));
+        assert!(r.summary.contains("Skipped"), "{}", r.summary);
+        assert_eq!(
+            r.state.get("cacheSaved").map(String::as_str),
+            Some("skipped")
+        );
+        assert!(world.cache.calls().is_empty());
+    }
+}

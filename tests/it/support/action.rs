@@ -108,6 +108,16 @@ impl Job {
         Job { root, env }
     }
 
+    /// The next job on a fresh runner: same absolute paths (as `/github/home` always is), an
+    /// empty home, new file-command files, and the given run id.
+    pub fn next_run(&mut self, run_id: u64) {
+        let _ = std::fs::remove_dir_all(self.home());
+        std::fs::create_dir_all(self.home()).unwrap();
+        let _ = std::fs::remove_dir_all(self.root.path().join("runner_temp"));
+        std::fs::create_dir_all(self.root.path().join("runner_temp")).unwrap();
+        self.set("GITHUB_RUN_ID", run_id.to_string());
+    }
+
     pub fn home(&self) -> PathBuf {
         self.root.path().join("home")
     }
