@@ -311,4 +311,139 @@ mod scenarios {
         );
         assert!(world.cache.calls().is_empty());
     }
+
+    fn state_paths(job: &Job) -> fro_bot::phases::paths::StatePaths {
+        fro_bot::phases::paths::StatePaths::new(job.data_dir())
+    }
+
+    #[tokio::test]
+    async fn a_shallow_checkout_at_a_new_commit_still_resumes() {
+        let world = World::start().await;
+        world.github.seed_issue(5, "Flaky build", "x");
+        world.llm.push(Reply::text("remember the walrus"));
+        let mut job = world.job(300);
+        job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
+        let (mut job, first) = main_step(job).await;
+        assert_eq!(
+            first.output("cache-save-result"),
+            "durable",
+            "{}",
+            explain(&first)
+        );
+        let session = first.output("session-id").to_string();
+
+        // fetch-depth: 1 at another commit: a different root commit, so a different project id.
+        job.next_run(301);
+        crate::support::action::fresh_checkout(&job.workspace(), "another commit\n");
+        job.event("issue_comment", &comment_event(5, 2, "@fro-bot again"));
+        let (_job, second) = main_step(job).await;
+        assert_eq!(second.code, 0, "{}", explain(&second));
+        assert_eq!(second.output("cache-status"), "hit");
+        assert_eq!(second.output("session-id"), session, "{}", explain(&second));
+        let text = request_text(&world.llm.requests().last().cloned().unwrap());
+        assert!(text.contains("remember the walrus"));
+    }
+
+    #[tokio::test]
+    async fn schedule_runs_start_fresh_sessions_but_keep_memory() {
+        let world = World::start().await;
+        let schedule = json!({"schedule": "0 6 * * 1", "repository": {"full_name": "octo/hello"}});
+        let mut job = world.job(400);
+        job.input("prompt", "Triage the week's issues.");
+        job.event("schedule", &schedule);
+        let (mut job, first) = main_step(job).await;
+        assert_eq!(first.code, 0, "{}", explain(&first));
+        assert!(first.output("logical-key").starts_with("schedule-"));
+        assert!(
+            world.github.created_comments().is_empty(),
+            "schedule runs post no comment"
+        );
+        job.next_run(401);
+        let (_job, second) = main_step(job).await;
+        assert_eq!(second.code, 0, "{}", explain(&second));
+        assert_eq!(second.output("cache-status"), "hit");
+        assert_ne!(second.output("logical-key"), first.output("logical-key"));
+        assert_ne!(second.output("session-id"), first.output("session-id"));
+        // The agent acts on the repository itself, so it gets the token; comment runs never do.
+        let prompt = request_text(&world.llm.requests()[0]);
+        assert!(prompt.contains("Triage the week's issues."), "{prompt}");
+    }
+
+    #[tokio::test]
+    async fn two_jobs_of_one_run_and_a_rerun_save_distinct_keys() {
+        let world = World::start().await;
+        world.github.seed_issue(5, "t", "b");
+        let event = comment_event(5, 1, "@fro-bot go");
+        let mut a = world.job(500);
+        a.event("issue_comment", &event).set("GITHUB_JOB", "lint");
+        let mut b = world.job(500);
+        b.event("issue_comment", &event).set("GITHUB_JOB", "test");
+        let (_a, ra) = main_step(a).await;
+        let (mut b, rb) = main_step(b).await;
+        assert_eq!(
+            ra.output("cache-save-result"),
+            "durable",
+            "{}",
+            explain(&ra)
+        );
+        assert_eq!(
+            rb.output("cache-save-result"),
+            "durable",
+            "{}",
+            explain(&rb)
+        );
+        b.set("GITHUB_RUN_ATTEMPT", "2");
+        b.next_run(500);
+        let (_b, rerun) = main_step(b).await;
+        assert_eq!(
+            rerun.output("cache-save-result"),
+            "durable",
+            "{}",
+            explain(&rerun)
+        );
+        assert_eq!(rerun.output("cache-status"), "hit");
+        let mut keys: Vec<String> = world.cache.entries().into_iter().map(|e| e.key).collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "opencode-storage-octo-hello-main-Linux-500-1-lint",
+                "opencode-storage-octo-hello-main-Linux-500-1-test",
+                "opencode-storage-octo-hello-main-Linux-500-2-test",
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_database_in_the_cache_is_discarded_and_the_run_starts_clean() {
+        let world = World::start().await;
+        world.github.seed_issue(5, "t", "b");
+        let mut job = world.job(600);
+        // Plant an entry whose database is garbage, in a valid archive, under this repo's key.
+        let paths = state_paths(&job);
+        std::fs::create_dir_all(&paths.data_dir).unwrap();
+        std::fs::write(paths.db(), vec![0x17u8; 32 * 1024]).unwrap();
+        let archive = job.home().join("planted.tzst");
+        fro_bot::cache::write_archive(paths.cache_paths(), &job.workspace(), &archive).unwrap();
+        world.cache.plant(
+            "opencode-storage-octo-hello-main-Linux-599-1-agent",
+            &fro_bot::cache::version(paths.cache_paths()),
+            &archive,
+        );
+        job.next_run(600);
+        job.event("issue_comment", &comment_event(5, 1, "@fro-bot go"));
+        let (_job, r) = main_step(job).await;
+        assert_eq!(r.code, 0, "{}", explain(&r));
+        assert_eq!(r.output("cache-status"), "corrupted");
+        assert_eq!(
+            r.output("cache-save-result"),
+            "durable",
+            "a clean database replaces it"
+        );
+        assert!(
+            r.stdout.contains("::warning::restored memory discarded"),
+            "{}",
+            r.stdout
+        );
+    }
 }
