@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::cache;
 use crate::config::{AuthRequirement, ResponseMode, Settings};
 use crate::github::{self, dedup, keys, route::RouteSettings, CacheKeys, Event, Route, RunPlan};
-use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig, LeaseHandle, LeaseStatus};
+use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig, LeaseHandle};
 use crate::object_store::{self as store, ObjectStore, StoreKeys, StoreSettings};
 use crate::opencode::{self, prep, Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome};
 use crate::phases::dedup::CacheSentinels;
@@ -249,15 +249,11 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
                 holder_id,
                 expires_at,
             } => {
-                let status = LeaseStatus::HeldByOther {
-                    holder_id: holder_id.clone(),
-                    expires_at,
-                };
                 return skipped(
                     &files,
                     &format!(
-                        "the repository's memory lease is {} (expires at {expires_at} ms); another run is working",
-                        status.as_str()
+                        "the repository's memory lease is held by {holder_id} (it expires in {} s unless renewed); another run is working on this repository's memory",
+                        expires_at.saturating_sub(now_ms()) / 1000
                     ),
                 );
             }

@@ -446,4 +446,106 @@ mod scenarios {
             r.stdout
         );
     }
+
+    fn with_s3(job: &mut Job, prefix: &str) {
+        let s3 = crate::support::services::s3();
+        job.input("s3-backup", "true")
+            .input("s3-bucket", s3.bucket)
+            .input("s3-endpoint", s3.endpoint)
+            .input("s3-allow-insecure-endpoint", "true")
+            .input("s3-prefix", prefix)
+            .set("AWS_ACCESS_KEY_ID", s3.access_key)
+            .set("AWS_SECRET_ACCESS_KEY", s3.secret_key)
+            .set("AWS_REGION", "us-east-1");
+    }
+
+    #[tokio::test]
+    async fn read_only_cache_with_s3_is_store_only_and_the_next_run_restores_from_s3() {
+        let world = World::start().await;
+        world.cache.set_read_only(true);
+        world.github.seed_issue(5, "t", "b");
+        world.llm.push(Reply::text("the octopus knows"));
+        let prefix = crate::support::s3::unique_prefix("e2e-ro");
+        let mut job = world.job(700);
+        with_s3(&mut job, &prefix);
+        job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
+        let (job, first) = main_step(job).await;
+        assert_eq!(first.code, 0, "{}", explain(&first));
+        assert_eq!(
+            first.output("cache-save-result"),
+            "store-only",
+            "{}",
+            explain(&first)
+        );
+        assert!(
+            first
+                .summary
+                .contains("| Object-store publish | published |"),
+            "{}",
+            first.summary
+        );
+        assert!(
+            first.summary.contains("acquired (generation"),
+            "{}",
+            first.summary
+        );
+        let session = first.output("session-id").to_string();
+        let (mut job, post) = post_step(job, first).await;
+        assert!(post.summary.contains("Nothing to do"), "{}", post.summary);
+
+        // The lease was released: the next run acquires it again and restores from the store.
+        job.next_run(701);
+        job.event("issue_comment", &comment_event(5, 2, "@fro-bot again"));
+        let (_job, second) = main_step(job).await;
+        assert_eq!(second.code, 0, "{}", explain(&second));
+        assert_eq!(second.output("cache-status"), "hit");
+        assert!(
+            second.summary.contains("source: storage"),
+            "{}",
+            second.summary
+        );
+        assert_eq!(second.output("session-id"), session);
+        let text = request_text(&world.llm.requests().last().cloned().unwrap());
+        assert!(text.contains("the octopus knows"));
+    }
+
+    #[tokio::test]
+    async fn a_live_lease_held_by_another_run_skips_this_run() {
+        use fro_bot::lease::{AcquireOutcome, Holder, Lease, LeaseConfig, SystemClock};
+        let world = World::start().await;
+        let prefix = crate::support::s3::unique_prefix("e2e-held");
+        let store = crate::support::s3::connect(&crate::support::s3::settings(&prefix)).await;
+        let keys = fro_bot::object_store::StoreKeys::new(&prefix, "octo", "hello").unwrap();
+        let other = Holder {
+            repo: "octo/hello".into(),
+            run_id: 1,
+            run_attempt: 1,
+            identity: Some("other".into()),
+        };
+        let AcquireOutcome::Acquired(_held) = Lease::acquire(
+            &store,
+            keys.lease(),
+            &other,
+            LeaseConfig::default(),
+            std::sync::Arc::new(SystemClock),
+        )
+        .await
+        else {
+            panic!("the test could not take the lease");
+        };
+        let mut job = world.job(800);
+        with_s3(&mut job, &prefix);
+        job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
+        let (_job, r) = main_step(job).await;
+        assert_eq!(r.code, 0, "{}", explain(&r));
+        assert!(r.summary.contains("action:1:1:other"), "{}", r.summary);
+        assert_eq!(
+            r.state.get("cacheSaved").map(String::as_str),
+            Some("skipped")
+        );
+        assert!(
+            world.llm.requests().is_empty(),
+            "nothing runs while another run holds the lease"
+        );
+    }
 }
