@@ -163,8 +163,8 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         Mode::Local { state_dir, .. } => Some(cache::Backend::Filesystem(cache::FsBackend::new(
             state_dir.join("cache"),
         ))),
-    }
-    .map(|b| b.with_cancellation(cancel.clone()));
+    };
+    // Deliberately not cancelled by a signal: saving memory is what the cancel budget is for.
     let repository = env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string();
 
     // Dedup.
@@ -403,31 +403,39 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     failpoint::hit("run:after-shutdown");
     let lease_lost = lease_handle.as_ref().is_some_and(|h| h.lost().is_some());
     let save_key = keys.save_key();
-    let save_report = save(
-        SaveInputs {
-            paths: &paths,
-            workspace: &workspace,
-            skip_cache: settings.skip_cache,
-            gate: GateInputs {
-                agent_still_running,
-                server_quiescent: quiescent,
-                lease_lost,
+    let save_report = within_budget(
+        &cancel,
+        save(
+            SaveInputs {
+                paths: &paths,
+                workspace: &workspace,
+                skip_cache: settings.skip_cache,
+                gate: GateInputs {
+                    agent_still_running,
+                    server_quiescent: quiescent,
+                    lease_lost,
+                },
+                cache: backend.as_ref(),
+                save_key: &save_key,
+                run_id: &run_id,
+                now_ms: now_ms(),
             },
-            cache: backend.as_ref(),
-            save_key: &save_key,
-            run_id: &run_id,
-            now_ms: now_ms(),
-        },
-        || {
-            publish(
-                store_ctx.as_ref(),
-                lease_handle.as_ref(),
-                &paths,
-                restored.store_etag.as_deref(),
-            )
-        },
+            || {
+                publish(
+                    store_ctx.as_ref(),
+                    lease_handle.as_ref(),
+                    &paths,
+                    restored.store_etag.as_deref(),
+                )
+            },
+        ),
     )
     .await;
+    let Some(save_report) = save_report else {
+        // Out of time: the state still says not-persisted, so the post step retries.
+        log::warning("memory: not saved before the cancel deadline; the post step retries");
+        return RunExit::code(1);
+    };
     failpoint::hit("run:after-save");
     let state_value = save_report.result.state_value();
     set_state(&files, state::CACHE_SAVED, state_value.as_str());
@@ -493,6 +501,25 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     RunExit {
         code: if succeeded { 0 } else { 1 },
         answer: agent_run.answer,
+    }
+}
+
+/// Runs `fut` to completion, unless the run is cancelled and the runner's kill deadline passes
+/// first (then `None`): a signal must not abort the save, but the save must not outlive the kill.
+async fn within_budget<T>(
+    cancel: &Cancellation,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let deadline = async {
+        cancel.cancelled().await;
+        match cancel.deadline() {
+            Some(d) => tokio::time::sleep_until(d.into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        out = fut => Some(out),
+        () = deadline => None,
     }
 }
 

@@ -548,4 +548,90 @@ mod scenarios {
             "nothing runs while another run holds the lease"
         );
     }
+
+    /// Sends `signal` once the agent's turn is under way, and returns the step and how long it
+    /// took from the signal to exit.
+    async fn signal_mid_turn(
+        world: &World,
+        job: Job,
+        signal: i32,
+    ) -> (Job, StepResult, std::time::Duration) {
+        world.llm.push(Reply::Stall);
+        let child = job.spawn(&["run"], &[]);
+        let pid = child.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while world.llm.requests().is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the turn never started"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let sent = std::time::Instant::now();
+        // SAFETY: kill(2) on the child we spawned.
+        unsafe {
+            libc::kill(pid, signal);
+        }
+        let (job, result) = tokio::task::spawn_blocking(move || {
+            let r = job.finish(child);
+            (job, r)
+        })
+        .await
+        .unwrap();
+        (job, result, sent.elapsed())
+    }
+
+    #[tokio::test]
+    async fn sigterm_mid_turn_saves_memory_within_the_budget() {
+        let world = World::start().await;
+        world.github.seed_issue(5, "t", "b");
+        let mut job = world.job(900);
+        job.event("issue_comment", &comment_event(5, 1, "@fro-bot think hard"));
+        let (_job, r, took) = signal_mid_turn(&world, job, libc::SIGTERM).await;
+        // The runner kills 2.5 s after SIGTERM.
+        assert!(
+            took < std::time::Duration::from_millis(2500),
+            "took {took:?}\n{}",
+            explain(&r)
+        );
+        assert_eq!(
+            r.state.get("cacheSaved").map(String::as_str),
+            Some("durable"),
+            "{}",
+            explain(&r)
+        );
+        assert_eq!(world.cache.entries().len(), 1);
+        assert_ne!(r.code, 0, "a cancelled run is not a success");
+    }
+
+    #[tokio::test]
+    async fn sigint_mid_turn_saves_and_the_next_run_resumes() {
+        let world = World::start().await;
+        world.github.seed_issue(5, "t", "b");
+        let mut job = world.job(910);
+        job.event(
+            "issue_comment",
+            &comment_event(5, 1, "@fro-bot remember the narwhal"),
+        );
+        let (mut job, r, took) = signal_mid_turn(&world, job, libc::SIGINT).await;
+        assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+        assert_eq!(
+            r.state.get("cacheSaved").map(String::as_str),
+            Some("durable"),
+            "{}",
+            explain(&r)
+        );
+        let session = r.output("session-id").to_string();
+        job.next_run(911);
+        job.event("issue_comment", &comment_event(5, 2, "@fro-bot continue"));
+        world.llm.push(Reply::text("ok"));
+        let (_job, next) = main_step(job).await;
+        assert_eq!(next.output("session-id"), session, "{}", explain(&next));
+        let text = request_text(&world.llm.requests().last().cloned().unwrap());
+        assert!(
+            text.contains("remember the narwhal"),
+            "the interrupted prompt is remembered"
+        );
+    }
 }

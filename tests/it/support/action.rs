@@ -155,18 +155,32 @@ impl Job {
     /// Runs one step. File-command files start empty for each step, as the runner makes new ones;
     /// `extra` adds step-specific variables (e.g. `STATE_*` for post).
     pub fn step(&self, args: &[&str], extra: &[(String, String)]) -> StepResult {
+        let child = self.spawn(args, extra);
+        self.finish(child)
+    }
+
+    /// Starts a step without waiting for it (to signal or kill it).
+    pub fn spawn(&self, args: &[&str], extra: &[(String, String)]) -> std::process::Child {
         for f in ["output", "state", "env", "summary"] {
             let _ = std::fs::remove_file(self.files().join(f));
         }
-        let out = Command::new(BIN)
+        Command::new(BIN)
             .args(args)
             .env_clear()
             .envs(&self.env)
             .envs(extra.iter().map(|(k, v)| (k, v)))
             .current_dir(self.workspace())
             .stdin(Stdio::null())
-            .output()
-            .expect("fro-bot runs");
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("fro-bot runs")
+    }
+
+    /// Waits for a step and reads what it wrote.
+    pub fn finish(&self, child: std::process::Child) -> StepResult {
+        use std::os::unix::process::ExitStatusExt;
+        let out = child.wait_with_output().expect("fro-bot runs");
         let read = |f: &str| std::fs::read_to_string(self.files().join(f)).unwrap_or_default();
         let parse = |f: &str| -> BTreeMap<String, String> {
             file_command::parse(&read(f))
@@ -175,7 +189,10 @@ impl Job {
                 .collect()
         };
         StepResult {
-            code: out.status.code().unwrap_or(-1),
+            code: out
+                .status
+                .code()
+                .unwrap_or_else(|| 128 + out.status.signal().unwrap_or(0)),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
             outputs: parse("output"),
