@@ -24,7 +24,7 @@ pub use fs_backend::{FsBackend, FsEntry};
 pub use twirp::{LookupHit, RetryPolicy, Rpc, TwirpClient};
 pub use version::version;
 
-use crate::runner::{env, Cancellation, Env};
+use crate::runner::{env, failpoint, Cancellation, Env};
 
 /// File name of the archive inside its temp dir (the toolkit's name).
 const ARCHIVE_NAME: &str = "cache.tzst";
@@ -188,14 +188,18 @@ impl ActionsCacheClient {
         let archive = tmp.path().join(ARCHIVE_NAME);
         // Archive first: with nothing to save the service is never asked to reserve a key.
         let summary = archive_blocking(archive.clone(), req.paths, req.workspace).await?;
+        failpoint::hit("cache:after-archive");
         let upload_url = self.twirp.create(req.key, &version).await?;
+        failpoint::hit("cache:after-create");
         self.blob
             .upload(&upload_url, &archive, summary.size_bytes)
             .await?;
+        failpoint::hit("cache:after-upload");
         let entry_id = self
             .twirp
             .finalize(req.key, &version, summary.size_bytes)
             .await?;
+        failpoint::hit("cache:after-finalize");
         Ok(SaveReceipt {
             entry_id,
             size_bytes: summary.size_bytes,

@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::cache::{self, CacheError};
 use crate::checkpoint::{self, CheckpointOutcome};
 use crate::phases::paths::{write_marker, StatePaths};
+use crate::runner::failpoint;
 use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
 
 pub struct SaveInputs<'a> {
@@ -72,6 +73,7 @@ where
                 message: format!("checkpoint task failed: {e}"),
             })
     };
+    failpoint::hit("save:after-checkpoint");
     if let CheckpointOutcome::Failed { message, .. } = &cp {
         let result = CacheSaveResult::new(
             SaveOutcome::CheckpointDeclined,
@@ -94,6 +96,7 @@ where
         let _ = std::fs::remove_file(inputs.paths.marker());
     }
 
+    failpoint::hit("save:after-marker");
     let store_publish = publish().await;
     let store_persisted = store_publish == StorePublish::Published;
 

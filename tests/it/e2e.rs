@@ -635,3 +635,204 @@ mod scenarios {
         );
     }
 }
+
+/// REQUIREMENTS §8/§11/§12: SIGKILL at every step of the save (named kill points in the main step,
+/// then timed kills of the post step's save), then the next restore: the restored database is the
+/// previous durable state or the new one, never corrupt.
+mod kill_points {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::scenarios::{comment_event, main_step, post_step, World};
+    use super::*;
+    use crate::support::fake_llm::Reply;
+    use fro_bot::phases::paths::StatePaths;
+    use fro_bot::phases::report::CacheStatus;
+    use fro_bot::phases::restore::{restore, RestoreInputs, StoreAttempt};
+
+    const MAIN_POINTS: &[&str] = &[
+        "run:admitted",
+        "run:after-shutdown",
+        "save:after-checkpoint",
+        "save:after-marker",
+        "cache:after-archive",
+        "cache:after-create",
+        "cache:after-upload",
+        "cache:after-finalize",
+        "run:after-save",
+    ];
+    const POST_KILLS: usize = 42;
+
+    /// Rows in `message`, read from a copy of the database and its WAL (what SQLite would see).
+    fn messages(data_dir: &Path) -> Option<i64> {
+        let db = data_dir.join("opencode.db");
+        if !db.exists() {
+            return None;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        for f in ["opencode.db", "opencode.db-wal"] {
+            if data_dir.join(f).exists() {
+                std::fs::copy(data_dir.join(f), tmp.path().join(f)).unwrap();
+            }
+        }
+        let conn = rusqlite::Connection::open(tmp.path().join("opencode.db")).ok()?;
+        conn.query_row("SELECT count(*) FROM message", [], |r| r.get(0))
+            .ok()
+    }
+
+    /// The next run's restore phase, into the job's (wiped) home; returns the message count.
+    async fn next_restore(job: &Job, cache: &CacheServer) -> i64 {
+        let _ = std::fs::remove_dir_all(job.home());
+        std::fs::create_dir_all(job.home()).unwrap();
+        let paths = StatePaths::new(job.data_dir());
+        let backend =
+            fro_bot::cache::Backend::from_env(&fro_bot::runner::Env::from_pairs(cache.env_pairs()))
+                .unwrap();
+        let prefix = "opencode-storage-octo-hello-main-Linux";
+        let report = restore(
+            RestoreInputs {
+                paths: &paths,
+                workspace: &job.workspace(),
+                skip_cache: false,
+                cache: Some(&backend),
+                key: prefix,
+                restore_keys: &[format!("{prefix}-")],
+            },
+            async { StoreAttempt::Disabled },
+        )
+        .await;
+        assert_eq!(report.status, CacheStatus::Hit, "{:?}", report.notes);
+        let conn = rusqlite::Connection::open(paths.db()).unwrap();
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok", "the restored database is corrupt");
+        conn.query_row("SELECT count(*) FROM message", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kill_points_never_lose_durable_memory_or_restore_a_corrupt_database() {
+        let world = World::start().await;
+        world.github.seed_issue(5, "t", "b");
+        world.llm.set_default(Reply::text("noted"));
+        let mut job = world.job(1000);
+        job.event("issue_comment", &comment_event(5, 1, "@fro-bot start"));
+        let (mut job, first) = main_step(job).await;
+        assert_eq!(
+            first.output("cache-save-result"),
+            "durable",
+            "{}",
+            first.stdout
+        );
+        let mut durable = next_restore(&job, &world.cache).await;
+        let (mut killed, mut previous, mut new) = (0usize, 0usize, 0usize);
+
+        // Named kill points in the main step, each followed by post and the next restore.
+        for (i, point) in MAIN_POINTS.iter().enumerate() {
+            job.next_run(1001 + i as u64);
+            job.event(
+                "issue_comment",
+                &comment_event(5, 10 + i as u64, "@fro-bot more"),
+            );
+            job.set("FRO_BOT_FAILPOINT", *point);
+            let (j, main) = main_step(job).await;
+            job = j;
+            job.env.remove("FRO_BOT_FAILPOINT");
+            assert_eq!(
+                main.code,
+                128 + libc::SIGKILL,
+                "{point}: main must die there\n{}",
+                main.stdout
+            );
+            killed += 1;
+            let pending = messages(&job.data_dir());
+            let (j, post) = post_step(job, main).await;
+            job = j;
+            assert_eq!(post.code, 0, "{point}: post always exits 0");
+            let restored = next_restore(&job, &world.cache).await;
+            if restored == durable {
+                previous += 1;
+            } else {
+                assert_eq!(
+                    Some(restored),
+                    pending,
+                    "{point}: neither the previous nor the new state"
+                );
+                new += 1;
+            }
+            durable = restored;
+        }
+
+        // Timed kills of the post step's save, spread over its whole duration.
+        let t0 = std::time::Instant::now();
+        let baseline = job.post_step(&state("not-persisted"));
+        let span = t0.elapsed();
+        assert_eq!(baseline.code, 0);
+        for i in 0..POST_KILLS {
+            // Grow the database so each save has something new to store.
+            let db = job.data_dir().join("opencode.db");
+            let conn = rusqlite::Connection::open(&db).unwrap();
+            conn.execute(
+                "INSERT INTO message (id, session_id, time_created, time_updated, data)                  SELECT 'msg_kill_' || ?1, session_id, time_created, time_updated, data FROM message LIMIT 1",
+                [i as i64],
+            )
+            .unwrap();
+            drop(conn);
+            let pending = messages(&job.data_dir());
+            let child = job.spawn(
+                &["post"],
+                &[("STATE_cacheSaved".into(), "not-persisted".into())],
+            );
+            std::thread::sleep(span.mul_f64(i as f64 / POST_KILLS as f64));
+            // SAFETY: kill(2) on the child we spawned.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGKILL);
+            }
+            let _ = job.finish(child);
+            killed += 1;
+            // The data dir survives for the next attempt; the next restore must be sound.
+            let keep = tempfile::tempdir().unwrap();
+            let saved = keep.path().join("opencode");
+            copy_dir(&job.data_dir(), &saved);
+            let restored = next_restore(&job, &world.cache).await;
+            if restored == durable {
+                previous += 1;
+            } else {
+                assert_eq!(
+                    Some(restored),
+                    pending,
+                    "post kill {i}: neither previous nor new"
+                );
+                new += 1;
+            }
+            durable = restored;
+            let _ = std::fs::remove_dir_all(job.data_dir());
+            copy_dir(&saved, &job.data_dir());
+            job.set("GITHUB_RUN_ID", (2000 + i).to_string());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        println!(
+            "kill points: {killed} (main: {}, post: {POST_KILLS}); restored previous durable state {previous} times, the new state {new} times, corrupt 0 times",
+            MAIN_POINTS.len()
+        );
+        assert!(killed >= 50);
+        assert!(
+            new > 0 && previous > 0,
+            "both outcomes must occur for the test to mean anything"
+        );
+    }
+
+    fn copy_dir(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.file_type().unwrap().is_dir() {
+                copy_dir(&entry.path(), &target);
+            } else {
+                std::fs::copy(entry.path(), target).unwrap();
+            }
+        }
+    }
+}
