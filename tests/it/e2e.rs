@@ -836,3 +836,85 @@ mod kill_points {
         }
     }
 }
+
+/// `fro-bot local` (REQUIREMENTS §14): the README's "run it" command.
+mod local {
+    use std::process::{Command, Stdio};
+
+    use crate::support::action::{fresh_checkout, BIN};
+    use crate::support::fake_llm::{request_text, FakeLlm, Reply};
+    use crate::support::services::opencode_bin;
+
+    fn local(repo: &std::path::Path, llm: &FakeLlm, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(BIN)
+            .arg("local")
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", repo.join("user-home"))
+            .env("OPENCODE_PATH", opencode_bin())
+            .env("INPUT_OPENCODE-CONFIG", llm.opencode_config().to_string())
+            .current_dir(repo)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_local_runs_continue_one_thread_and_another_thread_starts_fresh() {
+        let llm = FakeLlm::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        fresh_checkout(&repo, "local\n");
+        llm.push(Reply::text("The answer is the blue heron."));
+        let (code, out, err) = local(&repo, &llm, &["--prompt", "What bird?"]);
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(
+            out.contains("The answer is the blue heron."),
+            "the answer is printed: {out}"
+        );
+        assert!(out.contains("Session Persistence"), "{out}");
+        assert!(
+            repo.join(".fro-bot/cache").is_dir(),
+            "memory lives under .fro-bot/"
+        );
+
+        llm.push(Reply::text("Still the heron."));
+        let (code, out, err) = local(&repo, &llm, &["--prompt", "Which one again?"]);
+        assert_eq!(code, 0, "{out}\n{err}");
+        let text = request_text(&llm.requests().last().cloned().unwrap());
+        assert!(
+            text.contains("blue heron"),
+            "the second run continues the first: {text}"
+        );
+
+        llm.push(Reply::text("New thread."));
+        let (code, _, _) = local(&repo, &llm, &["--thread", "other", "--prompt", "Hello?"]);
+        assert_eq!(code, 0);
+        let text = request_text(&llm.requests().last().cloned().unwrap());
+        assert!(
+            !text.contains("Which one again?"),
+            "another thread is another conversation"
+        );
+    }
+
+    #[test]
+    fn local_without_a_prompt_says_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(BIN)
+            .args(["local"])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("--prompt"), "{stdout}");
+    }
+}
