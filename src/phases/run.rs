@@ -402,6 +402,10 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     drop(agent);
     failpoint::hit("run:after-shutdown");
     let lease_lost = lease_handle.as_ref().is_some_and(|h| h.lost().is_some());
+    if let Some(handle) = &lease_handle {
+        // Renewals changed the ETag since acquisition: post needs the current one to release.
+        save_lease_state(&files, handle);
+    }
     let save_key = keys.save_key();
     let save_report = within_budget(
         &cancel,

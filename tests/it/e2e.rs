@@ -510,6 +510,50 @@ mod scenarios {
     }
 
     #[tokio::test]
+    async fn post_releases_the_lease_a_killed_main_step_left_behind() {
+        let world = World::start().await;
+        world.github.seed_issue(5, "t", "b");
+        let prefix = crate::support::s3::unique_prefix("e2e-left");
+        let mut job = world.job(750);
+        with_s3(&mut job, &prefix);
+        job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
+        job.set("FRO_BOT_FAILPOINT", "run:after-shutdown");
+        let (mut job, main) = main_step(job).await;
+        job.env.remove("FRO_BOT_FAILPOINT");
+        assert_eq!(main.code, 128 + libc::SIGKILL, "{}", explain(&main));
+        assert!(main.state.contains_key("leaseEtag"), "{:?}", main.state);
+        let store = crate::support::s3::connect(&crate::support::s3::settings(&prefix)).await;
+        let keys = fro_bot::object_store::StoreKeys::new(&prefix, "octo", "hello").unwrap();
+        let present = |o: &fro_bot::object_store::GetOutcome| {
+            matches!(o, fro_bot::object_store::GetOutcome::Found(_))
+        };
+        assert!(
+            present(&store.get_bytes(keys.lease()).await.unwrap()),
+            "main died holding it"
+        );
+        let (mut job, post) = post_step(job, main).await;
+        assert_eq!(post.code, 0);
+        assert!(
+            post.stdout.contains("released the memory lease"),
+            "{}",
+            explain(&post)
+        );
+        assert!(!present(&store.get_bytes(keys.lease()).await.unwrap()));
+        // Post retried the save (main died before it), so the next run resumes at once.
+        assert!(post.summary.contains("durable"), "{}", post.summary);
+        job.next_run(751);
+        job.event("issue_comment", &comment_event(5, 2, "@fro-bot again"));
+        let (_job, next) = main_step(job).await;
+        assert_eq!(next.code, 0, "{}", explain(&next));
+        assert_eq!(next.output("cache-status"), "hit");
+        assert!(
+            next.summary.contains("acquired (generation"),
+            "{}",
+            next.summary
+        );
+    }
+
+    #[tokio::test]
     async fn a_live_lease_held_by_another_run_skips_this_run() {
         use fro_bot::lease::{AcquireOutcome, Holder, Lease, LeaseConfig, SystemClock};
         let world = World::start().await;
