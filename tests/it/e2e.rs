@@ -298,6 +298,23 @@ mod scenarios {
     }
 
     #[tokio::test]
+    async fn a_metadata_endpoint_is_refused_as_configuration_even_when_insecure_is_allowed() {
+        let world = World::start().await;
+        let mut job = world.job(202);
+        job.input("s3-backup", "true")
+            .input("s3-bucket", "b")
+            .input("s3-endpoint", "http://169.254.169.254/")
+            .input("s3-allow-insecure-endpoint", "true");
+        job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
+        let (_job, r) = main_step(job).await;
+        assert_eq!(r.code, 1, "{}", explain(&r));
+        let errors: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("::error")).collect();
+        assert_eq!(errors.len(), 1, "{}", r.stdout);
+        assert!(errors[0].contains("s3-endpoint"), "{}", errors[0]);
+        assert!(world.cache.calls().is_empty() && world.llm.requests().is_empty());
+    }
+
+    #[tokio::test]
     async fn a_comment_without_the_mention_is_skipped_with_the_reason() {
         let world = World::start().await;
         let mut job = world.job(201);
