@@ -315,6 +315,36 @@ mod scenarios {
     }
 
     #[tokio::test]
+    async fn a_second_issues_event_within_the_dedup_window_is_skipped() {
+        let world = World::start().await;
+        world.github.seed_issue(8, "Add dark mode", "Please.");
+        let event = json!({
+            "action": "edited",
+            "issue": {"number": 8, "title": "Add dark mode", "body": "Please.", "state": "open",
+                      "locked": false, "node_id": "I_8", "author_association": "MEMBER",
+                      "user": {"login": "mona", "type": "User"}},
+            "repository": {"full_name": "octo/hello", "name": "hello", "owner": {"login": "octo"}},
+            "sender": {"login": "mona", "type": "User"}
+        });
+        let mut job = world.job(1100);
+        job.event("issues", &event);
+        let (mut job, first) = main_step(job).await;
+        assert_eq!(first.code, 0, "{}", explain(&first));
+        assert_eq!(first.output("logical-key"), "issue-8");
+        job.next_run(1101);
+        let (mut job, second) = main_step(job).await;
+        assert_eq!(second.code, 0, "{}", explain(&second));
+        assert!(second.summary.contains("dedup-window"), "{}", second.summary);
+        assert_eq!(world.llm.requests().len(), 1, "the agent ran once");
+        // With the window off, it runs again.
+        job.next_run(1102);
+        job.input("dedup-window", "0");
+        let (_job, third) = main_step(job).await;
+        assert_eq!(third.output("logical-key"), "issue-8", "{}", explain(&third));
+        assert_eq!(world.llm.requests().len(), 2);
+    }
+
+    #[tokio::test]
     async fn a_comment_without_the_mention_is_skipped_with_the_reason() {
         let world = World::start().await;
         let mut job = world.job(201);
