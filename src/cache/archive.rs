@@ -12,8 +12,9 @@ use super::CacheError;
 
 /// zstd level: the toolkit's `zstdmt` default.
 const LEVEL: i32 = 3;
-/// 8 MiB window: well under the 2^27 that `unzstd` without `--long` accepts.
-const WINDOW_LOG: u32 = 23;
+/// 2 MiB window, as the toolkit's zstdmt: well under the 2^27 `unzstd` accepts without `--long`;
+/// it also bounds zstdmt's job buffers (4 windows each), hence peak memory.
+const WINDOW_LOG: u32 = 21;
 
 /// What went into an archive.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -710,7 +710,8 @@ async fn blob_inner(
                 return azure_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError");
             }
             let send = cut_after.unwrap_or(len);
-            let stream = tokio_util::io::ReaderStream::new(file.take(send));
+            // Large reads: every tokio file read is a trip to the blocking pool.
+            let stream = tokio_util::io::ReaderStream::with_capacity(file.take(send), 256 * 1024);
             let body = match cut_after {
                 // After the kept bytes the body fails: hyper drops the connection mid-response.
                 Some(_) => Body::from_stream(stream.chain(futures_util::stream::once(async {
@@ -739,7 +740,8 @@ async fn blob_inner(
 }
 
 async fn save_body(body: Body, dest: &Path) -> std::io::Result<u64> {
-    let mut file = tokio::fs::File::create(dest).await?;
+    let file = tokio::fs::File::create(dest).await?;
+    let mut file = tokio::io::BufWriter::with_capacity(1 << 20, file);
     let mut stream = body.into_data_stream();
     let mut n = 0u64;
     while let Some(chunk) = stream.next().await {
