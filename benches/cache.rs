@@ -31,6 +31,22 @@ fn main() {
         println!("extract {:.3}", t.elapsed().as_secs_f64());
         return;
     }
+    if args.get(1).map(String::as_str) == Some("archive") {
+        // Profiling aid: `archive <dest> <workspace> <paths...>`.
+        let t = Instant::now();
+        fro_bot::cache::write_archive(&args[4..], Path::new(&args[3]), Path::new(&args[2]))
+            .expect("archive");
+        println!("archive {:.3}", t.elapsed().as_secs_f64());
+        return;
+    }
+    if args.get(1).map(String::as_str) == Some("generate") {
+        // Profiling aid: `generate <data dir> <MB>`.
+        generate(
+            Path::new(&args[2]),
+            args[3].parse::<u64>().expect("MB") * MB,
+        );
+        return;
+    }
     if args.get(1).map(String::as_str) == Some("child") {
         child(&args[2..]);
         return;
@@ -75,10 +91,11 @@ fn main() {
             })
             .collect();
         let restores: Vec<ChildRun> = (0..reps)
-            .map(|r| {
-                // Restores go to an absent data dir, as on a fresh runner; the old one is moved
-                // aside, not deleted (freeing it would bill the file system to the next step).
-                fs::rename(&layout.data, dir.path().join(format!("aside-{r}"))).expect("aside");
+            .map(|_| {
+                // Restores go to an absent data dir, as on a fresh runner. Old trees are deleted
+                // and synced first: page cache held by stale copies slowed whichever step ran
+                // next by up to 5× on the test VM.
+                fs::remove_dir_all(&layout.data).expect("clear data dir");
                 sync();
                 run_child(&server, "restore", &layout, &format!("bench-{mb}-0"))
             })
@@ -96,7 +113,7 @@ fn main() {
             .expect("saved entry");
         let archive = entry.size.unwrap_or(0);
         // The extraction alone, in this process, to split transfer from extraction time.
-        fs::rename(&layout.data, dir.path().join("aside-x")).expect("aside");
+        fs::remove_dir_all(&layout.data).expect("clear data dir");
         sync();
         let t = Instant::now();
         fro_bot::cache::extract_confined(
@@ -233,6 +250,7 @@ fn raw_restore(root: &Path, rep: usize) -> Duration {
         out.display()
     ));
     let _ = fs::remove_file(&again);
+    let _ = fs::remove_dir_all(&out);
     t
 }
 

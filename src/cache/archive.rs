@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use tar::{Builder, EntryType, Header};
 
 use super::paths;
-use super::CacheError;
+use super::{CacheError, WRITE_BUF};
 
 /// zstd level: the toolkit's `zstdmt` default.
 const LEVEL: i32 = 3;
@@ -63,7 +63,7 @@ pub fn write_archive(
     };
     let file = File::create(dest).map_err(|e| archive_err("cannot create", e))?;
     let mut encoder =
-        zstd::stream::write::Encoder::new(BufWriter::with_capacity(1 << 20, file), LEVEL)
+        zstd::stream::write::Encoder::new(BufWriter::with_capacity(WRITE_BUF, file), LEVEL)
             .map_err(|e| archive_err("cannot start zstd", e))?;
     encoder
         .include_checksum(true)

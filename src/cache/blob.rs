@@ -366,7 +366,7 @@ async fn copy_body(
     operation: &'static str,
 ) -> Result<u64, CacheError> {
     // Network chunks are small; each tokio file write is a trip to the blocking pool.
-    let mut file = tokio::io::BufWriter::with_capacity(1 << 20, file);
+    let mut file = tokio::io::BufWriter::with_capacity(super::WRITE_BUF, file);
     let mut stream = response.bytes_stream();
     let mut written = 0u64;
     while let Some(chunk) = stream.next().await {

@@ -347,7 +347,7 @@ fn write_file<R: io::Read>(
             .map_err(|e| extraction(resolved, "cannot replace directory", e))?;
     }
     let out = File::create(dest).map_err(|e| extraction(resolved, "cannot create file", e))?;
-    let mut out = io::BufWriter::with_capacity(1 << 20, out);
+    let mut out = io::BufWriter::with_capacity(super::WRITE_BUF, out);
     io::copy(entry, &mut out).map_err(|e| CacheError::Archive {
         path: resolved.to_path_buf(),
         detail: "corrupt or truncated archive".to_string(),

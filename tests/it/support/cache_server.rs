@@ -741,7 +741,7 @@ async fn blob_inner(
 
 async fn save_body(body: Body, dest: &Path) -> std::io::Result<u64> {
     let file = tokio::fs::File::create(dest).await?;
-    let mut file = tokio::io::BufWriter::with_capacity(1 << 20, file);
+    let mut file = tokio::io::BufWriter::with_capacity(64 * 1024, file);
     let mut stream = body.into_data_stream();
     let mut n = 0u64;
     while let Some(chunk) = stream.next().await {
