@@ -54,19 +54,20 @@ struct Target {
 impl Target {
     /// Where the counterpart of `resolved` (inside this target) is staged.
     fn staged(&mut self, resolved: &Path) -> Result<PathBuf, CacheError> {
-        if self.staging.is_none() {
-            let parent = self.path.parent().unwrap_or(Path::new("/"));
-            fs::create_dir_all(parent)
-                .map_err(|e| extraction(parent, "cannot create the parent directory", e))?;
-            let dir = tempfile::Builder::new()
-                .prefix(".fro-bot-restore-")
-                .tempdir_in(parent)
-                .map_err(|e| extraction(parent, "cannot create a staging directory", e))?;
-            self.staging = Some(dir);
-        }
         let root = match &self.staging {
             Some(dir) => dir.path().join("item"),
-            None => unreachable!("staging was created just above"),
+            None => {
+                let parent = self.path.parent().unwrap_or(Path::new("/"));
+                fs::create_dir_all(parent)
+                    .map_err(|e| extraction(parent, "cannot create the parent directory", e))?;
+                let dir = tempfile::Builder::new()
+                    .prefix(".fro-bot-restore-")
+                    .tempdir_in(parent)
+                    .map_err(|e| extraction(parent, "cannot create a staging directory", e))?;
+                let root = dir.path().join("item");
+                self.staging = Some(dir);
+                root
+            }
         };
         // `resolved` starts with `self.path` (checked by the caller); both are normalized.
         let rel = resolved.strip_prefix(&self.path).unwrap_or(Path::new(""));
