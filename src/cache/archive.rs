@@ -8,12 +8,13 @@ use std::path::{Path, PathBuf};
 use tar::{Builder, EntryType, Header};
 
 use super::paths;
-use super::CacheError;
+use super::{CacheError, WRITE_BUF};
 
 /// zstd level: the toolkit's `zstdmt` default.
 const LEVEL: i32 = 3;
-/// 8 MiB window: well under the 2^27 that `unzstd` without `--long` accepts.
-const WINDOW_LOG: u32 = 23;
+/// 2 MiB window, as the toolkit's zstdmt: well under the 2^27 `unzstd` accepts without `--long`;
+/// it also bounds zstdmt's job buffers (4 windows each), hence peak memory.
+const WINDOW_LOG: u32 = 21;
 
 /// What went into an archive.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +63,7 @@ pub fn write_archive(
     };
     let file = File::create(dest).map_err(|e| archive_err("cannot create", e))?;
     let mut encoder =
-        zstd::stream::write::Encoder::new(BufWriter::with_capacity(1 << 20, file), LEVEL)
+        zstd::stream::write::Encoder::new(BufWriter::with_capacity(WRITE_BUF, file), LEVEL)
             .map_err(|e| archive_err("cannot start zstd", e))?;
     encoder
         .include_checksum(true)

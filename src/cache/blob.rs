@@ -156,7 +156,7 @@ impl BlobClient {
                         .await
                         .map_err(|source| CacheError::Transport {
                             operation: "Put Blob",
-                            source,
+                            source: source.without_url(),
                         })?;
                     if response.status().is_success() {
                         Ok(())
@@ -196,7 +196,7 @@ impl BlobClient {
                 .await
                 .map_err(|source| CacheError::Transport {
                     operation: "Put Block List",
-                    source,
+                    source: source.without_url(),
                 })?;
             if response.status().is_success() {
                 Ok(())
@@ -228,7 +228,7 @@ impl BlobClient {
                 .await
                 .map_err(|source| CacheError::Transport {
                     operation: "Put Block",
-                    source,
+                    source: source.without_url(),
                 })?;
             if response.status().is_success() {
                 Ok(())
@@ -261,7 +261,7 @@ impl BlobClient {
             .await
             .map_err(|source| CacheError::Transport {
                 operation: "HEAD blob",
-                source,
+                source: source.without_url(),
             })?;
         let status = response.status();
         if status.is_server_error() {
@@ -282,7 +282,7 @@ impl BlobClient {
             .await
             .map_err(|source| CacheError::Transport {
                 operation: "GET blob",
-                source,
+                source: source.without_url(),
             })?;
         // The toolkit writes whatever comes back, error pages included: we insist on 200.
         if response.status() != reqwest::StatusCode::OK {
@@ -332,7 +332,7 @@ impl BlobClient {
             .await
             .map_err(|source| CacheError::Transport {
                 operation: "ranged GET blob",
-                source,
+                source: source.without_url(),
             })?;
         if response.status() != reqwest::StatusCode::PARTIAL_CONTENT {
             return Err(status_error("ranged GET blob", response).await);
@@ -365,10 +365,16 @@ async fn copy_body(
     dest: &Path,
     operation: &'static str,
 ) -> Result<u64, CacheError> {
+    // Network chunks are small; each tokio file write is a trip to the blocking pool.
+    let mut file = tokio::io::BufWriter::with_capacity(super::WRITE_BUF, file);
     let mut stream = response.bytes_stream();
     let mut written = 0u64;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|source| CacheError::Transport { operation, source })?;
+        let chunk = chunk.map_err(|source| CacheError::Transport {
+            operation,
+            // The URL carries the SAS signature.
+            source: source.without_url(),
+        })?;
         file.write_all(&chunk)
             .await
             .map_err(|e| CacheError::io("cannot write", dest, e))?;

@@ -3,7 +3,7 @@
 //! and moved into place only after the whole archive was read and its zstd checksum verified.
 
 use std::fs::{self, File};
-use std::io::{self, BufReader};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use tar::EntryType;
@@ -54,19 +54,20 @@ struct Target {
 impl Target {
     /// Where the counterpart of `resolved` (inside this target) is staged.
     fn staged(&mut self, resolved: &Path) -> Result<PathBuf, CacheError> {
-        if self.staging.is_none() {
-            let parent = self.path.parent().unwrap_or(Path::new("/"));
-            fs::create_dir_all(parent)
-                .map_err(|e| extraction(parent, "cannot create the parent directory", e))?;
-            let dir = tempfile::Builder::new()
-                .prefix(".fro-bot-restore-")
-                .tempdir_in(parent)
-                .map_err(|e| extraction(parent, "cannot create a staging directory", e))?;
-            self.staging = Some(dir);
-        }
         let root = match &self.staging {
             Some(dir) => dir.path().join("item"),
-            None => unreachable!("staging was created just above"),
+            None => {
+                let parent = self.path.parent().unwrap_or(Path::new("/"));
+                fs::create_dir_all(parent)
+                    .map_err(|e| extraction(parent, "cannot create the parent directory", e))?;
+                let dir = tempfile::Builder::new()
+                    .prefix(".fro-bot-restore-")
+                    .tempdir_in(parent)
+                    .map_err(|e| extraction(parent, "cannot create a staging directory", e))?;
+                let root = dir.path().join("item");
+                self.staging = Some(dir);
+                root
+            }
         };
         // `resolved` starts with `self.path` (checked by the caller); both are normalized.
         let rel = resolved.strip_prefix(&self.path).unwrap_or(Path::new(""));
@@ -107,9 +108,7 @@ pub fn extract_confined(
         source,
     };
     let file = File::open(archive).map_err(|e| archive_err("cannot open", e))?;
-    let decoder = zstd::stream::read::Decoder::new(BufReader::new(file))
-        .map_err(|e| archive_err("cannot start zstd", e))?;
-    let mut tar = tar::Archive::new(decoder);
+    let mut tar = tar::Archive::new(Pipelined::spawn(file));
     let mut report = ExtractReport::default();
     // Staged regular files by resolved path, for hard links inside the archive.
     let mut staged_files: Vec<(PathBuf, PathBuf)> = Vec::new();
@@ -229,6 +228,87 @@ pub fn extract_confined(
     Ok(report)
 }
 
+/// What the decompression thread sends.
+enum Chunk {
+    Data(Vec<u8>),
+    /// The zstd frame ended cleanly (checksum verified).
+    End,
+    Failed(io::Error),
+}
+
+/// zstd decompression on its own thread, so it overlaps with tar parsing and file writes (as
+/// `zstd -d | tar -x` do). Ends only on an explicit [`Chunk::End`]: a vanished thread is an error,
+/// never a silently short archive.
+struct Pipelined {
+    rx: std::sync::mpsc::Receiver<Chunk>,
+    buf: Vec<u8>,
+    pos: usize,
+    ended: bool,
+}
+
+impl Pipelined {
+    const CHUNK: usize = 64 * 1024;
+
+    fn spawn(file: File) -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel(16);
+        std::thread::spawn(move || {
+            let mut decoder = match zstd::stream::read::Decoder::new(file) {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = tx.send(Chunk::Failed(e));
+                    return;
+                }
+            };
+            loop {
+                let mut chunk = vec![0u8; Self::CHUNK];
+                let msg = match io::Read::read(&mut decoder, &mut chunk) {
+                    Ok(0) => Chunk::End,
+                    Ok(n) => {
+                        chunk.truncate(n);
+                        Chunk::Data(chunk)
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => Chunk::Failed(e),
+                };
+                let last = !matches!(msg, Chunk::Data(_));
+                // A send error means the reader gave up (extraction failed): just stop.
+                if tx.send(msg).is_err() || last {
+                    return;
+                }
+            }
+        });
+        Self {
+            rx,
+            buf: Vec::new(),
+            pos: 0,
+            ended: false,
+        }
+    }
+}
+
+impl io::Read for Pipelined {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.buf.len() {
+            if self.ended {
+                return Ok(0);
+            }
+            match self.rx.recv() {
+                Ok(Chunk::Data(data)) => {
+                    self.buf = data;
+                    self.pos = 0;
+                }
+                Ok(Chunk::End) => self.ended = true,
+                Ok(Chunk::Failed(e)) => return Err(e),
+                Err(_) => return Err(io::Error::other("the decompression thread stopped early")),
+            }
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
 /// Resolves a member name to an absolute path and the index of the innermost target holding it.
 fn locate(
     name: &str,
@@ -267,12 +347,16 @@ fn write_file<R: io::Read>(
         fs::remove_dir_all(dest)
             .map_err(|e| extraction(resolved, "cannot replace directory", e))?;
     }
-    let mut out = File::create(dest).map_err(|e| extraction(resolved, "cannot create file", e))?;
+    let out = File::create(dest).map_err(|e| extraction(resolved, "cannot create file", e))?;
+    let mut out = io::BufWriter::with_capacity(super::WRITE_BUF, out);
     io::copy(entry, &mut out).map_err(|e| CacheError::Archive {
         path: resolved.to_path_buf(),
         detail: "corrupt or truncated archive".to_string(),
         source: e,
     })?;
+    let out = out
+        .into_inner()
+        .map_err(|e| extraction(resolved, "cannot write file", e.into_error()))?;
     // Permission bits only: never setuid/setgid/sticky from an archive.
     if let Ok(mode) = entry.header().mode() {
         out.set_permissions(fs::Permissions::from_mode(mode & 0o777))

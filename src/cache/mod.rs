@@ -31,6 +31,9 @@ const ARCHIVE_NAME: &str = "cache.tzst";
 /// Key limits of the service: 512 UTF-16 code units, no commas, at most 10 keys per lookup.
 const MAX_KEY_UNITS: usize = 512;
 const MAX_KEYS: usize = 10;
+/// Write buffer for archive and extracted files. Measured: 1 MiB writes made page-cache copies
+/// ~7× slower than 64 KiB ones on the test VM (large-folio allocation), so keep writes small.
+pub(crate) const WRITE_BUF: usize = 64 * 1024;
 
 /// `ACTIONS_CACHE_MODE`: which directions the runner allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

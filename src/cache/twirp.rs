@@ -66,6 +66,17 @@ pub struct LookupHit {
     pub download_url: String,
 }
 
+/// Registers the SAS signature of a signed URL as a secret: it grants access to the blob.
+fn mask_signed_url(url: &str) {
+    if let Ok(parsed) = url::Url::parse(url) {
+        for (k, v) in parsed.query_pairs() {
+            if k == "sig" {
+                log::add_mask(&v);
+            }
+        }
+    }
+}
+
 /// The Twirp half of the client (the blob half is in `blob`).
 #[derive(Debug, Clone)]
 pub struct TwirpClient {
@@ -114,11 +125,14 @@ impl TwirpClient {
         }
         let url = string_field(&v, "signed_download_url", "signedDownloadUrl");
         match url {
-            Some(download_url) if !download_url.is_empty() => Ok(Some(LookupHit {
-                matched_key: string_field(&v, "matched_key", "matchedKey")
-                    .unwrap_or_else(|| key.to_string()),
-                download_url,
-            })),
+            Some(download_url) if !download_url.is_empty() => {
+                mask_signed_url(&download_url);
+                Ok(Some(LookupHit {
+                    matched_key: string_field(&v, "matched_key", "matchedKey")
+                        .unwrap_or_else(|| key.to_string()),
+                    download_url,
+                }))
+            }
             _ => Err(CacheError::InvalidResponse {
                 operation: Rpc::GetCacheEntryDownloadUrl.name(),
                 detail: "ok without a signed_download_url".into(),
@@ -139,6 +153,7 @@ impl TwirpClient {
         }
         string_field(&v, "signed_upload_url", "signedUploadUrl")
             .filter(|u| !u.is_empty())
+            .inspect(|u| mask_signed_url(u))
             .ok_or_else(|| CacheError::InvalidResponse {
                 operation: Rpc::CreateCacheEntry.name(),
                 detail: "ok without a signed_upload_url".into(),

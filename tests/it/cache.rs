@@ -197,6 +197,23 @@ async fn round_trip_1kb_speaks_the_wire_protocol() {
     // A lookup without restore keys omits the field.
     let lookup = &server.calls_of(LOOKUP)[0];
     assert!(lookup.body.as_ref().unwrap().get("restore_keys").is_none());
+
+    // The SAS signature of a signed URL is a credential: registered as a secret on receipt.
+    let c = client(&server);
+    let hit = c
+        .twirp
+        .lookup("opencode-storage-k-1", &[], &version(&layout.paths))
+        .await
+        .unwrap()
+        .unwrap();
+    let sig = url::Url::parse(&hit.download_url)
+        .unwrap()
+        .query_pairs()
+        .find(|(k, _)| k == "sig")
+        .unwrap()
+        .1
+        .into_owned();
+    assert!(!fro_bot::runner::log::redact(&hit.download_url).contains(&sig));
 }
 
 #[tokio::test]
