@@ -341,17 +341,16 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     if let Some(a) = &agent {
         let _g = log::Group::new("Agent");
         let t = Instant::now();
-        drive_agent(
-            a,
-            &settings,
-            &env,
-            &plan,
-            &restored,
-            gh.as_ref(),
-            &cancel,
-            &mut agent_run,
-        )
-        .await;
+        let inputs = AgentInputs {
+            settings: &settings,
+            env: &env,
+            plan: &plan,
+            restored: &restored,
+            gh: gh.as_ref(),
+            cancel: &cancel,
+            started,
+        };
+        drive_agent(a, &inputs, &mut agent_run).await;
         report.record_phase("agent", t.elapsed());
     }
     if let Some(id) = &agent_run.session_id {
@@ -709,17 +708,29 @@ async fn start_agent(
     Ok(agent)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn drive_agent(
-    agent: &Agent,
-    settings: &Settings,
-    env: &Env,
-    plan: &RunPlan,
-    restored: &RestoreReport,
-    gh: Option<&github::GitHub>,
-    cancel: &Cancellation,
-    out: &mut AgentRun,
-) {
+/// What the agent part of the run reads.
+struct AgentInputs<'a> {
+    settings: &'a Settings,
+    env: &'a Env,
+    plan: &'a RunPlan,
+    restored: &'a RestoreReport,
+    gh: Option<&'a github::GitHub>,
+    cancel: &'a Cancellation,
+    started: Instant,
+}
+
+/// Resolves the session, prepares the prompt (context, prior work), runs the turn and writes the
+/// run summary back into the session.
+async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
+    let AgentInputs {
+        settings,
+        env,
+        plan,
+        restored,
+        gh,
+        cancel,
+        started,
+    } = *inputs;
     let resolved = match agent.resolve_session(plan.logical_key.as_str()).await {
         Ok(r) => r,
         Err(e) => {
@@ -848,7 +859,7 @@ async fn drive_agent(
         cache_status: restored.status.as_str().to_string(),
         session_id: report.session.id.clone(),
         logical_key: plan.logical_key.as_str().to_string(),
-        duration: Duration::ZERO,
+        duration: started.elapsed(),
         tokens: report.tokens,
         cost: report.cost,
         errors: out.errors.clone(),

@@ -308,7 +308,11 @@ mod scenarios {
         job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
         let (_job, r) = main_step(job).await;
         assert_eq!(r.code, 1, "{}", explain(&r));
-        let errors: Vec<&str> = r.stdout.lines().filter(|l| l.starts_with("::error")).collect();
+        let errors: Vec<&str> = r
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("::error"))
+            .collect();
         assert_eq!(errors.len(), 1, "{}", r.stdout);
         assert!(errors[0].contains("s3-endpoint"), "{}", errors[0]);
         assert!(world.cache.calls().is_empty() && world.llm.requests().is_empty());
@@ -334,13 +338,22 @@ mod scenarios {
         job.next_run(1101);
         let (mut job, second) = main_step(job).await;
         assert_eq!(second.code, 0, "{}", explain(&second));
-        assert!(second.summary.contains("dedup-window"), "{}", second.summary);
+        assert!(
+            second.summary.contains("dedup-window"),
+            "{}",
+            second.summary
+        );
         assert_eq!(world.llm.requests().len(), 1, "the agent ran once");
         // With the window off, it runs again.
         job.next_run(1102);
         job.input("dedup-window", "0");
         let (_job, third) = main_step(job).await;
-        assert_eq!(third.output("logical-key"), "issue-8", "{}", explain(&third));
+        assert_eq!(
+            third.output("logical-key"),
+            "issue-8",
+            "{}",
+            explain(&third)
+        );
         assert_eq!(world.llm.requests().len(), 2);
     }
 
