@@ -10,7 +10,8 @@
 //! Baseline measured in the same run: `tar | zstd -3` and `zstd -d | tar -x` of the same database.
 //!
 //! Needs `FRO_BOT_TEST_OPENCODE` (run `scripts/bench-run`). Knobs: FRO_BOT_BENCH_DB_MB (default
-//! 10), FRO_BOT_BENCH_RUNS (default 3).
+//! 10), FRO_BOT_BENCH_RUNS (default 3), FRO_BOT_BENCH_VERBOSE (print each timed step's output),
+//! FRO_BOT_BENCH_KEEP_DB=<path> (keep a copy of the grown database).
 
 #[path = "../tests/it/support/mod.rs"]
 mod support;
@@ -19,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
@@ -586,137 +587,24 @@ fn new_id(prefix: &str, ms: i64, counter: u64, descending: bool) -> String {
     format!("{prefix}{n:012x}{tail}")
 }
 
-const WORDS: &[&str] = &[
-    "the",
-    "cache",
-    "build",
-    "timeout",
-    "flaky",
-    "test",
-    "runner",
-    "session",
-    "database",
-    "restore",
-    "save",
-    "retry",
-    "because",
-    "when",
-    "error",
-    "commit",
-    "branch",
-    "workflow",
-    "function",
-    "module",
-    "returns",
-    "value",
-    "config",
-    "parser",
-    "thread",
-    "lock",
-    "queue",
-    "request",
-    "response",
-    "status",
-    "handler",
-    "struct",
-    "field",
-    "pointer",
-    "buffer",
-    "async",
-    "await",
-    "future",
-    "stream",
-    "token",
-    "header",
-    "client",
-    "server",
-    "port",
-    "socket",
-    "file",
-    "path",
-    "directory",
-    "archive",
-    "zstd",
-    "tar",
-    "sqlite",
-    "checkpoint",
-    "WAL",
-    "page",
-    "index",
-    "query",
-    "insert",
-    "update",
-    "delete",
-    "row",
-    "column",
-    "schema",
-    "migration",
-    "version",
-    "release",
-    "deploy",
-    "pipeline",
-    "job",
-    "step",
-    "matrix",
-    "linux",
-    "memory",
-    "CPU",
-    "latency",
-    "throughput",
-    "p99",
-    "regression",
-    "benchmark",
-    "fix",
-    "patch",
-    "review",
-    "comment",
-    "issue",
-    "pull",
-    "merge",
-    "conflict",
-    "rebase",
-    "upstream",
-    "fork",
-    "permission",
-    "secret",
-    "mask",
-    "log",
-    "trace",
-    "warning",
-    "panic",
-    "unwrap",
-    "result",
-    "option",
-    "enum",
-    "match",
-    "trait",
-    "impl",
-    "generic",
-    "lifetime",
-    "borrow",
-    "clone",
-    "copy",
-    "drop",
-    "arc",
-    "mutex",
-    "channel",
-    "zebra",
-    "walrus",
-    "otter",
-    "heron",
-    "maple",
-    "cedar",
-    "granite",
-    "cobalt",
-    "amber",
-    "quartz",
-];
+const WORDS_TEXT: &str =
+    "the cache build timeout flaky test runner session database restore save retry because \
+     when error commit branch workflow function module returns value config parser thread \
+     lock queue request response status handler struct field pointer buffer async await \
+     future stream token header client server port socket file path directory archive zstd \
+     tar sqlite checkpoint WAL page index query insert update delete row column schema \
+     migration version release deploy pipeline job step matrix linux memory CPU latency \
+     throughput p99 regression benchmark fix patch review comment issue pull merge conflict \
+     rebase upstream fork permission secret mask log trace warning panic unwrap result option \
+     enum match trait impl generic lifetime borrow clone copy drop arc mutex channel zebra \
+     walrus otter heron maple cedar granite cobalt amber quartz";
+static WORDS: LazyLock<Vec<&str>> = LazyLock::new(|| WORDS_TEXT.split_whitespace().collect());
 
-const SYLLABLES: &[&str] = &[
-    "ka", "lo", "mi", "ren", "tor", "vax", "qui", "zel", "dra", "pon", "sil", "mur", "gex", "fa",
-    "bri", "nok", "tul", "wen", "yas", "hep", "cor", "dun", "lix", "mav", "ost", "pra", "sek",
-    "tiv", "ulm", "vor", "jab", "kel", "nim", "rou", "sha", "thr", "ep", "ix", "ob", "ag",
-];
+const SYLLABLES_TEXT: &str =
+    "ka lo mi ren tor vax qui zel dra pon sil mur gex fa bri nok tul wen yas hep cor dun lix \
+     mav ost pra sek tiv ulm vor jab kel nim rou sha thr ep ix ob ag";
+static SYLLABLES: LazyLock<Vec<&str>> =
+    LazyLock::new(|| SYLLABLES_TEXT.split_whitespace().collect());
 
 /// A word for generated text: mostly common words, often a project-specific identifier, a number
 /// or a hash, as in real transcripts (which compress about 3–5× with zstd).
