@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
@@ -102,6 +102,8 @@ struct Script {
     /// The `Authorization` header of each recorded request.
     auth_headers: Vec<Option<String>>,
     title_requests: usize,
+    /// When each recorded request arrived (for benchmarks' phase breakdowns).
+    request_times: Vec<Instant>,
 }
 
 #[derive(Clone)]
@@ -120,6 +122,7 @@ impl FakeLlm {
             requests: Vec::new(),
             auth_headers: Vec::new(),
             title_requests: 0,
+            request_times: Vec::new(),
         }));
         let app = Router::new()
             .route("/v1/chat/completions", post(chat))
@@ -162,6 +165,11 @@ impl FakeLlm {
     /// The `Authorization` header of each request in [`requests`](Self::requests).
     pub fn auth_headers(&self) -> Vec<Option<String>> {
         self.script.lock().unwrap().auth_headers.clone()
+    }
+
+    /// When each request in [`requests`](Self::requests) arrived.
+    pub fn request_times(&self) -> Vec<Instant> {
+        self.script.lock().unwrap().request_times.clone()
     }
 
     pub fn title_requests(&self) -> usize {
@@ -242,6 +250,7 @@ async fn chat(
             None
         } else {
             s.requests.push(body.clone());
+            s.request_times.push(Instant::now());
             s.auth_headers.push(
                 headers
                     .get(header::AUTHORIZATION)
