@@ -302,6 +302,11 @@ fn parse_phases(summary: &str) -> BTreeMap<String, Duration> {
             }
         }
     }
+    // The summary reports session prep apart from the turn; the split below reads "agent" as
+    // both (everything from OpenCode being ready to the end of the turn).
+    if let Some(prep) = out.get("session-prep").copied() {
+        *out.entry("agent".to_string()).or_default() += prep;
+    }
     out
 }
 
@@ -341,7 +346,7 @@ fn report(
     );
     println!();
     println!(
-        "| run | total | restore | opencode-start | agent | ↳ until OpenCode's loop starts | ↳ loop start to LLM request \
+        "| run | total | restore | opencode-start | agent (session prep + turn) | ↳ until OpenCode's loop starts (of it: fro-bot session prep) | ↳ loop start to LLM request \
          | ↳ after the LLM's answer | save | other | overhead = total − opencode-start − agent (≤ {t}) \
          | strict = total − opencode-start, LLM time ≈ 0 (≤ {t}) | DB after |",
         t = secs(TARGET)
@@ -390,7 +395,7 @@ fn report(
             secs(phase(t, "restore")),
             secs(phase(t, "opencode-start")),
             secs(phase(t, "agent")),
-            opt(prep),
+            opt(prep) + &format!(" ({})", secs(phase(t, "session-prep"))),
             opt(to_llm),
             opt(after),
             secs(phase(t, "save")),

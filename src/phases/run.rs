@@ -351,7 +351,9 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
             started,
         };
         drive_agent(a, &inputs, &mut agent_run).await;
-        report.record_phase("agent", t.elapsed());
+        let prep = agent_run.prep_time;
+        report.record_phase("session-prep", prep);
+        report.record_phase("agent", t.elapsed().saturating_sub(prep));
     }
     if let Some(id) = &agent_run.session_id {
         set_output(&files, output::SESSION_ID, id);
@@ -536,6 +538,8 @@ struct AgentRun {
     tokens: Option<opencode::client::Tokens>,
     cost: f64,
     errors: Vec<String>,
+    /// Session resolution, context and prior-work search, prompt building.
+    prep_time: Duration,
 }
 
 impl AgentRun {
@@ -731,6 +735,7 @@ async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun
         cancel,
         started,
     } = *inputs;
+    let started_prep = Instant::now();
     let resolved = match agent.resolve_session(plan.logical_key.as_str()).await {
         Ok(r) => r,
         Err(e) => {
@@ -821,6 +826,7 @@ async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun
         budget: 0,
     });
 
+    out.prep_time = started_prep.elapsed();
     let opts = TurnOptions {
         timeout: settings.timeout,
         agent: settings.agent.clone(),
