@@ -309,4 +309,61 @@ mod phases {
         assert_eq!(report.result.state_value(), StateValue::Skipped);
         assert!(server.calls().is_empty(), "the service must not be asked");
     }
+
+    /// `chattr +i` makes a file unwritable even for root (the tests run as root, which ignores
+    /// permission bits). Undone on drop, also when the test fails.
+    struct Immutable(std::path::PathBuf);
+
+    impl Immutable {
+        fn set(path: &Path) -> Self {
+            let status = std::process::Command::new("chattr")
+                .arg("+i")
+                .arg(path)
+                .status()
+                .unwrap();
+            assert!(status.success(), "chattr +i must work here (ext4, root)");
+            Immutable(path.to_path_buf())
+        }
+    }
+
+    impl Drop for Immutable {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("chattr")
+                .arg("-i")
+                .arg(&self.0)
+                .status();
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unwritable_database_is_never_deleted_nor_called_corrupt() {
+        let server = CacheServer::start().await;
+        let backend = backend(&server);
+        let job = Job::new();
+        killed_writer(&job.paths.db(), 40);
+        let db = job.paths.db();
+        let wal = job.paths.data_dir.join("opencode.db-wal");
+        let before = std::fs::read(&db).unwrap();
+        let _db_lock = Immutable::set(&db);
+        let _wal_lock = Immutable::set(&wal);
+        // Checkpointing needs to write: it fails, and says it is not corruption.
+        match fro_bot::checkpoint::checkpoint(&db) {
+            fro_bot::checkpoint::CheckpointOutcome::Failed {
+                structural: false, ..
+            } => {}
+            other => panic!("an unwritable database must fail softly: {other:?}"),
+        }
+        // The save declines (saving the main file alone would lose the WAL's rows)...
+        let report = job.save(Some(&backend), "k-ro-db-1", OPEN_GATE).await;
+        assert_eq!(
+            report.result.outcome,
+            SaveOutcome::CheckpointDeclined,
+            "{:?}",
+            report.result
+        );
+        assert!(server.entries().is_empty());
+        // ...and nothing was deleted or changed.
+        assert_eq!(std::fs::read(&db).unwrap(), before);
+        assert!(wal.exists());
+    }
 }
