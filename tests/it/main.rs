@@ -9,4 +9,3 @@ mod lease;
 mod object_store;
 mod opencode;
 mod persistence;
-mod runner;
