@@ -34,10 +34,7 @@ use crate::runner::{Cancellation, Env};
 
 /// Milliseconds since the Unix epoch, from the system clock.
 pub fn system_now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
+    i64::try_from(crate::runner::now_ms()).unwrap_or(i64::MAX)
 }
 
 #[derive(Debug, thiserror::Error)]
