@@ -272,6 +272,22 @@ impl Backend {
         }
     }
 
+    /// Whether a committed entry exists under exactly `key` for these paths (no download). The
+    /// post step asks this before retrying: main may have finished its save just before it died.
+    pub async fn has_entry(&self, key: &str, paths: &[String]) -> Result<bool, CacheError> {
+        let version = version(paths);
+        match self {
+            Backend::Actions(c) => Ok(c
+                .twirp
+                .lookup(key, &[], &version)
+                .await?
+                .is_some_and(|hit| hit.matched_key == key)),
+            Backend::Filesystem(f) => Ok(f
+                .find(key, &[], &version)?
+                .is_some_and(|entry| entry.key == key)),
+        }
+    }
+
     pub async fn save(&self, req: &SaveRequest<'_>) -> Result<SaveReceipt, CacheError> {
         match self {
             Backend::Actions(c) => cancellable(c.cancel.as_ref(), c.save(req)).await,

@@ -110,12 +110,45 @@ async fn retry(env: &Env) -> PostOutcome {
     };
     let backend = cache::Backend::from_env(env);
     let save_key = keys.save_key();
+    if let Some(b) = &backend {
+        // Main may have committed its entry and died right after: then there is nothing to retry.
+        match b.has_entry(&save_key, paths.cache_paths()).await {
+            Ok(true) => {
+                return PostOutcome::Retried {
+                    state: StateValue::Durable,
+                    detail: format!("the main step's entry `{save_key}` is already in the cache"),
+                }
+            }
+            Ok(false) => {}
+            Err(e) => tracing::debug!("cannot look up main's entry: {e}"),
+        }
+    }
+    let mut report = save_with_key(env, &paths, workspace, backend.as_ref(), &save_key).await;
+    if report.key_taken {
+        // Main reserved this key and died before committing it: the reservation blocks the key,
+        // so the retry goes under a key of its own (still matched by the restore prefixes).
+        let post_key = format!("{save_key}-post");
+        report = save_with_key(env, &paths, workspace, backend.as_ref(), &post_key).await;
+    }
+    PostOutcome::Retried {
+        state: report.result.state_value(),
+        detail: report.result.detail,
+    }
+}
+
+async fn save_with_key(
+    env: &Env,
+    paths: &StatePaths,
+    workspace: &str,
+    backend: Option<&cache::Backend>,
+    save_key: &str,
+) -> crate::phases::save::SaveReport {
     let run_id = env
         .get(crate::runner::env::GITHUB_RUN_ID)
         .unwrap_or("unknown");
-    let report = save(
+    save(
         SaveInputs {
-            paths: &paths,
+            paths,
             workspace: std::path::Path::new(workspace),
             skip_cache: false,
             // Main is gone: nothing of this run can still be writing.
@@ -124,19 +157,15 @@ async fn retry(env: &Env) -> PostOutcome {
                 server_quiescent: true,
                 lease_lost: false,
             },
-            cache: backend.as_ref(),
-            save_key: &save_key,
+            cache: backend,
+            save_key,
             run_id,
             now_ms: crate::runner::now_ms(),
         },
         // Never the object store from post: the lease is gone.
         || async { StorePublish::NotAttempted },
     )
-    .await;
-    PostOutcome::Retried {
-        state: report.result.state_value(),
-        detail: report.result.detail,
-    }
+    .await
 }
 
 /// The post step as the binary runs it: releases a lease main left behind (from main's state and

@@ -26,6 +26,8 @@ pub struct SaveReport {
     pub result: CacheSaveResult,
     pub checkpoint: Option<CheckpointOutcome>,
     pub store_publish: StorePublish,
+    /// The cache answered that the key is already taken (an entry exists or is being written).
+    pub key_taken: bool,
 }
 
 /// Runs the save. `publish` is called once, after the checkpoint and marker and before the cache
@@ -40,6 +42,7 @@ where
         result,
         checkpoint,
         store_publish: StorePublish::NotAttempted,
+        key_taken: false,
     };
     if let Some(refusal) = safety_gate(inputs.gate) {
         let result =
@@ -100,6 +103,7 @@ where
     let store_publish = publish().await;
     let store_persisted = store_publish == StorePublish::Published;
 
+    let mut key_taken = false;
     let result = match inputs.cache {
         None => CacheSaveResult::new(
             SaveOutcome::CacheError,
@@ -126,7 +130,10 @@ where
                         inputs.save_key, receipt.size_bytes
                     ),
                 ),
-                Err(e) => classify(e, store_persisted),
+                Err(e) => {
+                    key_taken = matches!(e, CacheError::AlreadyExists { .. });
+                    classify(e, store_persisted)
+                }
             }
         }
     };
@@ -134,6 +141,7 @@ where
         result,
         checkpoint: Some(cp),
         store_publish,
+        key_taken,
     }
 }
 

@@ -54,6 +54,68 @@ mod post {
     }
 
     #[tokio::test]
+    async fn post_finds_mains_committed_entry_or_saves_beside_an_abandoned_reservation() {
+        use crate::support::cache_server::CREATE;
+        let server = CacheServer::start().await;
+        let backend = crate::persistence::phases::backend(&server);
+        let key = "opencode-storage-octo-hello-main-Linux-4343-1-agent";
+
+        // Main committed its entry, then died before writing its state: post must not redo it.
+        let mut job = Job::new(4343);
+        with_cache(&mut job, &server);
+        std::fs::create_dir_all(job.data_dir()).unwrap();
+        killed_writer(&job.data_dir().join("opencode.db"), 5);
+        let paths = fro_bot::phases::paths::StatePaths::new(job.data_dir());
+        let workspace = job.workspace();
+        let request = fro_bot::cache::SaveRequest {
+            key,
+            paths: paths.cache_paths(),
+            workspace: &workspace,
+        };
+        backend.save(&request).await.unwrap();
+        let creates = server.calls_of(CREATE).len();
+        let (job, r) = tokio::task::spawn_blocking(move || {
+            let r = job.post_step(&state("not-persisted"));
+            (job, r)
+        })
+        .await
+        .unwrap();
+        assert!(r.summary.contains("already in the cache"), "{}", r.summary);
+        assert_eq!(server.calls_of(CREATE).len(), creates, "no second save");
+        drop(job);
+
+        // Main reserved its key and died before committing: the key is blocked, post saves
+        // under its own key, which the restore prefixes still find.
+        let mut job = Job::new(4444);
+        with_cache(&mut job, &server);
+        std::fs::create_dir_all(job.data_dir()).unwrap();
+        killed_writer(&job.data_dir().join("opencode.db"), 5);
+        let paths = fro_bot::phases::paths::StatePaths::new(job.data_dir());
+        let version = fro_bot::cache::version(paths.cache_paths());
+        let fro_bot::cache::Backend::Actions(client) = &backend else {
+            unreachable!()
+        };
+        client
+            .twirp
+            .create(
+                "opencode-storage-octo-hello-main-Linux-4444-1-agent",
+                &version,
+            )
+            .await
+            .unwrap();
+        let r = tokio::task::spawn_blocking(move || job.post_step(&state("not-persisted")))
+            .await
+            .unwrap();
+        assert!(r.summary.contains("durable"), "{}\n{}", r.summary, r.stdout);
+        assert!(
+            server.entries().iter().any(|e| e.finalized
+                && e.key == "opencode-storage-octo-hello-main-Linux-4444-1-agent-post"),
+            "{:?}",
+            server.entries()
+        );
+    }
+
+    #[tokio::test]
     async fn durable_skipped_and_declined_make_post_do_nothing() {
         let server = CacheServer::start().await;
         for (value, needle) in [

@@ -60,7 +60,7 @@ fn wal_only_rows_are_folded_into_the_main_file_by_checkpoint() {
     assert_eq!(count_rows_in_main_file_alone(&db), 500);
 }
 
-mod phases {
+pub mod phases {
     use std::path::{Path, PathBuf};
 
     use fro_bot::cache::Backend;
