@@ -34,6 +34,9 @@ enum Command {
     Local(LocalArgs),
     /// MCP server over stdio that gives the agent session_list/read/search/info over past sessions.
     SessionTools,
+    /// Print what this environment derives: memory paths, cache keys and version, identity, and
+    /// the object-store keys. Reads the same variables as `run` and `post`; changes nothing.
+    Inspect,
 }
 
 /// Flags mirror the action's inputs (same names); `INPUT_*` variables are read too, flags win.
@@ -113,6 +116,16 @@ fn main() -> ExitCode {
             }
         },
         Command::SessionTools => ExitCode::SUCCESS,
+        Command::Inspect => match fro_bot::phases::inspect::describe(&env) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(message) => {
+                fro_bot::runner::log::error(&message);
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 

@@ -2,6 +2,7 @@
 //! a shared run context; `post` is its own entry.
 
 pub mod dedup;
+pub mod inspect;
 pub mod paths;
 pub mod post;
 pub mod project_identity;

@@ -115,6 +115,24 @@ mod post {
         );
     }
 
+    #[test]
+    fn inspect_shows_the_keys_and_version_main_and_post_use() {
+        let mut job = Job::new(4242);
+        job.input("s3-backup", "true").input("s3-bucket", "mem");
+        let r = job.step(&["inspect"], &[]);
+        assert_eq!(r.code, 0, "{}", r.stdout);
+        let paths = fro_bot::phases::paths::StatePaths::new(job.data_dir());
+        for needle in [
+            "save key:        opencode-storage-octo-hello-main-Linux-4242-1-agent",
+            "restore order:   opencode-storage-octo-hello-main-Linux- then opencode-storage-octo-hello-",
+            "lease holder:    action:4242:1:agent",
+            "s3://mem/fro-bot-state/github/octo/hello/sessions/opencode.db",
+            &format!("cache version:   {}", fro_bot::cache::version(paths.cache_paths())),
+        ] {
+            assert!(r.stdout.contains(needle), "missing {needle:?} in\n{}", r.stdout);
+        }
+    }
+
     #[tokio::test]
     async fn durable_skipped_and_declined_make_post_do_nothing() {
         let server = CacheServer::start().await;
