@@ -112,6 +112,30 @@ pub enum TurnFailure {
     },
 }
 
+impl std::fmt::Display for TurnFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TurnFailure::Quota { message } => {
+                write!(f, "the provider's quota is exhausted ({message})")
+            }
+            TurnFailure::ProviderAuth { message } => {
+                write!(f, "the provider rejected the credentials ({message})")
+            }
+            TurnFailure::ContextOverflow { message } => {
+                write!(
+                    f,
+                    "the conversation is too large even in a fresh session ({message})"
+                )
+            }
+            TurnFailure::Provider { message } => {
+                write!(f, "the provider failed on every attempt ({message})")
+            }
+            TurnFailure::NoReply => f.write_str("the turn ended without an answer"),
+            TurnFailure::Api { message } => write!(f, "the OpenCode API failed ({message})"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum TurnOutcome {
     Completed,

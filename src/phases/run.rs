@@ -158,13 +158,13 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
             return RunExit::code(1);
         }
     };
+    // Deliberately not cancelled by a signal: saving memory is what the cancel budget is for.
     let backend = match &mode {
         Mode::Action => cache::Backend::from_env(&env),
         Mode::Local { state_dir, .. } => Some(cache::Backend::Filesystem(cache::FsBackend::new(
             state_dir.join("cache"),
         ))),
     };
-    // Deliberately not cancelled by a signal: saving memory is what the cancel budget is for.
     let repository = env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string();
 
     // Dedup.
@@ -553,7 +553,7 @@ impl AgentRun {
             Some(TurnOutcome::Completed) => "completed".into(),
             Some(TurnOutcome::TimedOut) => "timed out".into(),
             Some(TurnOutcome::Cancelled) => "cancelled".into(),
-            Some(TurnOutcome::Failed(f)) => format!("failed: {f:?}"),
+            Some(TurnOutcome::Failed(f)) => format!("failed: {f}"),
         }
     }
 }
@@ -852,7 +852,7 @@ async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun
         }
         TurnOutcome::TimedOut => log::error("the agent's turn timed out and was aborted"),
         TurnOutcome::Cancelled => log::warning("the agent's turn was cancelled"),
-        TurnOutcome::Failed(f) => log::error(&format!("the agent's turn failed: {f:?}")),
+        TurnOutcome::Failed(f) => log::error(&format!("the agent's turn failed: {f}")),
     }
     out.outcome = Some(report.outcome);
 
@@ -887,7 +887,14 @@ async fn finalize_github(
     started: Instant,
 ) {
     let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
-    if let Some(answer) = &agent_run.answer {
+    // A failed run still answers once, so the person who asked is not left waiting in silence.
+    let failure = (!succeeded && agent_run.answer.is_none()).then(|| {
+        format!(
+            "I could not finish this one: the agent {}. The run log has the details; mention me again to retry.",
+            agent_run.outcome_text()
+        )
+    });
+    if let Some(answer) = agent_run.answer.as_ref().or(failure.as_ref()) {
         let footer = github::response::RunFooter {
             run_url: github::response::run_url(env),
             session_id: agent_run.session_id.clone(),

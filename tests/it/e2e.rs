@@ -351,6 +351,42 @@ mod scenarios {
     }
 
     #[tokio::test]
+    async fn a_provider_auth_failure_fails_the_step_answers_once_and_still_saves_memory() {
+        use crate::support::fake_llm::LlmError;
+        let world = World::start().await;
+        world.github.seed_issue(5, "t", "b");
+        world.llm.set_default(Reply::Error(LlmError::Auth));
+        let mut job = world.job(1200);
+        job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
+        let (_job, r) = main_step(job).await;
+        assert_eq!(r.code, 1, "{}", explain(&r));
+        assert!(
+            r.stdout.contains(
+                "::error::the agent's turn failed: the provider rejected the credentials"
+            ),
+            "{}",
+            r.stdout
+        );
+        assert_eq!(
+            r.output("cache-save-result"),
+            "durable",
+            "memory is saved whatever the agent did"
+        );
+        let comments = world.github.created_comments();
+        assert_eq!(comments.len(), 1, "one answer, even for a failure");
+        assert!(
+            comments[0].1.contains("could not finish"),
+            "{:?}",
+            comments[0]
+        );
+        let reactions = world.github.reactions();
+        assert!(
+            reactions.iter().any(|(_, c)| c == "confused"),
+            "{reactions:?}"
+        );
+    }
+
+    #[tokio::test]
     async fn invalid_configuration_fails_at_once_naming_the_input() {
         let world = World::start().await;
         let mut job = world.job(200);
