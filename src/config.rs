@@ -311,10 +311,43 @@ fn mask_strings(value: &Value, key: Option<&str>) {
     }
 }
 
+/// Masks values of fields that hold credentials in an OpenCode config (`apiKey`, `token`,
+/// `password`, `secret`, header values under `headers`...), wherever they are nested.
+fn mask_credential_fields(value: &Value, sensitive: bool) {
+    match value {
+        Value::String(s) if sensitive => log::add_mask(s),
+        Value::Object(map) => {
+            for (k, v) in map {
+                let k = k.to_ascii_lowercase();
+                let hit = sensitive
+                    || k == "headers"
+                    || [
+                        "key",
+                        "token",
+                        "secret",
+                        "password",
+                        "authorization",
+                        "credential",
+                    ]
+                    .iter()
+                    .any(|needle| k.contains(needle));
+                mask_credential_fields(v, hit);
+            }
+        }
+        Value::Array(items) => items
+            .iter()
+            .for_each(|v| mask_credential_fields(v, sensitive)),
+        _ => {}
+    }
+}
+
 fn parse_opencode_config(raw: Option<&str>) -> Result<Option<Map<String, Value>>, ConfigError> {
     let Some(raw) = raw else { return Ok(None) };
     match serde_json::from_str::<Value>(raw) {
-        Ok(Value::Object(map)) => Ok(Some(map)),
+        Ok(Value::Object(map)) => {
+            mask_credential_fields(&Value::Object(map.clone()), false);
+            Ok(Some(map))
+        }
         Ok(_) => Err(ConfigError::Invalid {
             input: input::OPENCODE_CONFIG,
             shown: "(JSON value)".into(),
@@ -528,6 +561,17 @@ mod tests {
         // The type tag is not a secret: it must not blank the word everywhere.
         assert_eq!(crate::runner::log::redact("api"), "api");
         assert!(s.auth.contains_key("openai"));
+    }
+
+    #[test]
+    fn credentials_inside_opencode_config_are_masked() {
+        let cfg = r#"{"provider":{"x":{"options":{"apiKey":"sk-inside-config-1","baseURL":"https://llm.example"},
+            "headers":{"X-Custom":"hdr-secret-value"}}},"theme":"dark-mode-theme"}"#;
+        parse(&[("opencode-config", cfg)]).unwrap();
+        let text = crate::runner::log::redact(
+            "sk-inside-config-1 hdr-secret-value https://llm.example dark-mode-theme",
+        );
+        assert_eq!(text, "*** *** https://llm.example dark-mode-theme");
     }
 
     #[test]

@@ -945,12 +945,48 @@ async fn upload_run_records(
     {
         tracing::warn!("cannot upload the run record: {error}");
     }
-    let logs = paths.data_dir.join("log");
+    // OpenCode's own logs may quote configuration or provider errors: only redacted copies leave
+    // the machine.
+    let redacted = match redacted_copy(&paths.data_dir.join("log")) {
+        Ok(Some(dir)) => dir,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!("cannot prepare OpenCode's logs for upload: {e}");
+            return;
+        }
+    };
     if let store::ArtifactsOutcome::Failed { .. } =
-        store::sync::upload_run_artifacts(&ctx.store, &ctx.keys, &run_key, &logs).await
+        store::sync::upload_run_artifacts(&ctx.store, &ctx.keys, &run_key, redacted.path()).await
     {
         tracing::warn!("some OpenCode logs could not be uploaded");
     }
+}
+
+/// Largest log file copied for upload; OpenCode's logs are small, a runaway one is cut.
+const MAX_LOG_BYTES: u64 = 8 * 1024 * 1024;
+
+/// A temp copy of the regular files in `dir` with every registered secret replaced by `***`.
+fn redacted_copy(dir: &Path) -> std::io::Result<Option<tempfile::TempDir>> {
+    use std::io::Read as _;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let out = tempfile::tempdir()?;
+    for entry in entries {
+        let entry = entry?;
+        if !entry.file_type()?.is_file() {
+            continue;
+        }
+        let mut text = Vec::new();
+        std::fs::File::open(entry.path())?
+            .take(MAX_LOG_BYTES)
+            .read_to_end(&mut text)?;
+        let clean = log::redact(&String::from_utf8_lossy(&text));
+        std::fs::write(out.path().join(entry.file_name()), clean)?;
+    }
+    Ok(Some(out))
 }
 
 fn save_lease_state(files: &FileCommands, handle: &LeaseHandle) {

@@ -666,6 +666,38 @@ mod scenarios {
             first.summary
         );
         let session = first.output("session-id").to_string();
+        // The run's record and OpenCode's logs were uploaded, with no secret in any of them.
+        let store = crate::support::s3::connect(&crate::support::s3::settings(&prefix)).await;
+        let listing = store
+            .list(&format!("{prefix}/github/octo/hello/"))
+            .await
+            .unwrap();
+        let names: Vec<&str> = listing.objects.iter().map(|o| o.key.as_str()).collect();
+        assert!(
+            names
+                .iter()
+                .any(|k| k.ends_with("/metadata/700-1-agent.json")),
+            "{names:?}"
+        );
+        assert!(
+            names.iter().any(|k| k.contains("/artifacts/700-1-agent/")),
+            "{names:?}"
+        );
+        for object in &listing.objects {
+            let fro_bot::object_store::GetOutcome::Found(body) =
+                store.get_bytes(&object.key).await.unwrap()
+            else {
+                panic!("listed but missing: {}", object.key);
+            };
+            let text = String::from_utf8_lossy(&body.bytes);
+            for secret in [
+                crate::support::fake_github::TOKEN,
+                world.cache.token().as_str(),
+                "sk-fake",
+            ] {
+                assert!(!text.contains(secret), "{} leaks a secret", object.key);
+            }
+        }
         let (mut job, post) = post_step(job, first).await;
         assert!(post.summary.contains("Nothing to do"), "{}", post.summary);
 
