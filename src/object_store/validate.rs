@@ -45,18 +45,16 @@ pub struct StoreSettings {
 }
 
 impl StoreSettings {
-    /// Validates the raw inputs. The region falls back to `AWS_REGION` / `AWS_DEFAULT_REGION` from
-    /// the process environment (the order aws-config's environment provider uses).
-    pub fn from_input(input: &S3Input) -> Result<StoreSettings, ValidationError> {
-        let env_region = [
-            crate::runner::env::AWS_REGION,
-            crate::runner::env::AWS_DEFAULT_REGION,
-        ]
-        .iter()
-        .filter_map(|name| std::env::var(name).ok())
-        .map(|v| v.trim().to_string())
-        .find(|v| !v.is_empty());
-        Self::from_input_with_env_region(input, env_region.as_deref())
+    /// Validates the raw inputs. The region falls back to `AWS_REGION` / `AWS_DEFAULT_REGION`
+    /// (the order aws-config's environment provider uses).
+    pub fn from_input(
+        input: &S3Input,
+        env: &crate::runner::Env,
+    ) -> Result<StoreSettings, ValidationError> {
+        let region = env
+            .get(crate::runner::env::AWS_REGION)
+            .or(env.get(crate::runner::env::AWS_DEFAULT_REGION));
+        Self::from_input_with_env_region(input, region)
     }
 
     /// [`Self::from_input`] with the environment's region passed in (tests).

@@ -184,12 +184,7 @@ async fn release_left_behind(env: &Env) {
     let settings = config::Settings::from_env(env, config::AuthRequirement::Optional)
         .ok()
         .and_then(|s| s.s3)
-        .and_then(|s3| {
-            let region = env
-                .get(crate::runner::env::AWS_REGION)
-                .or(env.get(crate::runner::env::AWS_DEFAULT_REGION));
-            StoreSettings::from_input_with_env_region(&s3, region).ok()
-        });
+        .and_then(|s3| StoreSettings::from_input(&s3, env).ok());
     let Some(settings) = settings else {
         log::warning("main left its memory lease behind, but the s3 inputs no longer validate; it expires by itself");
         return;

@@ -72,13 +72,10 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
             return RunExit::code(1);
         }
     };
-    let region = env
-        .get(env::AWS_REGION)
-        .or(env.get(env::AWS_DEFAULT_REGION));
     let store_settings = match settings
         .s3
         .as_ref()
-        .map(|s3| StoreSettings::from_input_with_env_region(s3, region))
+        .map(|s3| StoreSettings::from_input(s3, &env))
         .transpose()
     {
         Ok(s) => s,
