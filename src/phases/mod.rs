@@ -1,7 +1,12 @@
-//! The pipeline: restore → session prep → agent → cleanup → save, each a plain async function over
-//! a shared run context; `post` is its own entry.
+//! The pipeline, one file per phase, each a plain async function over what the run knows:
+//! `run` (the main step's order: admission → restore → agent → finalize → cleanup + save →
+//! release), `restore`, `agent` (session prep and the turn), `finalize` (response, records,
+//! summary), `save`, and `post`, its own entry. Beside them: the state `paths` and marker,
+//! `project_identity`, `dedup` sentinels, the `report` the summary is made of, and `inspect`.
 
+pub mod agent;
 pub mod dedup;
+pub mod finalize;
 pub mod inspect;
 pub mod paths;
 pub mod post;

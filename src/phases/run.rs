@@ -2,20 +2,22 @@
 //! config → routing → dedup → lease → acknowledge → restore → session prep → agent → finalize →
 //! cleanup + save (always) → release.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cache;
-use crate::config::{AuthRequirement, ResponseMode, Settings};
-use crate::github::{self, dedup, keys, route::RouteSettings, CacheKeys, Event, Route, RunPlan};
+use crate::config::{AuthRequirement, Settings};
+use crate::github::{self, dedup, keys, route::RouteSettings, CacheKeys, Event, Route};
 use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig, LeaseHandle};
 use crate::object_store::{self as store, ObjectStore, StoreKeys, StoreSettings};
-use crate::opencode::{self, prep, Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome};
+use crate::opencode::{self, TurnOutcome};
+use crate::phases::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
 use crate::phases::dedup::CacheSentinels;
+use crate::phases::finalize::{finalize_github, upload_run_records, write_summary};
 use crate::phases::paths::StatePaths;
 use crate::phases::project_identity::{self, IdentityOutcome};
-use crate::phases::report::{LeaseReport, PersistenceReport, RestoreReport};
+use crate::phases::report::{LeaseReport, PersistenceReport};
 use crate::phases::restore::{restore, RestoreInputs, StoreAttempt};
 use crate::phases::save::{save, SaveInputs};
 use crate::runner::env::{self, output, state};
@@ -50,9 +52,9 @@ impl RunExit {
 }
 
 /// The store side of a run: client and key layout, plus the lease when held.
-struct StoreContext {
-    store: ObjectStore,
-    keys: StoreKeys,
+pub(crate) struct StoreContext {
+    pub(crate) store: ObjectStore,
+    pub(crate) keys: StoreKeys,
 }
 
 pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
@@ -525,36 +527,6 @@ async fn within_budget<T>(
     }
 }
 
-/// What the agent part of the run produced.
-#[derive(Debug, Default)]
-struct AgentRun {
-    session_id: Option<String>,
-    replaced: Option<String>,
-    outcome: Option<TurnOutcome>,
-    answer: Option<String>,
-    tokens: Option<opencode::client::Tokens>,
-    cost: f64,
-    errors: Vec<String>,
-    /// Session resolution, context and prior-work search, prompt building.
-    prep_time: Duration,
-}
-
-impl AgentRun {
-    fn protect(&self) -> Vec<&str> {
-        self.session_id.iter().map(String::as_str).collect()
-    }
-
-    fn outcome_text(&self) -> String {
-        match &self.outcome {
-            None => "not run".into(),
-            Some(TurnOutcome::Completed) => "completed".into(),
-            Some(TurnOutcome::TimedOut) => "timed out".into(),
-            Some(TurnOutcome::Cancelled) => "cancelled".into(),
-            Some(TurnOutcome::Failed(f)) => format!("failed: {f}"),
-        }
-    }
-}
-
 fn github_client(env: &Env, settings: &Settings, mode: &Mode) -> Option<github::GitHub> {
     let token = settings.github_token.as_ref()?;
     if matches!(mode, Mode::Local { .. }) && env.get(env::GITHUB_API_URL).is_none() {
@@ -630,362 +602,6 @@ async fn publish(
     }
 }
 
-async fn start_agent(
-    env: &Env,
-    settings: &Settings,
-    mode: &Mode,
-    plan: &RunPlan,
-    workspace: &Path,
-    paths: &StatePaths,
-    report: &mut PersistenceReport,
-) -> Result<Agent, String> {
-    let t = Instant::now();
-    let home = PathBuf::from(env.get(env::HOME).unwrap_or("/github/home"));
-    let cache_dir = match mode {
-        Mode::Local { state_dir, .. } => state_dir.join("opencode-install"),
-        Mode::Action => home.join(".cache/fro-bot"),
-    };
-    let located = opencode::locate::locate(env, &settings.opencode_version, &cache_dir)
-        .await
-        .map_err(|e| e.to_string())?;
-    let data_home = paths
-        .data_dir
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| home.join(".local/share"));
-    let dirs = Isolation {
-        home: home.clone(),
-        data_home,
-        config_home: env
-            .get(env::XDG_CONFIG_HOME)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home.join(".config")),
-        cache_home: env
-            .get(env::XDG_CACHE_HOME)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home.join(".cache")),
-        state_home: env
-            .get(env::XDG_STATE_HOME)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home.join(".local/state")),
-    };
-    let mut extra_env = Vec::new();
-    if plan.agent_gets_token {
-        if let Some(token) = &settings.github_token {
-            extra_env.push(("GH_TOKEN".to_string(), token.expose().to_string()));
-        }
-    }
-    let log_dir = env
-        .get(env::RUNNER_TEMP)
-        .map(PathBuf::from)
-        .filter(|p| p.is_dir())
-        .unwrap_or_else(std::env::temp_dir);
-    let agent = Agent::start(AgentOptions {
-        opencode: located.path().to_path_buf(),
-        opencode_version: settings.opencode_version.clone(),
-        workspace: workspace.to_path_buf(),
-        dirs,
-        base_env: env.clone(),
-        extra_env,
-        fro_bot_exe: std::env::current_exe().ok(),
-        model: settings.model.clone(),
-        user_config: settings.opencode_config.clone(),
-        auth: settings.auth.clone(),
-        log_file: log_dir.join("fro-bot-opencode-server.log"),
-        startup_deadline: Duration::from_secs(60),
-        now_ms: opencode::system_now_ms,
-    })
-    .await
-    .map_err(|e| {
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            text.push_str(&format!(": {s}"));
-            source = s.source();
-        }
-        text
-    })?;
-    report.record_phase("opencode-start", t.elapsed());
-    Ok(agent)
-}
-
-/// What the agent part of the run reads.
-struct AgentInputs<'a> {
-    settings: &'a Settings,
-    env: &'a Env,
-    plan: &'a RunPlan,
-    restored: &'a RestoreReport,
-    gh: Option<&'a github::GitHub>,
-    cancel: &'a Cancellation,
-    started: Instant,
-}
-
-/// Resolves the session, prepares the prompt (context, prior work), runs the turn and writes the
-/// run summary back into the session.
-async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
-    let AgentInputs {
-        settings,
-        env,
-        plan,
-        restored,
-        gh,
-        cancel,
-        started,
-    } = *inputs;
-    let started_prep = Instant::now();
-    let resolved = match agent.resolve_session(plan.logical_key.as_str()).await {
-        Ok(r) => r,
-        Err(e) => {
-            out.errors.push(format!("cannot resolve the session: {e}"));
-            log::error(&format!("cannot resolve the session: {e}"));
-            out.outcome = Some(TurnOutcome::Failed(opencode::TurnFailure::Api {
-                message: e.to_string(),
-            }));
-            return;
-        }
-    };
-    tracing::info!(
-        "session {} ({:?}) for {}",
-        resolved.session.id,
-        resolved.resolution,
-        plan.logical_key.as_str()
-    );
-    out.session_id = Some(resolved.session.id.clone());
-
-    // Context from GitHub (bounded), then prior work from other sessions.
-    let context = match (gh, &plan.thread) {
-        (Some(gh), Some(thread)) => match gh
-            .fetch_context(thread, github::context::ContextLimits::default())
-            .await
-        {
-            Ok(c) => Some(c),
-            Err(e) => {
-                tracing::warn!("cannot fetch the issue/PR context: {e}");
-                None
-            }
-        },
-        _ => None,
-    };
-    let title = context.as_ref().map(|c| c.title.clone());
-    let terms = prep::search_terms(plan.logical_key.as_str(), title.as_deref());
-    let prior = match agent
-        .prior_work(&terms, &[resolved.session.id.as_str()])
-        .await
-    {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::warn!("prior-work search failed: {e}");
-            Vec::new()
-        }
-    };
-    let entity = context.map(|c| prep::EntityContext {
-        kind: c.kind.as_str().replace('_', " "),
-        number: c.number,
-        title: c.title,
-        body: c.body,
-        author: String::new(),
-        comments: c
-            .comments
-            .into_iter()
-            .map(|cm| prep::CommentContext {
-                author: cm.author,
-                body: cm.body,
-            })
-            .collect(),
-        trigger: None,
-    });
-    let schedule_like = plan.thread.is_none();
-    let rules = match (
-        settings.response_mode,
-        plan.thread.is_some(),
-        plan.agent_gets_token,
-    ) {
-        (ResponseMode::None, _, _) => prep::ResponseRules::NoPosting,
-        (ResponseMode::Github, true, _) => prep::ResponseRules::HarnessPosts,
-        (ResponseMode::Github, false, true) => prep::ResponseRules::AgentActs,
-        (ResponseMode::Github, false, false) => prep::ResponseRules::NoPosting,
-    };
-    let prompt = prep::build_prompt(&prep::PromptInput {
-        repo: env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string(),
-        event: plan.trigger_summary.clone(),
-        actor: plan
-            .author
-            .clone()
-            .or_else(|| env.get(env::GITHUB_ACTOR).map(str::to_string)),
-        git_ref: env.get(env::GITHUB_REF_NAME).map(str::to_string),
-        run_url: github::response::run_url(env),
-        context: entity,
-        prior_work: prior,
-        directive: plan.directive.clone(),
-        prompt: settings.prompt.clone(),
-        prompt_replaces_directive: schedule_like,
-        rules,
-        budget: 0,
-    });
-
-    out.prep_time = started_prep.elapsed();
-    let opts = TurnOptions {
-        timeout: settings.timeout,
-        agent: settings.agent.clone(),
-        model: settings.model.as_ref().map(Into::into),
-        ..TurnOptions::default()
-    };
-    let report = agent
-        .run_turn(resolved.session, &prompt, &opts, cancel)
-        .await;
-    out.session_id = Some(report.session.id.clone());
-    out.replaced = report.replaced.clone();
-    out.errors.extend(report.errors.iter().cloned());
-    out.answer = report
-        .reply
-        .as_ref()
-        .map(|r| r.text.clone())
-        .filter(|t| !t.trim().is_empty());
-    out.tokens = Some(report.tokens.clone());
-    out.cost = report.cost;
-    match &report.outcome {
-        TurnOutcome::Completed => {
-            tracing::info!("the agent finished ({} attempt(s))", report.attempts)
-        }
-        TurnOutcome::TimedOut => log::error("the agent's turn timed out and was aborted"),
-        TurnOutcome::Cancelled => log::warning("the agent's turn was cancelled"),
-        TurnOutcome::Failed(f) => log::error(&format!("the agent's turn failed: {f}")),
-    }
-    out.outcome = Some(report.outcome);
-
-    // Writeback: the run recorded in the session itself, so later runs find it by search.
-    let summary = opencode::writeback::RunSummary {
-        event: plan.trigger_summary.clone(),
-        repo: env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string(),
-        git_ref: env.get(env::GITHUB_REF_NAME).unwrap_or("").to_string(),
-        run_id: env.get(env::GITHUB_RUN_ID).unwrap_or("").to_string(),
-        cache_status: restored.status.as_str().to_string(),
-        session_id: report.session.id.clone(),
-        logical_key: plan.logical_key.as_str().to_string(),
-        duration: started.elapsed(),
-        tokens: report.tokens,
-        cost: report.cost,
-        errors: out.errors.clone(),
-    };
-    if !cancel.is_cancelled() {
-        if let Err(e) = agent.writeback(&summary).await {
-            tracing::warn!("cannot write the run summary into the session: {e}");
-        }
-    }
-}
-
-async fn finalize_github(
-    gh: &github::GitHub,
-    settings: &Settings,
-    env: &Env,
-    plan: &RunPlan,
-    agent_run: &AgentRun,
-    restored: &RestoreReport,
-    started: Instant,
-) {
-    let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
-    // A failed run still answers once, so the person who asked is not left waiting in silence.
-    let failure = (!succeeded && agent_run.answer.is_none()).then(|| {
-        format!(
-            "I could not finish this one: the agent {}. The run log has the details; mention me again to retry.",
-            agent_run.outcome_text()
-        )
-    });
-    if let Some(answer) = agent_run.answer.as_ref().or(failure.as_ref()) {
-        let footer = github::response::RunFooter {
-            run_url: github::response::run_url(env),
-            session_id: agent_run.session_id.clone(),
-            cache_status: Some(restored.status.as_str().to_string()),
-            logical_key: Some(plan.logical_key.as_str().to_string()),
-            duration_secs: Some(started.elapsed().as_secs()),
-        };
-        if let Err(e) = gh
-            .respond(
-                settings.response_mode,
-                plan.thread.as_ref(),
-                answer,
-                &footer,
-            )
-            .await
-        {
-            log::warning(&format!("cannot post the response comment: {e}"));
-        }
-    }
-    if let Err(e) = gh.conclude(plan, succeeded).await {
-        tracing::warn!("cannot add the completion reaction: {e}");
-    }
-}
-
-async fn upload_run_records(
-    ctx: &StoreContext,
-    keys: &CacheKeys,
-    paths: &StatePaths,
-    plan: &RunPlan,
-    report: &PersistenceReport,
-    agent_run: &AgentRun,
-) {
-    let run_key = keys.run_key();
-    let metadata = serde_json::json!({
-        "run_key": run_key,
-        "logical_key": plan.logical_key.as_str(),
-        "session_id": agent_run.session_id,
-        "outcome": agent_run.outcome_text(),
-        "cache_status": report.restore.as_ref().map(|r| r.status.as_str()),
-        "save_result": report.save.as_ref().map(|s| s.state_value().as_str()),
-        "save_outcome": report.save.as_ref().map(|s| s.outcome.as_str()),
-        "store_publish": report.store_publish.describe(),
-        "lease": report.lease.describe(),
-        "at_ms": now_ms(),
-    });
-    if let store::UploadOutcome::Failed { error } =
-        store::sync::upload_run_metadata(&ctx.store, &ctx.keys, &run_key, &metadata).await
-    {
-        tracing::warn!("cannot upload the run record: {error}");
-    }
-    // OpenCode's own logs may quote configuration or provider errors: only redacted copies leave
-    // the machine.
-    let redacted = match redacted_copy(&paths.data_dir.join("log")) {
-        Ok(Some(dir)) => dir,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::warn!("cannot prepare OpenCode's logs for upload: {e}");
-            return;
-        }
-    };
-    if let store::ArtifactsOutcome::Failed { .. } =
-        store::sync::upload_run_artifacts(&ctx.store, &ctx.keys, &run_key, redacted.path()).await
-    {
-        tracing::warn!("some OpenCode logs could not be uploaded");
-    }
-}
-
-/// Largest log file copied for upload; OpenCode's logs are small, a runaway one is cut.
-const MAX_LOG_BYTES: u64 = 8 * 1024 * 1024;
-
-/// A temp copy of the regular files in `dir` with every registered secret replaced by `***`.
-fn redacted_copy(dir: &Path) -> std::io::Result<Option<tempfile::TempDir>> {
-    use std::io::Read as _;
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    let out = tempfile::tempdir()?;
-    for entry in entries {
-        let entry = entry?;
-        if !entry.file_type()?.is_file() {
-            continue;
-        }
-        let mut text = Vec::new();
-        std::fs::File::open(entry.path())?
-            .take(MAX_LOG_BYTES)
-            .read_to_end(&mut text)?;
-        let clean = log::redact(&String::from_utf8_lossy(&text));
-        std::fs::write(out.path().join(entry.file_name()), clean)?;
-    }
-    Ok(Some(out))
-}
-
 fn save_lease_state(files: &FileCommands, handle: &LeaseHandle) {
     let (key, etag) = handle.state_for_post();
     set_state(files, state::LEASE_KEY, &key);
@@ -1016,48 +632,4 @@ fn skipped(files: &FileCommands, reason: &str) -> RunExit {
         StateValue::Skipped.as_str(),
     );
     RunExit::code(0)
-}
-
-fn write_summary(
-    files: &FileCommands,
-    plan: &RunPlan,
-    agent_run: &AgentRun,
-    report: &PersistenceReport,
-    duration: Duration,
-) {
-    let rows = vec![
-        vec!["Trigger".to_string(), plan.trigger_summary.clone()],
-        vec![
-            "Conversation".into(),
-            format!("`{}`", plan.logical_key.as_str()),
-        ],
-        vec![
-            "Session".into(),
-            agent_run
-                .session_id
-                .clone()
-                .unwrap_or_else(|| "none".into()),
-        ],
-        vec!["Agent".into(), agent_run.outcome_text()],
-        vec![
-            "Tokens / cost".into(),
-            match &agent_run.tokens {
-                Some(t) => format!("{} in, {} out / ${:.4}", t.input, t.output, agent_run.cost),
-                None => "n/a".into(),
-            },
-        ],
-        vec!["Duration".into(), format!("{:.1}s", duration.as_secs_f64())],
-    ];
-    let mut md = format!(
-        "### fro-bot run\n\n{}\n",
-        crate::runner::summary::table(&["", ""], &rows)
-    );
-    md.push_str(&report.to_markdown("Session Persistence"));
-    if let Err(e) = files.append_summary(&md) {
-        tracing::warn!("{e}");
-    }
-    if files.summary.is_none() {
-        // Local runs: the summary goes to the terminal.
-        println!("\n{md}");
-    }
 }

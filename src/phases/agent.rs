@@ -1,0 +1,288 @@
+//! Session prep and the agent (REQUIREMENTS §10): start OpenCode, resolve the conversation's
+//! session, gather context and prior work into the prompt, run the turn, write the run back.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::config::{ResponseMode, Settings};
+use crate::github::{self, RunPlan};
+use crate::opencode::{self, prep, Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome};
+use crate::phases::paths::StatePaths;
+use crate::phases::report::{PersistenceReport, RestoreReport};
+use crate::phases::run::Mode;
+use crate::runner::env;
+use crate::runner::{log, Cancellation, Env};
+
+/// What the agent part of the run produced.
+#[derive(Debug, Default)]
+pub(crate) struct AgentRun {
+    pub(crate) session_id: Option<String>,
+    pub(crate) replaced: Option<String>,
+    pub(crate) outcome: Option<TurnOutcome>,
+    pub(crate) answer: Option<String>,
+    pub(crate) tokens: Option<opencode::client::Tokens>,
+    pub(crate) cost: f64,
+    pub(crate) errors: Vec<String>,
+    /// Session resolution, context and prior-work search, prompt building.
+    pub(crate) prep_time: Duration,
+}
+
+impl AgentRun {
+    pub(crate) fn protect(&self) -> Vec<&str> {
+        self.session_id.iter().map(String::as_str).collect()
+    }
+
+    pub(crate) fn outcome_text(&self) -> String {
+        match &self.outcome {
+            None => "not run".into(),
+            Some(TurnOutcome::Completed) => "completed".into(),
+            Some(TurnOutcome::TimedOut) => "timed out".into(),
+            Some(TurnOutcome::Cancelled) => "cancelled".into(),
+            Some(TurnOutcome::Failed(f)) => format!("failed: {f}"),
+        }
+    }
+}
+
+pub(crate) async fn start_agent(
+    env: &Env,
+    settings: &Settings,
+    mode: &Mode,
+    plan: &RunPlan,
+    workspace: &Path,
+    paths: &StatePaths,
+    report: &mut PersistenceReport,
+) -> Result<Agent, String> {
+    let t = Instant::now();
+    let home = PathBuf::from(env.get(env::HOME).unwrap_or("/github/home"));
+    let cache_dir = match mode {
+        Mode::Local { state_dir, .. } => state_dir.join("opencode-install"),
+        Mode::Action => home.join(".cache/fro-bot"),
+    };
+    let located = opencode::locate::locate(env, &settings.opencode_version, &cache_dir)
+        .await
+        .map_err(|e| e.to_string())?;
+    let data_home = paths
+        .data_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| home.join(".local/share"));
+    let dirs = Isolation {
+        home: home.clone(),
+        data_home,
+        config_home: env
+            .get(env::XDG_CONFIG_HOME)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home.join(".config")),
+        cache_home: env
+            .get(env::XDG_CACHE_HOME)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home.join(".cache")),
+        state_home: env
+            .get(env::XDG_STATE_HOME)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home.join(".local/state")),
+    };
+    let mut extra_env = Vec::new();
+    if plan.agent_gets_token {
+        if let Some(token) = &settings.github_token {
+            extra_env.push(("GH_TOKEN".to_string(), token.expose().to_string()));
+        }
+    }
+    let log_dir = env
+        .get(env::RUNNER_TEMP)
+        .map(PathBuf::from)
+        .filter(|p| p.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    let agent = Agent::start(AgentOptions {
+        opencode: located.path().to_path_buf(),
+        opencode_version: settings.opencode_version.clone(),
+        workspace: workspace.to_path_buf(),
+        dirs,
+        base_env: env.clone(),
+        extra_env,
+        fro_bot_exe: std::env::current_exe().ok(),
+        model: settings.model.clone(),
+        user_config: settings.opencode_config.clone(),
+        auth: settings.auth.clone(),
+        log_file: log_dir.join("fro-bot-opencode-server.log"),
+        startup_deadline: Duration::from_secs(60),
+        now_ms: opencode::system_now_ms,
+    })
+    .await
+    .map_err(|e| {
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            text.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        text
+    })?;
+    report.record_phase("opencode-start", t.elapsed());
+    Ok(agent)
+}
+
+/// What the agent part of the run reads.
+pub(crate) struct AgentInputs<'a> {
+    pub(crate) settings: &'a Settings,
+    pub(crate) env: &'a Env,
+    pub(crate) plan: &'a RunPlan,
+    pub(crate) restored: &'a RestoreReport,
+    pub(crate) gh: Option<&'a github::GitHub>,
+    pub(crate) cancel: &'a Cancellation,
+    pub(crate) started: Instant,
+}
+
+/// Resolves the session, prepares the prompt (context, prior work), runs the turn and writes the
+/// run summary back into the session.
+pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
+    let AgentInputs {
+        settings,
+        env,
+        plan,
+        restored,
+        gh,
+        cancel,
+        started,
+    } = *inputs;
+    let started_prep = Instant::now();
+    let resolved = match agent.resolve_session(plan.logical_key.as_str()).await {
+        Ok(r) => r,
+        Err(e) => {
+            out.errors.push(format!("cannot resolve the session: {e}"));
+            log::error(&format!("cannot resolve the session: {e}"));
+            out.outcome = Some(TurnOutcome::Failed(opencode::TurnFailure::Api {
+                message: e.to_string(),
+            }));
+            return;
+        }
+    };
+    tracing::info!(
+        "session {} ({:?}) for {}",
+        resolved.session.id,
+        resolved.resolution,
+        plan.logical_key.as_str()
+    );
+    out.session_id = Some(resolved.session.id.clone());
+
+    // Context from GitHub (bounded), then prior work from other sessions.
+    let context = match (gh, &plan.thread) {
+        (Some(gh), Some(thread)) => match gh
+            .fetch_context(thread, github::context::ContextLimits::default())
+            .await
+        {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!("cannot fetch the issue/PR context: {e}");
+                None
+            }
+        },
+        _ => None,
+    };
+    let title = context.as_ref().map(|c| c.title.clone());
+    let terms = prep::search_terms(plan.logical_key.as_str(), title.as_deref());
+    let prior = match agent
+        .prior_work(&terms, &[resolved.session.id.as_str()])
+        .await
+    {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!("prior-work search failed: {e}");
+            Vec::new()
+        }
+    };
+    let entity = context.map(|c| prep::EntityContext {
+        kind: c.kind.as_str().replace('_', " "),
+        number: c.number,
+        title: c.title,
+        body: c.body,
+        author: String::new(),
+        comments: c
+            .comments
+            .into_iter()
+            .map(|cm| prep::CommentContext {
+                author: cm.author,
+                body: cm.body,
+            })
+            .collect(),
+        trigger: None,
+    });
+    let schedule_like = plan.thread.is_none();
+    let rules = match (
+        settings.response_mode,
+        plan.thread.is_some(),
+        plan.agent_gets_token,
+    ) {
+        (ResponseMode::None, _, _) => prep::ResponseRules::NoPosting,
+        (ResponseMode::Github, true, _) => prep::ResponseRules::HarnessPosts,
+        (ResponseMode::Github, false, true) => prep::ResponseRules::AgentActs,
+        (ResponseMode::Github, false, false) => prep::ResponseRules::NoPosting,
+    };
+    let prompt = prep::build_prompt(&prep::PromptInput {
+        repo: env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string(),
+        event: plan.trigger_summary.clone(),
+        actor: plan
+            .author
+            .clone()
+            .or_else(|| env.get(env::GITHUB_ACTOR).map(str::to_string)),
+        git_ref: env.get(env::GITHUB_REF_NAME).map(str::to_string),
+        run_url: github::response::run_url(env),
+        context: entity,
+        prior_work: prior,
+        directive: plan.directive.clone(),
+        prompt: settings.prompt.clone(),
+        prompt_replaces_directive: schedule_like,
+        rules,
+        budget: 0,
+    });
+
+    out.prep_time = started_prep.elapsed();
+    let opts = TurnOptions {
+        timeout: settings.timeout,
+        agent: settings.agent.clone(),
+        model: settings.model.as_ref().map(Into::into),
+        ..TurnOptions::default()
+    };
+    let report = agent
+        .run_turn(resolved.session, &prompt, &opts, cancel)
+        .await;
+    out.session_id = Some(report.session.id.clone());
+    out.replaced = report.replaced.clone();
+    out.errors.extend(report.errors.iter().cloned());
+    out.answer = report
+        .reply
+        .as_ref()
+        .map(|r| r.text.clone())
+        .filter(|t| !t.trim().is_empty());
+    out.tokens = Some(report.tokens.clone());
+    out.cost = report.cost;
+    match &report.outcome {
+        TurnOutcome::Completed => {
+            tracing::info!("the agent finished ({} attempt(s))", report.attempts)
+        }
+        TurnOutcome::TimedOut => log::error("the agent's turn timed out and was aborted"),
+        TurnOutcome::Cancelled => log::warning("the agent's turn was cancelled"),
+        TurnOutcome::Failed(f) => log::error(&format!("the agent's turn failed: {f}")),
+    }
+    out.outcome = Some(report.outcome);
+
+    // Writeback: the run recorded in the session itself, so later runs find it by search.
+    let summary = opencode::writeback::RunSummary {
+        event: plan.trigger_summary.clone(),
+        repo: env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string(),
+        git_ref: env.get(env::GITHUB_REF_NAME).unwrap_or("").to_string(),
+        run_id: env.get(env::GITHUB_RUN_ID).unwrap_or("").to_string(),
+        cache_status: restored.status.as_str().to_string(),
+        session_id: report.session.id.clone(),
+        logical_key: plan.logical_key.as_str().to_string(),
+        duration: started.elapsed(),
+        tokens: report.tokens,
+        cost: report.cost,
+        errors: out.errors.clone(),
+    };
+    if !cancel.is_cancelled() {
+        if let Err(e) = agent.writeback(&summary).await {
+            tracing::warn!("cannot write the run summary into the session: {e}");
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Finalize: the one response on GitHub, the completion reaction, the run's records in the object
+//! store, and the step summary.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::config::Settings;
+use crate::github::{self, CacheKeys, RunPlan};
+use crate::object_store as store;
+use crate::opencode::TurnOutcome;
+use crate::phases::agent::AgentRun;
+use crate::phases::paths::StatePaths;
+use crate::phases::report::{PersistenceReport, RestoreReport};
+use crate::phases::run::StoreContext;
+use crate::runner::{log, now_ms, Env, FileCommands};
+
+pub(crate) async fn finalize_github(
+    gh: &github::GitHub,
+    settings: &Settings,
+    env: &Env,
+    plan: &RunPlan,
+    agent_run: &AgentRun,
+    restored: &RestoreReport,
+    started: Instant,
+) {
+    let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
+    // A failed run still answers once, so the person who asked is not left waiting in silence.
+    let failure = (!succeeded && agent_run.answer.is_none()).then(|| {
+        format!(
+            "I could not finish this one: the agent {}. The run log has the details; mention me again to retry.",
+            agent_run.outcome_text()
+        )
+    });
+    if let Some(answer) = agent_run.answer.as_ref().or(failure.as_ref()) {
+        let footer = github::response::RunFooter {
+            run_url: github::response::run_url(env),
+            session_id: agent_run.session_id.clone(),
+            cache_status: Some(restored.status.as_str().to_string()),
+            logical_key: Some(plan.logical_key.as_str().to_string()),
+            duration_secs: Some(started.elapsed().as_secs()),
+        };
+        if let Err(e) = gh
+            .respond(
+                settings.response_mode,
+                plan.thread.as_ref(),
+                answer,
+                &footer,
+            )
+            .await
+        {
+            log::warning(&format!("cannot post the response comment: {e}"));
+        }
+    }
+    if let Err(e) = gh.conclude(plan, succeeded).await {
+        tracing::warn!("cannot add the completion reaction: {e}");
+    }
+}
+
+pub(crate) async fn upload_run_records(
+    ctx: &StoreContext,
+    keys: &CacheKeys,
+    paths: &StatePaths,
+    plan: &RunPlan,
+    report: &PersistenceReport,
+    agent_run: &AgentRun,
+) {
+    let run_key = keys.run_key();
+    let metadata = serde_json::json!({
+        "run_key": run_key,
+        "logical_key": plan.logical_key.as_str(),
+        "session_id": agent_run.session_id,
+        "outcome": agent_run.outcome_text(),
+        "cache_status": report.restore.as_ref().map(|r| r.status.as_str()),
+        "save_result": report.save.as_ref().map(|s| s.state_value().as_str()),
+        "save_outcome": report.save.as_ref().map(|s| s.outcome.as_str()),
+        "store_publish": report.store_publish.describe(),
+        "lease": report.lease.describe(),
+        "at_ms": now_ms(),
+    });
+    if let store::UploadOutcome::Failed { error } =
+        store::sync::upload_run_metadata(&ctx.store, &ctx.keys, &run_key, &metadata).await
+    {
+        tracing::warn!("cannot upload the run record: {error}");
+    }
+    // OpenCode's own logs may quote configuration or provider errors: only redacted copies leave
+    // the machine.
+    let redacted = match redacted_copy(&paths.data_dir.join("log")) {
+        Ok(Some(dir)) => dir,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!("cannot prepare OpenCode's logs for upload: {e}");
+            return;
+        }
+    };
+    if let store::ArtifactsOutcome::Failed { .. } =
+        store::sync::upload_run_artifacts(&ctx.store, &ctx.keys, &run_key, redacted.path()).await
+    {
+        tracing::warn!("some OpenCode logs could not be uploaded");
+    }
+}
+
+/// Largest log file copied for upload; OpenCode's logs are small, a runaway one is cut.
+pub(crate) const MAX_LOG_BYTES: u64 = 8 * 1024 * 1024;
+
+/// A temp copy of the regular files in `dir` with every registered secret replaced by `***`.
+pub(crate) fn redacted_copy(dir: &Path) -> std::io::Result<Option<tempfile::TempDir>> {
+    use std::io::Read as _;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let out = tempfile::tempdir()?;
+    for entry in entries {
+        let entry = entry?;
+        if !entry.file_type()?.is_file() {
+            continue;
+        }
+        let mut text = Vec::new();
+        std::fs::File::open(entry.path())?
+            .take(MAX_LOG_BYTES)
+            .read_to_end(&mut text)?;
+        let clean = log::redact(&String::from_utf8_lossy(&text));
+        std::fs::write(out.path().join(entry.file_name()), clean)?;
+    }
+    Ok(Some(out))
+}
+
+pub(crate) fn write_summary(
+    files: &FileCommands,
+    plan: &RunPlan,
+    agent_run: &AgentRun,
+    report: &PersistenceReport,
+    duration: Duration,
+) {
+    let rows = vec![
+        vec!["Trigger".to_string(), plan.trigger_summary.clone()],
+        vec![
+            "Conversation".into(),
+            format!("`{}`", plan.logical_key.as_str()),
+        ],
+        vec![
+            "Session".into(),
+            agent_run
+                .session_id
+                .clone()
+                .unwrap_or_else(|| "none".into()),
+        ],
+        vec!["Agent".into(), agent_run.outcome_text()],
+        vec![
+            "Tokens / cost".into(),
+            match &agent_run.tokens {
+                Some(t) => format!("{} in, {} out / ${:.4}", t.input, t.output, agent_run.cost),
+                None => "n/a".into(),
+            },
+        ],
+        vec!["Duration".into(), format!("{:.1}s", duration.as_secs_f64())],
+    ];
+    let mut md = format!(
+        "### fro-bot run\n\n{}\n",
+        crate::runner::summary::table(&["", ""], &rows)
+    );
+    md.push_str(&report.to_markdown("Session Persistence"));
+    if let Err(e) = files.append_summary(&md) {
+        tracing::warn!("{e}");
+    }
+    if files.summary.is_none() {
+        // Local runs: the summary goes to the terminal.
+        println!("\n{md}");
+    }
+}
