@@ -344,8 +344,12 @@ pub mod phases {
         let db = job.paths.db();
         let wal = job.paths.data_dir.join("opencode.db-wal");
         let before = std::fs::read(&db).unwrap();
-        let _db_lock = Immutable::set(&db);
-        let _wal_lock = Immutable::set(&wal);
+        let Some(_db_lock) = Immutable::set(&db) else {
+            return;
+        };
+        let Some(_wal_lock) = Immutable::set(&wal) else {
+            return;
+        };
         // Checkpointing needs to write: it fails, and says it is not corruption.
         match fro_bot::checkpoint::checkpoint(&db) {
             fro_bot::checkpoint::CheckpointOutcome::Failed {
