@@ -31,7 +31,7 @@ enum Command {
     /// The action's post step: retry a save the main step could not make durable. Always exits 0.
     Post,
     /// Run the whole pipeline on this machine, with memory kept under .fro-bot/ in the repository.
-    Local(LocalArgs),
+    Local(Box<LocalArgs>),
     /// MCP server over stdio that gives the agent session_list/read/search/info over past sessions.
     SessionTools,
     /// Print what this environment derives: memory paths, cache keys and version, identity, and
@@ -66,6 +66,32 @@ struct LocalArgs {
     /// Turn deadline in milliseconds (0 = none).
     #[arg(long)]
     timeout: Option<String>,
+    /// Root sessions kept beyond those updated in the last 30 days.
+    #[arg(long = "session-retention")]
+    session_retention: Option<String>,
+    /// Neither restore nor save memory (true/false).
+    #[arg(long = "skip-cache")]
+    skip_cache: Option<String>,
+    /// Also keep memory in an S3-compatible store, under the lease (true/false).
+    #[arg(long = "s3-backup")]
+    s3_backup: Option<String>,
+    #[arg(long = "s3-bucket")]
+    s3_bucket: Option<String>,
+    #[arg(long = "aws-region")]
+    aws_region: Option<String>,
+    #[arg(long = "s3-endpoint")]
+    s3_endpoint: Option<String>,
+    #[arg(long = "s3-prefix")]
+    s3_prefix: Option<String>,
+    #[arg(long = "s3-expected-bucket-owner")]
+    s3_expected_bucket_owner: Option<String>,
+    /// Allow http and private endpoints such as a local MinIO (true/false).
+    #[arg(long = "s3-allow-insecure-endpoint")]
+    s3_allow_insecure_endpoint: Option<String>,
+    #[arg(long = "s3-sse-encryption")]
+    s3_sse_encryption: Option<String>,
+    #[arg(long = "s3-sse-kms-key-id")]
+    s3_sse_kms_key_id: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -179,6 +205,23 @@ fn local_env(mut env: Env, args: &LocalArgs) -> Result<(Env, Mode), String> {
         (names::input::AUTH_JSON, &args.auth_json),
         (names::input::OPENCODE_CONFIG, &args.opencode_config),
         (names::input::TIMEOUT, &args.timeout),
+        (names::input::SESSION_RETENTION, &args.session_retention),
+        (names::input::SKIP_CACHE, &args.skip_cache),
+        (names::input::S3_BACKUP, &args.s3_backup),
+        (names::input::S3_BUCKET, &args.s3_bucket),
+        (names::input::AWS_REGION, &args.aws_region),
+        (names::input::S3_ENDPOINT, &args.s3_endpoint),
+        (names::input::S3_PREFIX, &args.s3_prefix),
+        (
+            names::input::S3_EXPECTED_BUCKET_OWNER,
+            &args.s3_expected_bucket_owner,
+        ),
+        (
+            names::input::S3_ALLOW_INSECURE_ENDPOINT,
+            &args.s3_allow_insecure_endpoint,
+        ),
+        (names::input::S3_SSE_ENCRYPTION, &args.s3_sse_encryption),
+        (names::input::S3_SSE_KMS_KEY_ID, &args.s3_sse_kms_key_id),
     ];
     for (name, value) in flags {
         if let Some(v) = value {

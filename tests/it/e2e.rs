@@ -1098,6 +1098,15 @@ mod local {
     use crate::support::services::opencode_bin;
 
     fn local(repo: &std::path::Path, llm: &FakeLlm, args: &[&str]) -> (i32, String, String) {
+        local_with(repo, llm, args, &[])
+    }
+
+    fn local_with(
+        repo: &std::path::Path,
+        llm: &FakeLlm,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> (i32, String, String) {
         let out = Command::new(BIN)
             .arg("local")
             .args(args)
@@ -1106,6 +1115,7 @@ mod local {
             .env("HOME", repo.join("user-home"))
             .env("OPENCODE_PATH", opencode_bin())
             .env("INPUT_OPENCODE-CONFIG", llm.opencode_config().to_string())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .current_dir(repo)
             .stdin(Stdio::null())
             .output()
@@ -1153,6 +1163,45 @@ mod local {
             !text.contains("Which one again?"),
             "another thread is another conversation"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn local_takes_the_s3_inputs_as_flags_and_publishes_under_the_lease() {
+        let llm = FakeLlm::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        fresh_checkout(&repo, "local\n");
+        let s3 = crate::support::services::s3();
+        let prefix = crate::support::s3::unique_prefix("local");
+        let env = [
+            ("AWS_ACCESS_KEY_ID", s3.access_key.clone()),
+            ("AWS_SECRET_ACCESS_KEY", s3.secret_key.clone()),
+        ];
+        let (code, out, err) = local_with(
+            &repo,
+            &llm,
+            &[
+                "--prompt",
+                "Remember this.",
+                "--s3-backup",
+                "true",
+                "--s3-bucket",
+                &s3.bucket,
+                "--s3-endpoint",
+                &s3.endpoint,
+                "--s3-allow-insecure-endpoint",
+                "true",
+                "--s3-prefix",
+                &prefix,
+            ],
+            &env,
+        );
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(
+            out.contains("| Object-store publish | published |"),
+            "{out}"
+        );
+        assert!(out.contains("acquired (generation"), "{out}");
     }
 
     #[test]
