@@ -521,6 +521,36 @@ mod scenarios {
     }
 
     #[tokio::test]
+    async fn a_workspace_owned_by_the_runner_user_still_gets_its_project_identity() {
+        let world = World::start().await;
+        world.github.seed_issue(5, "t", "b");
+        let mut job = world.job(350);
+        // As on a runner: the checkout belongs to the runner's user, the container runs as root.
+        let status = std::process::Command::new("chown")
+            .args(["-R", "1001:1001"])
+            .arg(job.workspace())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
+        let (job, r) = main_step(job).await;
+        assert_eq!(r.code, 0, "{}", explain(&r));
+        let db = rusqlite::Connection::open(job.data_dir().join("opencode.db")).unwrap();
+        let projects: Vec<String> = db
+            .prepare("SELECT id FROM project WHERE worktree = ?1")
+            .unwrap()
+            .query_map([job.workspace().to_string_lossy()], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(projects.len(), 1, "{projects:?}");
+        assert_ne!(
+            projects[0], "global",
+            "git must work on a checkout owned by another user"
+        );
+    }
+
+    #[tokio::test]
     async fn schedule_runs_start_fresh_sessions_but_keep_memory() {
         let world = World::start().await;
         let schedule = json!({"schedule": "0 6 * * 1", "repository": {"full_name": "octo/hello"}});
