@@ -144,6 +144,14 @@ pub enum AuthRequirement {
 impl Settings {
     pub fn from_env(env: &Env, auth: AuthRequirement) -> Result<Self, ConfigError> {
         // Secrets first: masked before any other parsing could echo them in an error.
+        for var in [
+            crate::runner::env::AWS_SECRET_ACCESS_KEY,
+            crate::runner::env::AWS_SESSION_TOKEN,
+        ] {
+            if let Some(secret) = env.get(var) {
+                log::add_mask(secret);
+            }
+        }
         let github_token = env.input(input::GITHUB_TOKEN).map(Secret::new);
         let auth = parse_auth_json(env.input(input::AUTH_JSON), auth)?;
 

@@ -123,14 +123,25 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            fro_bot::runner::log::error(&format!("cannot start the async runtime: {e}"));
+            let message = format!("cannot start the async runtime: {e}");
+            if let Command::Post = command {
+                // A failing post step fails the whole job: post always exits 0.
+                fro_bot::runner::log::warning(&message);
+                return ExitCode::SUCCESS;
+            }
+            fro_bot::runner::log::error(&message);
             return ExitCode::FAILURE;
         }
     };
     match command {
         Command::Post => {
-            runtime.block_on(fro_bot::phases::post::run_post(&env));
-            // A failing post step fails the whole job: post always exits 0.
+            // A failing post step fails the whole job: post always exits 0, whatever happens.
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                runtime.block_on(post(&env))
+            }));
+            if outcome.is_err() {
+                fro_bot::runner::log::warning("post: an internal error stopped the retry");
+            }
             ExitCode::SUCCESS
         }
         Command::Run => runtime.block_on(run(env, Mode::Action)),
@@ -152,6 +163,20 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+    }
+}
+
+/// The post step, stopped cleanly by SIGINT/SIGTERM (as PID 1 nothing else would handle them).
+async fn post(env: &Env) {
+    let cancel = Cancellation::new();
+    if let Err(e) = cancel.install_signal_handlers() {
+        tracing::warn!("cannot handle SIGINT/SIGTERM: {e}");
+    }
+    tokio::select! {
+        _ = fro_bot::phases::post::run_post(env) => {}
+        () = cancel.cancelled() => {
+            fro_bot::runner::log::warning("post: cancelled; memory from before this run is intact");
+        }
     }
 }
 

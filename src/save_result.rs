@@ -174,6 +174,10 @@ pub fn safety_gate(inputs: GateInputs) -> Option<GateRefusal> {
 pub enum StorePublish {
     Published,
     WithheldNoLease,
+    /// The lease was held but may not publish now (lost, released, or about to expire).
+    Withheld {
+        reason: String,
+    },
     Conflict,
     Failed {
         message: String,
@@ -188,6 +192,7 @@ impl StorePublish {
         match self {
             StorePublish::Published => "published".into(),
             StorePublish::WithheldNoLease => "withheld (no lease acquired)".into(),
+            StorePublish::Withheld { reason } => format!("withheld ({reason})"),
             StorePublish::Conflict => {
                 "conflict (another run published newer memory; not overwritten)".into()
             }

@@ -354,6 +354,16 @@ impl Shared {
 
 /// A held lease. Renews itself in the background until released or lost; dropping it stops the
 /// renewal (the record then expires on its own).
+/// See [`LeaseHandle::etag_source`].
+#[derive(Clone)]
+pub struct EtagSource(Arc<Shared>);
+
+impl EtagSource {
+    pub fn current(&self) -> String {
+        self.0.snapshot().etag
+    }
+}
+
 pub struct LeaseHandle {
     shared: Arc<Shared>,
     stop: CancellationToken,
@@ -429,6 +439,12 @@ impl LeaseHandle {
 
     pub fn etag(&self) -> String {
         self.shared.snapshot().etag
+    }
+
+    /// A cheap handle that reads the current ETag from another task (renewals change it; the
+    /// main step keeps post's copy current with it).
+    pub fn etag_source(&self) -> EtagSource {
+        EtagSource(self.shared.clone())
     }
 
     pub fn expires_at(&self) -> u64 {

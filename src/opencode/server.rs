@@ -371,14 +371,23 @@ impl Server {
                 };
             }
             Err(_) => {
+                // Killed and reaped, a process writes nothing more (and SQLite's WAL is crash-safe);
+                // only one we cannot see exit stays unconfirmed.
                 let _ = child.start_kill();
-                let _ = tokio::time::timeout(Duration::from_millis(500), child.wait()).await;
-                return Quiescence::Unconfirmed {
-                    reason: format!(
-                        "OpenCode did not exit within {} ms of SIGTERM; killed",
+                match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
+                    Ok(Ok(_)) => tracing::warn!(
+                        "OpenCode did not exit within {} ms of SIGTERM; killed it",
                         budget.as_millis()
                     ),
-                };
+                    _ => {
+                        return Quiescence::Unconfirmed {
+                            reason: format!(
+                                "OpenCode did not exit within {} ms of SIGTERM, nor after SIGKILL",
+                                budget.as_millis()
+                            ),
+                        }
+                    }
+                }
             }
         }
         loop {

@@ -127,7 +127,8 @@ async fn retry(env: &Env) -> PostOutcome {
     if report.key_taken {
         // Main reserved this key and died before committing it: the reservation blocks the key,
         // so the retry goes under a key of its own (still matched by the restore prefixes).
-        let post_key = format!("{save_key}-post");
+        // Same derivation, one suffix; still within the service's 512-unit key limit.
+        let post_key = format!("{}-post", crate::github::keys::shorten(&save_key, 512 - 5));
         report = save_with_key(env, &paths, workspace, backend.as_ref(), &post_key).await;
     }
     PostOutcome::Retried {

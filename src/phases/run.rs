@@ -28,6 +28,10 @@ use crate::save_result::{GateInputs, StateValue, StorePublish};
 const PUBLISH_MIN_REMAINING: Duration = Duration::from_secs(30);
 /// Bounded wait for OpenCode to exit and its port to close.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(5);
+/// Even under a signal, OpenCode gets this long to exit before it is killed.
+const SHUTDOWN_FLOOR: Duration = Duration::from_millis(1500);
+/// How long the work this run started gets to stop after an abort, before the gate looks.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone)]
 pub enum Mode {
@@ -74,10 +78,16 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
             return RunExit::code(1);
         }
     };
+    let repository = env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string();
+    // The store's settings and key layout are configuration too: checked before anything runs.
     let store_settings = match settings
         .s3
         .as_ref()
-        .map(|s3| StoreSettings::from_input(s3, &env))
+        .map(|s3| {
+            let validated = StoreSettings::from_input(s3, &env)?;
+            let keys = StoreKeys::for_repository(&validated.prefix, &repository)?;
+            Ok::<_, crate::object_store::ValidationError>((validated, keys))
+        })
         .transpose()
     {
         Ok(s) => s,
@@ -164,7 +174,6 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
             state_dir.join("cache"),
         ))),
     };
-    let repository = env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string();
 
     // Dedup.
     let sentinels = backend.as_ref().map(|b| CacheSentinels {
@@ -204,20 +213,15 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
 
     // Lease.
     let mut report = PersistenceReport::default();
-    let store_ctx = match &store_settings {
-        Some(s) => match StoreKeys::for_repository(&s.prefix, &repository) {
-            Ok(keys) => Some(StoreContext {
-                store: ObjectStore::connect(s).await,
-                keys,
-            }),
-            Err(e) => {
-                log::error(&format!("invalid configuration: {e}"));
-                return RunExit::code(1);
-            }
-        },
+    let store_ctx = match store_settings {
+        Some((settings, keys)) => Some(StoreContext {
+            store: ObjectStore::connect(&settings).await,
+            keys,
+        }),
         None => None,
     };
     let mut lease_handle: Option<LeaseHandle> = None;
+    let mut etag_watch: Option<tokio::task::JoinHandle<()>> = None;
     if let Some(ctx) = &store_ctx {
         let holder = Holder {
             repo: repository.clone(),
@@ -242,6 +246,7 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
                     generation: handle.generation(),
                 };
                 save_lease_state(&files, &handle);
+                etag_watch = Some(watch_lease_etag(files.clone(), handle.etag_source()));
                 lease_handle = Some(handle);
             }
             AcquireOutcome::HeldByOther {
@@ -380,16 +385,10 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
                 tracing::warn!("pruning old sessions failed: {e}");
             }
         }
-        agent_still_running = match a.is_busy(agent_run.session_id.as_deref()).await {
-            Ok(busy) => busy,
-            Err(e) => {
-                tracing::debug!("session status unknown before shutdown: {e}");
-                false
-            }
-        };
+        agent_still_running = stop_agent_work(a, agent_run.session_id.as_deref()).await;
         let budget = cancel
             .remaining()
-            .map(|r| (r / 3).min(SHUTDOWN_BUDGET))
+            .map(|r| (r / 3).clamp(SHUTDOWN_FLOOR, SHUTDOWN_BUDGET))
             .unwrap_or(SHUTDOWN_BUDGET);
         match a.shutdown(budget).await {
             opencode::Quiescence::Confirmed => {}
@@ -437,7 +436,16 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     .await;
     let Some(save_report) = save_report else {
         // Out of time: the state still says not-persisted, so the post step retries.
-        log::warning("memory: not saved before the cancel deadline; the post step retries");
+        let text = "memory: not saved before the cancel deadline; the post step retries";
+        log::warning(text);
+        set_output(
+            &files,
+            output::DURATION,
+            &started.elapsed().as_secs().to_string(),
+        );
+        if let Err(e) = files.append_summary(&format!("### Session Persistence\n\n{text}.\n\n")) {
+            tracing::warn!("{e}");
+        }
         return RunExit::code(1);
     };
     failpoint::hit("run:after-save");
@@ -464,26 +472,38 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     report.record_phase("save", t.elapsed());
     drop(_g);
 
-    // Niceties: run records, the lease, the dedup sentinel.
+    // What the user reads comes next; the niceties after it, each within what is left of a cancel
+    // budget (a lease left behind is post's to release).
+    let duration = started.elapsed();
+    set_output(&files, output::DURATION, &duration.as_secs().to_string());
+    write_summary(&files, &plan, &agent_run, &report, duration);
+
     if let Some(ctx) = &store_ctx {
-        upload_run_records(ctx, &keys, &paths, &plan, &report, &agent_run).await;
+        let upload = upload_run_records(ctx, &keys, &paths, &plan, &report, &agent_run);
+        if within_budget(&cancel, upload).await.is_none() {
+            tracing::warn!("run records not uploaded before the cancel deadline");
+        }
+    }
+    if let Some(watch) = etag_watch {
+        watch.abort();
     }
     if let Some(handle) = lease_handle {
-        match handle.release().await {
-            lease::ReleaseOutcome::Released => {
+        match within_budget(&cancel, handle.release()).await {
+            Some(lease::ReleaseOutcome::Released) => {
                 set_state(&files, state::LEASE_KEY, "");
                 set_state(&files, state::LEASE_ETAG, "");
             }
-            lease::ReleaseOutcome::NotHeld => {}
-            lease::ReleaseOutcome::Failed { error } => {
+            Some(lease::ReleaseOutcome::NotHeld) => {}
+            Some(lease::ReleaseOutcome::Failed { error }) => {
                 tracing::warn!("cannot release the memory lease: {error}")
             }
+            None => tracing::warn!("the memory lease was not released before the cancel deadline"),
         }
     }
     if succeeded {
         if let (Some(s), Some(_)) = (&sentinels, plan.dedup) {
             let attempt = env.get(env::GITHUB_RUN_ATTEMPT).unwrap_or("1");
-            if let Err(e) = dedup::record(
+            let record = dedup::record(
                 s,
                 &event,
                 &repository,
@@ -491,21 +511,73 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
                 attempt,
                 Some(plan.logical_key.as_str()),
                 now_ms(),
-            )
-            .await
-            {
-                tracing::warn!("cannot record the dedup sentinel: {e}");
+            );
+            match within_budget(&cancel, record).await {
+                Some(Ok(_)) | None => {}
+                Some(Err(e)) => tracing::warn!("cannot record the dedup sentinel: {e}"),
             }
         }
     }
 
-    let duration = started.elapsed();
-    set_output(&files, output::DURATION, &duration.as_secs().to_string());
-    write_summary(&files, &plan, &agent_run, &report, duration);
     RunExit {
         code: if succeeded { 0 } else { 1 },
         answer: agent_run.answer,
     }
+}
+
+/// Stops whatever this run's session is still doing (a turn that ended on an API error can leave it
+/// busy), then reports whether it is *still* busy: the safety gate's first question.
+async fn stop_agent_work(agent: &opencode::Agent, session: Option<&str>) -> bool {
+    if !is_busy(agent, session).await {
+        return false;
+    }
+    if let Some(id) = session {
+        if let Err(e) = agent.client().abort(id).await {
+            tracing::warn!("cannot abort the agent's session: {e}");
+        }
+    }
+    let until = std::time::Instant::now() + ABORT_GRACE;
+    loop {
+        if !is_busy(agent, session).await {
+            return false;
+        }
+        if std::time::Instant::now() >= until {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Busy or not, asked with a short deadline (an unanswered question counts as not busy: the
+/// shutdown that follows is what confirms nothing writes any more).
+async fn is_busy(agent: &opencode::Agent, session: Option<&str>) -> bool {
+    match tokio::time::timeout(Duration::from_secs(2), agent.is_busy(session)).await {
+        Ok(Ok(busy)) => busy,
+        Ok(Err(e)) => {
+            tracing::debug!("session status unknown: {e}");
+            false
+        }
+        Err(_) => {
+            tracing::debug!("session status did not answer in 2 s");
+            false
+        }
+    }
+}
+
+/// Keeps post's copy of the lease ETag current: renewals replace it, and a main step killed
+/// mid-run must leave post the ETag that releases the lease.
+fn watch_lease_etag(files: FileCommands, source: lease::EtagSource) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut seen = source.current();
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = source.current();
+            if now != seen {
+                set_state(&files, state::LEASE_ETAG, &now);
+                seen = now;
+            }
+        }
+    })
 }
 
 /// Runs `fut` to completion, unless the run is cancelled and the runner's kill deadline passes
@@ -516,9 +588,12 @@ async fn within_budget<T>(
 ) -> Option<T> {
     let deadline = async {
         cancel.cancelled().await;
-        match cancel.deadline() {
-            Some(d) => tokio::time::sleep_until(d.into()).await,
-            None => std::future::pending().await,
+        // Re-read every 100 ms: a SIGTERM after the SIGINT shortens what is left.
+        while let Some(d) = cancel.deadline() {
+            if std::time::Instant::now() >= d {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
     tokio::select! {
@@ -574,13 +649,25 @@ async fn publish(
     let Some(lease) = lease else {
         return StorePublish::WithheldNoLease;
     };
-    match lease.publish_gate(PUBLISH_MIN_REMAINING) {
-        lease::PublishGate::Open { .. } => {}
-        other => {
-            return StorePublish::Failed {
-                message: format!("lease does not allow publishing: {other:?}"),
-            }
-        }
+    let mut gate = lease.publish_gate(PUBLISH_MIN_REMAINING);
+    if let lease::PublishGate::TooLittleTime { .. } = gate {
+        // A renewal may buy the time; it never revives a lease that already expired.
+        lease.renew_now().await;
+        gate = lease.publish_gate(PUBLISH_MIN_REMAINING);
+    }
+    let reason = match gate {
+        lease::PublishGate::Open { .. } => None,
+        lease::PublishGate::Lost(why) => Some(format!("the lease was lost: {why:?}")),
+        lease::PublishGate::Released => Some("the lease was already released".to_string()),
+        lease::PublishGate::TooLittleTime { remaining_ms } => Some(format!(
+            "the lease has only {remaining_ms} ms left, too little to upload"
+        )),
+    };
+    if let Some(reason) = reason {
+        log::warning(&format!(
+            "memory not published to the object store: {reason}"
+        ));
+        return StorePublish::Withheld { reason };
     }
     failpoint::hit("save:before-publish");
     match store::sync::publish_session_db(&ctx.store, &ctx.keys, &paths.db(), expected_etag).await {

@@ -85,13 +85,48 @@ where
         );
         return not_attempted(result, Some(cp));
     }
-    if std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0) == 0 {
+    let size = match std::fs::metadata(&db) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        // Unreadable is not empty: declining keeps the state not-persisted, so post retries.
+        Err(e) => {
+            let result = CacheSaveResult::new(
+                SaveOutcome::CheckpointDeclined,
+                false,
+                format!("cannot read the session database: {e}"),
+            );
+            return not_attempted(result, Some(cp));
+        }
+    };
+    if size == 0 {
         let result = CacheSaveResult::new(
             SaveOutcome::SkippedEmpty,
             false,
             "no session database to save",
         );
         return not_attempted(result, Some(cp));
+    }
+    if cp == CheckpointOutcome::NothingToCheckpoint {
+        // Nothing opened the file yet: a corrupt database must not become the newest entry,
+        // which restore would then discard in favour of nothing.
+        let probe = {
+            let db = db.clone();
+            tokio::task::spawn_blocking(move || checkpoint::probe(&db)).await
+        };
+        if let Ok(checkpoint::ProbeOutcome::Failed {
+            structural: true,
+            message,
+        }) = probe
+        {
+            let result = CacheSaveResult::new(
+                SaveOutcome::CheckpointDeclined,
+                false,
+                format!(
+                    "the session database is corrupt; not saving it over good memory: {message}"
+                ),
+            );
+            return not_attempted(result, Some(cp));
+        }
     }
     if let Err(e) = write_marker(inputs.paths, inputs.run_id, inputs.now_ms) {
         // The marker is advisory (a missing one reads as compatible): save without it.

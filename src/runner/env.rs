@@ -36,6 +36,10 @@ pub const ACTIONS_RESULTS_URL: &str = "ACTIONS_RESULTS_URL";
 pub const ACTIONS_CACHE_URL: &str = "ACTIONS_CACHE_URL";
 pub const ACTIONS_CACHE_MODE: &str = "ACTIONS_CACHE_MODE";
 
+// AWS credentials (from the environment only; masked the moment the configuration is read).
+pub const AWS_SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
+pub const AWS_SESSION_TOKEN: &str = "AWS_SESSION_TOKEN";
+
 // Prefixes the runner uses to hand inputs and saved state to a step.
 pub const INPUT_PREFIX: &str = "INPUT_";
 pub const STATE_PREFIX: &str = "STATE_";

@@ -13,6 +13,10 @@ use tracing_subscriber::registry::LookupSpan;
 /// everywhere in the log and protect nothing.
 const MIN_SECRET_LEN: usize = 4;
 
+/// Whether `::add-mask::` lines are printed: only a runner reads them; anywhere else they would
+/// print the very secret they name. Set once by [`init_tracing`]; on by default.
+static EMIT_MASKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
 fn secrets() -> &'static Mutex<Vec<String>> {
     static SECRETS: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
     SECRETS.get_or_init(|| Mutex::new(Vec::new()))
@@ -35,7 +39,9 @@ pub fn add_mask(secret: &str) {
         list.push(part.to_string());
         // Longest first, so a secret that contains another is replaced whole.
         list.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        emit(&format!("::add-mask::{}", escape_data(part)));
+        if EMIT_MASKS.load(std::sync::atomic::Ordering::Relaxed) {
+            emit(&format!("::add-mask::{}", escape_data(part)));
+        }
     }
 }
 
@@ -184,6 +190,7 @@ where
 /// Installs the global tracing subscriber: log commands on a runner, plain lines locally.
 /// `FRO_BOT_LOG` (an `EnvFilter`-free level name) raises verbosity; default is INFO.
 pub fn init_tracing(github_actions: bool) {
+    EMIT_MASKS.store(github_actions, std::sync::atomic::Ordering::Relaxed);
     let level = std::env::var("FRO_BOT_LOG")
         .ok()
         .and_then(|v| v.parse::<Level>().ok())

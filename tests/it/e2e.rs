@@ -1172,6 +1172,10 @@ mod local {
         );
         assert!(out.contains("Session Persistence"), "{out}");
         assert!(
+            !out.contains("::add-mask::"),
+            "no runner reads masks here: they would print secrets"
+        );
+        assert!(
             repo.join(".fro-bot/cache").is_dir(),
             "memory lives under .fro-bot/"
         );

@@ -199,11 +199,29 @@ pub mod phases {
         let backend = backend(&server);
         let job = Job::new();
         std::fs::write(job.paths.db(), vec![0x5au8; 64 * 1024]).unwrap();
+        // The save refuses to store it (it would become the newest entry and hide good memory)...
         let report = job.save(Some(&backend), "k-main-1", OPEN_GATE).await;
-        // Saving does not judge content (nothing to checkpoint): the garbage is stored as-is...
-        assert_eq!(report.result.outcome, SaveOutcome::Persisted);
+        assert_eq!(
+            report.result.outcome,
+            SaveOutcome::CheckpointDeclined,
+            "{:?}",
+            report.result
+        );
+        assert!(
+            report.result.detail.contains("corrupt"),
+            "{}",
+            report.result.detail
+        );
+        assert!(server.entries().is_empty());
+        // ...and an entry that holds one anyway (another writer's) is recognised at restore.
+        let archive = job.workspace.join("planted.tzst");
+        fro_bot::cache::write_archive(job.paths.cache_paths(), &job.workspace, &archive).unwrap();
+        server.plant(
+            "k-main-2",
+            &fro_bot::cache::version(job.paths.cache_paths()),
+            &archive,
+        );
         std::fs::remove_dir_all(&job.paths.data_dir).unwrap();
-        // ...and restore recognises it and starts clean.
         let restored = job.restore(&backend, "k-main").await;
         assert_eq!(
             restored.status,
