@@ -324,20 +324,28 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
 
     // Session prep and the agent.
     let mut agent_run = AgentRun::default();
-    let agent = start_agent(
-        &env,
-        &settings,
-        &mode,
-        &plan,
-        &workspace,
-        &paths,
-        &mut report,
-    )
-    .await;
+    // Under a signal there is no agent to start: go straight to saving what was restored.
+    let agent = if cancel.is_cancelled() {
+        Err("cancelled before the agent started".to_string())
+    } else {
+        start_agent(
+            &env,
+            &settings,
+            &mode,
+            &plan,
+            &workspace,
+            &paths,
+            &mut report,
+        )
+        .await
+    };
     let mut agent = match agent {
         Ok(a) => Some(a),
         Err(message) => {
-            log::error(&format!("OpenCode could not start: {message}"));
+            match cancel.is_cancelled() {
+                true => log::warning(&format!("the agent did not run: {message}")),
+                false => log::error(&format!("OpenCode could not start: {message}")),
+            }
             agent_run.errors.push(message);
             None
         }
