@@ -26,7 +26,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rand::Rng;
 use rusqlite::types::Value as Sql;
 use serde_json::{json, Value};
-use support::action::{Job, StepResult};
+use support::action::{comment_event, explain, Job};
 use support::cache_server::CacheServer;
 use support::fake_github::FakeGitHub;
 use support::fake_llm::{FakeLlm, Reply};
@@ -58,26 +58,6 @@ fn main() {
         .build()
         .expect("tokio runtime");
     rt.block_on(run());
-}
-
-fn comment_event(issue: u64, comment_id: u64, body: &str) -> Value {
-    json!({
-        "action": "created",
-        "issue": {"number": issue, "title": "Flaky build", "body": "It fails sometimes.",
-                  "state": "open", "locked": false, "node_id": format!("I_{issue}"),
-                  "user": {"login": "mona", "type": "User"}, "author_association": "OWNER"},
-        "comment": {"id": comment_id, "body": body, "node_id": format!("IC_{comment_id}"),
-                    "user": {"login": "mona", "type": "User"}, "author_association": "OWNER"},
-        "repository": {"full_name": "octo/hello", "name": "hello", "owner": {"login": "octo"}},
-        "sender": {"login": "mona", "type": "User"}
-    })
-}
-
-fn explain(r: &StepResult) -> String {
-    format!(
-        "exit {}\nstdout:\n{}\nstderr:\n{}\nsummary:\n{}",
-        r.code, r.stdout, r.stderr, r.summary
-    )
 }
 
 async fn in_blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {

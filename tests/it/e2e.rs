@@ -1,7 +1,7 @@
 //! The built binary, run the way the runner runs the container action.
 
 use crate::persistence::killed_writer;
-use crate::support::action::{Job, StepResult};
+use crate::support::action::{comment_event, explain, Job, StepResult};
 use crate::support::cache_server::CacheServer;
 
 fn with_cache(job: &mut Job, server: &CacheServer) {
@@ -221,19 +221,6 @@ mod scenarios {
         }
     }
 
-    pub fn comment_event(issue: u64, comment_id: u64, body: &str) -> serde_json::Value {
-        json!({
-            "action": "created",
-            "issue": {"number": issue, "title": "Flaky build", "body": "It fails sometimes.",
-                      "state": "open", "locked": false, "node_id": format!("I_{issue}"),
-                      "user": {"login": "mona", "type": "User"}, "author_association": "OWNER"},
-            "comment": {"id": comment_id, "body": body, "node_id": format!("IC_{comment_id}"),
-                        "user": {"login": "mona", "type": "User"}, "author_association": "OWNER"},
-            "repository": {"full_name": "octo/hello", "name": "hello", "owner": {"login": "octo"}},
-            "sender": {"login": "mona", "type": "User"}
-        })
-    }
-
     pub async fn main_step(job: Job) -> (Job, StepResult) {
         tokio::task::spawn_blocking(move || {
             let r = job.main_step();
@@ -250,13 +237,6 @@ mod scenarios {
         })
         .await
         .unwrap()
-    }
-
-    fn explain(r: &StepResult) -> String {
-        format!(
-            "exit {}\nstdout:\n{}\nstderr:\n{}\nsummary:\n{}",
-            r.code, r.stdout, r.stderr, r.summary
-        )
     }
 
     #[tokio::test]
@@ -925,7 +905,7 @@ mod kill_points {
     use std::path::Path;
     use std::time::Duration;
 
-    use super::scenarios::{comment_event, main_step, post_step, World};
+    use super::scenarios::{main_step, post_step, World};
     use super::*;
     use crate::support::fake_llm::Reply;
     use fro_bot::phases::paths::StatePaths;

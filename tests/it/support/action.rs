@@ -25,6 +25,28 @@ pub struct StepResult {
     pub summary: String,
 }
 
+/// A new comment on an issue by its (trusted) author, as GitHub sends `issue_comment`.
+pub fn comment_event(issue: u64, comment_id: u64, body: &str) -> serde_json::Value {
+    serde_json::json!({
+        "action": "created",
+        "issue": {"number": issue, "title": "Flaky build", "body": "It fails sometimes.",
+                  "state": "open", "locked": false, "node_id": format!("I_{issue}"),
+                  "user": {"login": "mona", "type": "User"}, "author_association": "OWNER"},
+        "comment": {"id": comment_id, "body": body, "node_id": format!("IC_{comment_id}"),
+                    "user": {"login": "mona", "type": "User"}, "author_association": "OWNER"},
+        "repository": {"full_name": "octo/hello", "name": "hello", "owner": {"login": "octo"}},
+        "sender": {"login": "mona", "type": "User"}
+    })
+}
+
+/// Everything a step printed and wrote, for a failing assertion's message.
+pub fn explain(r: &StepResult) -> String {
+    format!(
+        "exit {}\nstdout:\n{}\nstderr:\n{}\nsummary:\n{}",
+        r.code, r.stdout, r.stderr, r.summary
+    )
+}
+
 impl StepResult {
     pub fn output(&self, name: &str) -> &str {
         self.outputs
