@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use fro_bot::phases::run::Mode;
+use fro_bot::phases::context::Mode;
 use fro_bot::runner::{Cancellation, Env};
 
 #[derive(Debug, Parser)]
@@ -193,7 +193,7 @@ async fn run(env: Env, mode: Mode) -> ExitCode {
             None => println!("\n(the agent gave no answer)\n"),
         }
     }
-    ExitCode::from(exit.code)
+    ExitCode::from(exit.status.code())
 }
 
 /// `fro-bot local`: the action's inputs from flags (which win) and `INPUT_*`, and a synthesized
