@@ -217,7 +217,8 @@ pub fn parse_bool(env: &Env, name: &'static str, default: bool) -> Result<bool, 
 fn parse_u64(env: &Env, name: &'static str, default: u64) -> Result<u64, ConfigError> {
     match env.input(name) {
         None => Ok(default),
-        // `u64::from_str` accepts a leading '+'; the spec wants plain decimal digits.
+        // `u64::from_str` accepts a leading '+'; inputs take plain decimal digits
+        // (docs/design.md#inputs-and-configuration).
         Some(v) if v.bytes().all(|b| b.is_ascii_digit()) => v
             .parse()
             .map_err(|_| invalid(name, v, "the number is too large")),

@@ -1,5 +1,6 @@
-//! Restore phase (REQUIREMENTS §9): object store first when enabled, else the Actions cache; then
-//! validation. It never fails the run: every failure degrades to an empty state with a warning.
+//! Restore phase (docs/design.md#the-restore-order): object store first when enabled, else the
+//! Actions cache; then validation. It never fails the run: every failure degrades to an empty state
+//! with a warning.
 
 use std::path::Path;
 

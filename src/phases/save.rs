@@ -1,5 +1,6 @@
-//! Save phase (REQUIREMENTS §11): safety gate, checkpoint, marker, object-store publish (first),
-//! then the Actions cache. Each step's failure is reported in the result, never raised.
+//! Save phase (docs/design.md#the-save-order): safety gate, checkpoint, marker, object-store
+//! publish (first), then the Actions cache. Each step's failure is reported in the result, never
+//! raised.
 
 use std::future::Future;
 use std::path::Path;
