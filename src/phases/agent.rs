@@ -1,5 +1,6 @@
-//! Session prep and the agent (`docs/design.md#session-prep-and-the-agent`): start OpenCode, resolve the conversation's
-//! session, gather context and prior work into the prompt, run the turn, write the run back.
+//! Session prep and the agent (`docs/design.md#session-prep-and-the-agent`): start OpenCode,
+//! resolve the conversation's session, gather context and prior work into the prompt, run the
+//! turn, write the run back.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
