@@ -40,6 +40,21 @@ fn invalid(input: &'static str, value: &str, expected: impl Into<String>) -> Con
     }
 }
 
+/// `agent-env`: comma/newline-separated names; a name that is never passed is an error, not a
+/// silent drop (`crate::confine::env`).
+fn parse_agent_env(raw: Option<&str>) -> Result<Vec<String>, ConfigError> {
+    let (names, refused) = crate::confine::env::parse_opt_in(raw.unwrap_or(""));
+    match refused.first() {
+        None => Ok(names),
+        Some(name) => Err(invalid(
+            input::AGENT_ENV,
+            name,
+            "a variable name the agent may see (INPUT_*, STATE_*, ACTIONS_*, AWS_*, GITHUB_TOKEN, \
+             GH_TOKEN and the file-command paths are never passed)",
+        )),
+    }
+}
+
 fn invalid_secret(input: &'static str, expected: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         input,
@@ -132,6 +147,8 @@ pub struct Settings {
     pub mention: String,
     /// Present when `s3-backup: true`.
     pub s3: Option<S3Input>,
+    /// Names of variables of the job passed on to the agent (`agent-env`).
+    pub agent_env: Vec<String>,
 }
 
 /// Whether `auth-json` must be given (the action) or may default to `{}` (a local run).
@@ -197,6 +214,7 @@ impl Settings {
             matrix_context: env.input(input::MATRIX_CONTEXT).map(str::to_string),
             mention: parse_mention(env.input(input::MENTION))?,
             s3,
+            agent_env: parse_agent_env(env.input(input::AGENT_ENV))?,
         })
     }
 }

@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
+pub mod confine;
 pub mod github;
 pub mod lease;
 pub mod object_store;

@@ -95,6 +95,9 @@ struct LocalArgs {
 }
 
 fn main() -> ExitCode {
+    // Before anything reads a secret: no process of the agent's uid may read this one's memory or
+    // environment, and the agent's orphans stay in this process's tree (`fro_bot::confine`).
+    let hardened = fro_bot::confine::harden_self();
     // The post step is started through a second entrypoint path; dispatch on its name.
     let invoked_as = std::env::args_os()
         .next()
@@ -116,6 +119,9 @@ fn main() -> ExitCode {
         return session_tools(&env);
     }
     fro_bot::runner::log::init_tracing(env.is_github_actions());
+    if let Err(e) = hardened {
+        fro_bot::runner::log::warning(&format!("cannot make fro-bot non-dumpable: {e}"));
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -131,6 +131,8 @@ pub enum GateRefusal {
     AgentStillRunning,
     /// The OpenCode server did not confirm it stopped writing.
     ServerNotQuiescent,
+    /// Processes the agent started survived the kill: they may still write the database.
+    StraysRemained,
     /// The lease was held but lost: another run may own the shared memory now.
     LeaseLost,
 }
@@ -144,6 +146,9 @@ impl GateRefusal {
             GateRefusal::ServerNotQuiescent => {
                 "the OpenCode server did not confirm that it stopped writing"
             }
+            GateRefusal::StraysRemained => {
+                "processes the agent started were still alive after SIGKILL"
+            }
             GateRefusal::LeaseLost => "the coordination lease was held but lost during the run",
         }
     }
@@ -154,6 +159,7 @@ impl GateRefusal {
 pub struct GateInputs {
     pub agent_still_running: bool,
     pub server_quiescent: bool,
+    pub strays_remained: bool,
     pub lease_lost: bool,
 }
 
@@ -162,6 +168,8 @@ pub fn safety_gate(inputs: GateInputs) -> Option<GateRefusal> {
         Some(GateRefusal::AgentStillRunning)
     } else if !inputs.server_quiescent {
         Some(GateRefusal::ServerNotQuiescent)
+    } else if inputs.strays_remained {
+        Some(GateRefusal::StraysRemained)
     } else if inputs.lease_lost {
         Some(GateRefusal::LeaseLost)
     } else {
@@ -308,6 +316,7 @@ mod tests {
         let all = GateInputs {
             agent_still_running: true,
             server_quiescent: false,
+            strays_remained: true,
             lease_lost: true,
         };
         assert_eq!(safety_gate(all), Some(GateRefusal::AgentStillRunning));
@@ -316,9 +325,14 @@ mod tests {
             ..all
         };
         assert_eq!(safety_gate(two), Some(GateRefusal::ServerNotQuiescent));
-        let one = GateInputs {
+        let strays = GateInputs {
             server_quiescent: true,
             ..two
+        };
+        assert_eq!(safety_gate(strays), Some(GateRefusal::StraysRemained));
+        let one = GateInputs {
+            strays_remained: false,
+            ..strays
         };
         assert_eq!(safety_gate(one), Some(GateRefusal::LeaseLost));
         let none = GateInputs {

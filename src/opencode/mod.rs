@@ -30,8 +30,21 @@ pub use session::{Resolution, ResolvedSession};
 pub use turn::{TurnFailure, TurnOptions, TurnOutcome, TurnReport};
 
 use crate::config::ModelRef;
+use crate::confine::gitcreds::{self, HiddenCredentials};
+use crate::confine::handover::Handover;
+use crate::confine::{strays, AgentUser, PrivateBinary};
 use crate::runner::env;
 use crate::runner::{Cancellation, Env};
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}
 
 /// Milliseconds since the Unix epoch, from the system clock.
 pub fn system_now_ms() -> i64 {
@@ -42,6 +55,22 @@ pub fn system_now_ms() -> i64 {
 pub enum AgentError {
     #[error("cannot prepare OpenCode's config dir {}", path.display())]
     Seed {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot confine the agent")]
+    Confine {
+        #[source]
+        source: crate::confine::handover::HandoverError,
+    },
+    #[error("cannot hide the checkout's credentials from the agent")]
+    GitCredentials {
+        #[source]
+        source: crate::confine::gitcreds::GitCredsError,
+    },
+    #[error("cannot make the agent's private copy of {}", path.display())]
+    Binary {
         path: PathBuf,
         #[source]
         source: std::io::Error,
@@ -85,6 +114,16 @@ impl Isolation {
         self.data_home.join("opencode")
     }
 
+    /// The directories OpenCode writes: handed to the agent's uid for the turn.
+    pub fn opencode_dirs(&self) -> Vec<PathBuf> {
+        vec![
+            self.data_dir(),
+            self.config_home.join("opencode"),
+            self.cache_home.join("opencode"),
+            self.state_home.join("opencode"),
+        ]
+    }
+
     fn vars(&self) -> Vec<(String, String)> {
         [
             (env::HOME, &self.home),
@@ -107,8 +146,17 @@ pub struct AgentOptions {
     pub opencode_version: String,
     pub workspace: PathBuf,
     pub dirs: Isolation,
-    /// The environment the child inherits (filtered: no inputs, state, runtime or GitHub tokens).
+    /// The job's environment; the child gets only its allowlisted part (`crate::confine::env`).
     pub base_env: Env,
+    /// Names from `base_env` the user passes to the agent (`agent-env`).
+    pub opt_in_env: Vec<String>,
+    /// Who the agent runs as.
+    pub user: AgentUser,
+    /// The job's file-command files, kept from the agent for the turn.
+    pub file_commands: Vec<PathBuf>,
+    /// Hide the checkout's credentials for the turn (runs where the agent must not hold the
+    /// token).
+    pub hide_git_credentials: bool,
     /// Added on top, e.g. `GH_TOKEN` when the agent is meant to act on the repository.
     pub extra_env: Vec<(String, String)>,
     /// `fro-bot` itself, started by OpenCode as the session-tools MCP server; `None` = no tools.
@@ -128,6 +176,29 @@ pub struct Agent {
     server: Server,
     client: Client,
     now_ms: fn() -> i64,
+    confinement: Confinement,
+}
+
+/// What confining the agent changed for the turn, undone by [`Agent::release`].
+#[derive(Debug)]
+struct Confinement {
+    user: AgentUser,
+    handover: Handover,
+    git_credentials: Option<HiddenCredentials>,
+    /// Kept until the server is gone.
+    _binary: Option<PrivateBinary>,
+}
+
+/// What [`Agent::release`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Released {
+    /// No process of the agent is left and its directories are fro-bot's again.
+    Clean { strays_killed: usize },
+    /// Processes of the agent survived SIGKILL: its directories stay handed over (taking them
+    /// back while something writes them would race), and the checkpoint must not run.
+    StraysRemain { pids: Vec<i32> },
+    /// No stray, but something could not be taken back.
+    NotTakenBack { message: String },
 }
 
 impl Agent {
@@ -139,7 +210,51 @@ impl Agent {
                 source,
             }
         })?;
+        let mut handover = Handover::new();
+        let mut git_credentials = None;
+        let binary = match opts.user {
+            AgentUser::Switched { uid, gid, .. } => {
+                for dir in opts.dirs.opencode_dirs() {
+                    handover
+                        .give_dir(&dir, uid, gid)
+                        .map_err(|source| AgentError::Confine { source })?;
+                }
+                for file in &opts.file_commands {
+                    handover
+                        .take_file(file, uid, true)
+                        .map_err(|source| AgentError::Confine { source })?;
+                }
+                if opts.hide_git_credentials {
+                    let stores = [
+                        opts.dirs.home.join(".git-credentials"),
+                        opts.dirs.config_home.join("git/credentials"),
+                    ];
+                    let config = gitcreds::repo_config(&opts.workspace);
+                    let hidden = HiddenCredentials::hide(config.as_deref(), &stores, uid)
+                        .map_err(|source| AgentError::GitCredentials { source })?;
+                    if hidden.count() > 0 {
+                        tracing::info!(
+                            "hid {} checkout credential(s) from the agent for the turn",
+                            hidden.count()
+                        );
+                    }
+                    git_credentials = Some(hidden);
+                }
+                Some(
+                    PrivateBinary::copy(&opts.opencode, opts.base_env.get(env::PATH)).map_err(
+                        |source| AgentError::Binary {
+                            path: opts.opencode.clone(),
+                            source,
+                        },
+                    )?,
+                )
+            }
+            AgentUser::Current { .. } => None,
+        };
         let mut extra = opts.dirs.vars();
+        if let Some(shell) = binary.as_ref().and_then(|b| b.shell()) {
+            extra.push(("SHELL".into(), shell.to_string_lossy().into_owned()));
+        }
         extra.extend(opts.extra_env.iter().cloned());
         let workspace = opts.workspace.clone();
         let exe = opts.fro_bot_exe.clone();
@@ -159,13 +274,16 @@ impl Agent {
             })
         });
         let server_opts = server::ServerOptions {
-            bin: opts.opencode.clone(),
+            bin: binary
+                .as_ref()
+                .map_or_else(|| opts.opencode.clone(), |b| b.path().to_path_buf()),
             cwd: opts.workspace.clone(),
-            env: server::child_env(&opts.base_env, &extra),
+            env: crate::confine::env::agent_env(&opts.base_env, &opts.opt_in_env, &extra),
             config: make_config,
             auth_content: config::auth_content(&opts.auth),
             log_file: opts.log_file.clone(),
             startup_deadline: opts.startup_deadline,
+            user: opts.user,
         };
         let server = Server::start(&server_opts)
             .await
@@ -180,6 +298,12 @@ impl Agent {
             server,
             client,
             now_ms: opts.now_ms,
+            confinement: Confinement {
+                user: opts.user,
+                handover,
+                git_credentials,
+                _binary: binary,
+            },
         })
     }
 
@@ -235,5 +359,44 @@ impl Agent {
     /// Stops the server (SIGTERM; bounded wait for exit and a refused port).
     pub async fn shutdown(&mut self, budget: Duration) -> Quiescence {
         self.server.shutdown(budget).await
+    }
+
+    /// Who the agent ran as.
+    pub fn user(&self) -> AgentUser {
+        self.confinement.user
+    }
+
+    /// After [`shutdown`](Self::shutdown): kills and reaps every process the agent left, then
+    /// takes its directories back and gives the file-command files back.
+    pub async fn release(&mut self, budget: Duration) -> Released {
+        let uid = self.confinement.user.uid();
+        let sweep = tokio::task::spawn_blocking(move || strays::sweep(uid, budget)).await;
+        let killed = match sweep {
+            Ok(strays::Sweep::Clean) => 0,
+            Ok(strays::Sweep::Killed { count }) => count,
+            Ok(strays::Sweep::Remaining { pids }) => return Released::StraysRemain { pids },
+            Err(e) => {
+                tracing::warn!("the stray sweep failed: {e}");
+                return Released::StraysRemain { pids: vec![] };
+            }
+        };
+        let creds = self
+            .confinement
+            .git_credentials
+            .as_mut()
+            .map(|c| c.restore());
+        if let Some(Err(e)) = creds {
+            return Released::NotTakenBack {
+                message: error_chain(&e),
+            };
+        }
+        match self.confinement.handover.restore() {
+            Ok(()) => Released::Clean {
+                strays_killed: killed,
+            },
+            Err(e) => Released::NotTakenBack {
+                message: error_chain(&e),
+            },
+        }
     }
 }

@@ -15,8 +15,9 @@ use rand::Rng;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::confine::AgentUser;
 use crate::runner::env;
-use crate::runner::{log, Env};
+use crate::runner::log;
 
 const READY_LINE: &str = "opencode server listening on http://";
 pub const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
@@ -49,7 +50,7 @@ pub enum ServerError {
 }
 
 /// Everything the server process gets. `env` is the complete environment apart from what the server
-/// module adds itself (password, config, auth): build it with [`child_env`].
+/// module adds itself (password, config, auth): build it with [`crate::confine::env::agent_env`].
 #[derive(Clone)]
 pub struct ServerOptions {
     pub bin: PathBuf,
@@ -62,6 +63,8 @@ pub struct ServerOptions {
     /// stdout and stderr of the child are appended here.
     pub log_file: PathBuf,
     pub startup_deadline: Duration,
+    /// Who the process runs as (`crate::confine`).
+    pub user: AgentUser,
 }
 
 /// Makes the config for a server at `url` with `password`.
@@ -100,30 +103,6 @@ impl std::fmt::Debug for Server {
             .field("pid", &self.pid())
             .finish_non_exhaustive()
     }
-}
-
-/// The environment for the OpenCode process: ours, minus what the agent must not see (action
-/// inputs, saved state, the Actions runtime and GitHub tokens), plus `extra` (HOME, XDG_*, and e.g.
-/// `GH_TOKEN` where the agent is meant to have it).
-pub fn child_env(base: &Env, extra: &[(String, String)]) -> Vec<(String, String)> {
-    const HIDDEN_PREFIXES: &[&str] = &[env::INPUT_PREFIX, env::STATE_PREFIX, "ACTIONS_"];
-    const HIDDEN: &[&str] = &[
-        "GITHUB_TOKEN",
-        "GH_TOKEN",
-        env::OPENCODE_SERVER_PASSWORD,
-        env::OPENCODE_AUTH_CONTENT,
-        env::OPENCODE_CONFIG_CONTENT,
-    ];
-    let mut out: Vec<(String, String)> = base
-        .iter()
-        .filter(|(k, _)| !HIDDEN_PREFIXES.iter().any(|p| k.starts_with(p)) && !HIDDEN.contains(k))
-        .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    out.extend(extra.iter().cloned());
-    out.push((env::OPENCODE_DISABLE_AUTOUPDATE.into(), "1".into()));
-    out.push((env::OPENCODE_DISABLE_MODELS_FETCH.into(), "1".into()));
-    out
 }
 
 impl Server {
@@ -187,16 +166,10 @@ impl Server {
         // The child must never outlive fro-bot: killed when the handle drops.
         .kill_on_drop(true);
         // ...and not even when fro-bot is killed outright (SIGKILL skips destructors): the kernel
-        // kills the child when the thread that spawned it dies. Spawned from a runtime thread,
-        // which lives as long as the runtime.
-        #[cfg(target_os = "linux")]
-        // SAFETY: prctl is async-signal-safe and touches no memory of the forked process.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        // kills the child when the thread that spawned it dies (the parent-death signal, set by
+        // `confine` after the uid switch). Spawned from a runtime thread, which lives as long as
+        // the runtime.
+        opts.user.confine(&mut cmd);
         if let Some(auth) = &opts.auth_content {
             cmd.env(env::OPENCODE_AUTH_CONTENT, auth);
         }
@@ -435,53 +408,6 @@ fn free_port() -> std::io::Result<u16> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_child_env_drops_inputs_state_runtime_and_tokens() {
-        let base = Env::from_pairs([
-            ("PATH", "/usr/bin"),
-            ("INPUT_GITHUB-TOKEN", "ghs_x"),
-            ("STATE_cacheSaved", "durable"),
-            ("ACTIONS_RUNTIME_TOKEN", "rt"),
-            ("ACTIONS_RESULTS_URL", "https://results"),
-            ("GITHUB_TOKEN", "ghs_y"),
-            ("GH_TOKEN", "ghs_z"),
-            ("HOME", "/root"),
-            ("ANTHROPIC_API_KEY", "provider-key"),
-            ("GITHUB_REPOSITORY", "o/r"),
-        ]);
-        let env = child_env(
-            &base,
-            &[
-                ("HOME".into(), "/github/home".into()),
-                ("GH_TOKEN".into(), "given".into()),
-            ],
-        );
-        let get = |k: &str| {
-            let v: Vec<&str> = env
-                .iter()
-                .filter(|(n, _)| n == k)
-                .map(|(_, v)| v.as_str())
-                .collect();
-            v
-        };
-        assert_eq!(get("PATH"), ["/usr/bin"]);
-        assert_eq!(get("HOME"), ["/github/home"]);
-        assert_eq!(get("GH_TOKEN"), ["given"], "only when the caller passes it");
-        assert_eq!(get("ANTHROPIC_API_KEY"), ["provider-key"]);
-        assert_eq!(get("GITHUB_REPOSITORY"), ["o/r"]);
-        for hidden in [
-            "INPUT_GITHUB-TOKEN",
-            "STATE_cacheSaved",
-            "ACTIONS_RUNTIME_TOKEN",
-            "ACTIONS_RESULTS_URL",
-            "GITHUB_TOKEN",
-        ] {
-            assert!(get(hidden).is_empty(), "{hidden} leaked");
-        }
-        assert_eq!(get("OPENCODE_DISABLE_AUTOUPDATE"), ["1"]);
-        assert_eq!(get("OPENCODE_DISABLE_MODELS_FETCH"), ["1"]);
-    }
-
     fn script_options(dir: &std::path::Path, body: &str, deadline: Duration) -> ServerOptions {
         use std::os::unix::fs::PermissionsExt;
         let bin = dir.join("opencode");
@@ -495,6 +421,7 @@ mod tests {
             auth_content: None,
             log_file: dir.join("log/opencode.log"),
             startup_deadline: deadline,
+            user: AgentUser::Current { uid: 0 },
         }
     }
 

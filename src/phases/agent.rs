@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::config::{ResponseMode, Settings};
+use crate::confine::AgentUser;
 use crate::github::{self, RunPlan};
 use crate::opencode::{
     self, prep, Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome, TurnReport,
@@ -85,18 +86,28 @@ pub(crate) async fn start_agent(ctx: &mut RunContext) -> Result<Agent, String> {
             .map(PathBuf::from)
             .unwrap_or_else(|| home.join(".local/state")),
     };
+    let user = AgentUser::choose(workspace);
+    match user {
+        AgentUser::Switched {
+            why: crate::confine::UidChoice::WorkspaceOwner,
+            ..
+        } => tracing::info!("{}", user.describe()),
+        _ => log::warning(&user.describe()),
+    }
     let mut extra_env = Vec::new();
     if let Mode::Action = mode {
-        // The runner mounts the workspace owned by its own user while the container runs as root:
-        // git would refuse the repository ("dubious ownership"), and OpenCode's project detection
-        // and snapshots with it. Only the child's git sees this setting.
-        if !env.iter().any(|(k, _)| k == "GIT_CONFIG_COUNT") {
-            extra_env.extend([
-                ("GIT_CONFIG_COUNT".to_string(), "1".to_string()),
-                ("GIT_CONFIG_KEY_0".to_string(), "safe.directory".to_string()),
-                ("GIT_CONFIG_VALUE_0".to_string(), "*".to_string()),
-            ]);
-        }
+        // The workspace may belong to another user than the agent's (root's checkout, a dedicated
+        // uid): git would refuse the repository ("dubious ownership"), and OpenCode's project
+        // detection and snapshots with it. Only the child's git sees this setting, and only for
+        // the workspace.
+        extra_env.extend([
+            ("GIT_CONFIG_COUNT".to_string(), "1".to_string()),
+            ("GIT_CONFIG_KEY_0".to_string(), "safe.directory".to_string()),
+            (
+                "GIT_CONFIG_VALUE_0".to_string(),
+                workspace.to_string_lossy().into_owned(),
+            ),
+        ]);
     }
     if plan.agent_gets_token {
         if let Some(token) = &settings.github_token {
@@ -114,6 +125,19 @@ pub(crate) async fn start_agent(ctx: &mut RunContext) -> Result<Agent, String> {
         workspace: workspace.to_path_buf(),
         dirs,
         base_env: env.clone(),
+        opt_in_env: settings.agent_env.clone(),
+        user,
+        file_commands: [
+            env::GITHUB_OUTPUT,
+            env::GITHUB_STATE,
+            env::GITHUB_ENV,
+            env::GITHUB_PATH,
+            env::GITHUB_STEP_SUMMARY,
+        ]
+        .iter()
+        .filter_map(|name| env.get(name).map(PathBuf::from))
+        .collect(),
+        hide_git_credentials: !plan.agent_gets_token,
         extra_env,
         fro_bot_exe: std::env::current_exe().ok(),
         model: settings.model.clone(),
@@ -133,6 +157,7 @@ pub(crate) async fn start_agent(ctx: &mut RunContext) -> Result<Agent, String> {
         }
         text
     })?;
+    ctx.report.confinement.push(user.describe());
     ctx.report.record_phase("opencode-start", t.elapsed());
     Ok(agent)
 }

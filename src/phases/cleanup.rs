@@ -12,6 +12,8 @@ use crate::runner::{failpoint, log, Cancellation};
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(5);
 /// Even under a signal, OpenCode gets this long to exit before it is killed.
 const SHUTDOWN_FLOOR: Duration = Duration::from_millis(1500);
+/// How long the agent's leftover processes get to die after SIGKILL.
+const STRAY_BUDGET: Duration = Duration::from_secs(2);
 /// How long the work this run started gets to stop after an abort, before the gate looks.
 const ABORT_GRACE: Duration = Duration::from_secs(2);
 
@@ -22,6 +24,8 @@ pub(crate) struct Stopped {
     pub(crate) agent_still_running: bool,
     /// OpenCode confirmed it exited (or there was no OpenCode to stop).
     pub(crate) quiescent: bool,
+    /// Processes of the agent's user survived the kill: something may still write the database.
+    pub(crate) strays_remained: bool,
 }
 
 /// Stops the agent, whatever state it is in. Under a signal pruning is skipped: it is a nicety.
@@ -34,6 +38,7 @@ pub(crate) async fn stop_agent(
     let mut stopped = Stopped {
         agent_still_running: false,
         quiescent: true,
+        strays_remained: false,
     };
     if let Some(mut a) = agent {
         if !cancel.is_cancelled() {
@@ -52,6 +57,20 @@ pub(crate) async fn stop_agent(
                 log::warning(&format!("OpenCode did not confirm it stopped: {reason}"));
                 stopped.quiescent = false;
             }
+        }
+        match a.release(STRAY_BUDGET).await {
+            opencode::Released::Clean { strays_killed: 0 } => {}
+            opencode::Released::Clean { strays_killed } => log::warning(&format!(
+                "killed {strays_killed} process(es) the agent left running"
+            )),
+            opencode::Released::StraysRemain { pids } => {
+                log::warning(&format!(
+                    "processes the agent left running survived SIGKILL ({pids:?}); memory is not \
+                     saved"
+                ));
+                stopped.strays_remained = true;
+            }
+            opencode::Released::NotTakenBack { message } => log::warning(&message),
         }
     }
     failpoint::hit("run:after-shutdown");

@@ -156,6 +156,7 @@ async fn save_with_key(
             gate: GateInputs {
                 agent_still_running: false,
                 server_quiescent: true,
+                strays_remained: false,
                 lease_lost: false,
             },
             cache: backend,

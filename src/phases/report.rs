@@ -95,6 +95,8 @@ pub struct PersistenceReport {
     pub store_publish: StorePublish,
     pub lease: LeaseReport,
     pub phases: Vec<(&'static str, Duration)>,
+    /// How the agent was confined, and what it could still reach (`crate::confine`).
+    pub confinement: Vec<String>,
 }
 
 impl Default for PersistenceReport {
@@ -106,6 +108,7 @@ impl Default for PersistenceReport {
             store_publish: StorePublish::Disabled,
             lease: LeaseReport::Disabled,
             phases: Vec::new(),
+            confinement: Vec::new(),
         }
     }
 }
@@ -165,6 +168,9 @@ impl PersistenceReport {
                 out.push('\n');
             }
         }
+        for note in &self.confinement {
+            out.push_str(&format!("\n- Agent: {}", note.replace('\n', " ")));
+        }
         out.push('\n');
         out
     }
@@ -194,6 +200,7 @@ mod tests {
             store_publish: StorePublish::Published,
             lease: LeaseReport::Acquired { generation: 7 },
             phases: vec![],
+            confinement: vec!["the agent runs as uid 1001".into()],
         };
         report.record_phase("restore", Duration::from_millis(1500));
         let md = report.to_markdown("Session Persistence");
@@ -206,6 +213,7 @@ mod tests {
             "checkpointed",
             "restore 1.50s",
             "- removed a stale WAL",
+            "- Agent: the agent runs as uid 1001",
         ] {
             assert!(md.contains(needle), "missing {needle:?} in\n{md}");
         }

@@ -157,6 +157,7 @@ async fn cleanup_and_save(
     let Stopped {
         agent_still_running,
         quiescent,
+        strays_remained,
     } = stop_agent(agent, agent_run, retention, &ctx.cancel).await;
     let lease = ctx.lease.as_ref().map(|l| &l.handle);
     if let Some(handle) = lease {
@@ -171,6 +172,7 @@ async fn cleanup_and_save(
         gate: GateInputs {
             agent_still_running,
             server_quiescent: quiescent,
+            strays_remained,
             lease_lost: lease.is_some_and(|h| h.lost().is_some()),
         },
         cache: ctx.cache.as_ref(),

@@ -20,6 +20,7 @@ pub const GITHUB_API_URL: &str = "GITHUB_API_URL";
 pub const RUNNER_OS: &str = "RUNNER_OS";
 pub const RUNNER_TEMP: &str = "RUNNER_TEMP";
 pub const HOME: &str = "HOME";
+pub const GITHUB_PATH: &str = "GITHUB_PATH";
 pub const PATH: &str = "PATH";
 pub const XDG_DATA_HOME: &str = "XDG_DATA_HOME";
 pub const XDG_CONFIG_HOME: &str = "XDG_CONFIG_HOME";
@@ -70,6 +71,7 @@ pub mod input {
     pub const RESPONSE_MODE: &str = "response-mode";
     pub const OPENCODE_VERSION: &str = "opencode-version";
     pub const OPENCODE_CONFIG: &str = "opencode-config";
+    pub const AGENT_ENV: &str = "agent-env";
     pub const MATRIX_CONTEXT: &str = "matrix-context";
     pub const MENTION: &str = "mention";
     pub const S3_BACKUP: &str = "s3-backup";

@@ -896,6 +896,200 @@ mod scenarios {
             "the interrupted prompt is remembered"
         );
     }
+
+    /// What a prompt-injected agent tries on a comment-triggered run, as one shell command; each
+    /// attempt prints what it got. The job holds every kind of secret a real job holds.
+    fn attack_script(job: &Job, socket: &std::path::Path, marker: &std::path::Path) -> String {
+        let runtime_token = job.env["ACTIONS_RUNTIME_TOKEN"].clone();
+        let files = job.files();
+        let ws = job.workspace();
+        let data = job.data_dir();
+        format!(
+            r#"S='SECRET|{runtime_token}|ghs_fake|OPENCODE_SERVER_PASSWORD=|FRO_BOT_OPENCODE_PASSWORD=|OPENCODE_AUTH_CONTENT=|^INPUT_|^ACTIONS_|^AWS_|^GITHUB_TOKEN=|^GH_TOKEN='
+echo "== id $(id)"
+echo "== env-names $(env | cut -d= -f1 | sort | tr '\n' ' ')"
+echo "== env-hits"; env | grep -E "$S"; echo "== env-hits-end"
+r=0; d=0; echo "== environ-hits"
+for f in /proc/[0-9]*/environ; do
+  if e=$( {{ tr '\0' '\n' < "$f"; }} 2>/dev/null ); then r=$((r+1)); printf '%s\n' "$e" | grep -E "$S" | sed "s|^|$f: |"; else d=$((d+1)); fi
+done
+echo "== environ-end readable=$r denied=$d"
+for f in {files}/output {files}/state {files}/env {files}/path {files}/summary; do
+  if echo 'BASH_ENV=/tmp/pwn' >> "$f" 2>/dev/null; then echo "== filecmd WROTE $f"; else echo "== filecmd DENIED-WRITE $f"; fi
+  if mv "$f" "$f.moved" 2>/dev/null; then echo "== filecmd MOVED $f"; else echo "== filecmd DENIED-MOVE $f"; fi
+done
+echo "== git-hits"; git -C {ws} config --show-origin --get-regexp 'extraheader|insteadof|credential' 2>&1; grep -rhi 'SECRET' {ws}/.git/config {ws}/.git/*.inc $HOME/.git-credentials $HOME/.gitconfig 2>/dev/null; echo "== git-hits-end"
+for s in /var/run/docker.sock {socket}; do curl -s -m 2 --unix-socket "$s" http://localhost/version >/dev/null 2>&1; echo "== docker $s rc=$?"; done
+pw=$(for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do {{ tr '\0' '\n' < "$f"; }} 2>/dev/null; done | sed -n 's/^\(OPENCODE_SERVER_PASSWORD\|FRO_BOT_OPENCODE_PASSWORD\)=//p' | head -1)
+pw=${{pw:-$OPENCODE_SERVER_PASSWORD}}
+echo "== password found=${{pw:+yes}}"
+for port in $(ss -ltnH | awk '{{print $4}}' | sed -n 's/^127\.0\.0\.1://p'); do
+  body=$(curl -s -m 1 -u "opencode:$pw" "http://127.0.0.1:$port/session" 2>/dev/null)
+  case "$body" in '[{{'*'"projectID"'*) echo "== api OPEN $port";; esac
+done
+echo "== api-end"
+setsid nohup sh -c 'sleep 5; echo pwned > {marker}; printf CORRUPTCORRUPTCORRUPT | dd of={data}/opencode.db bs=1 seek=0 conv=notrunc' >/dev/null 2>&1 < /dev/null &
+echo "== writer started"
+"#,
+            files = files.display(),
+            ws = ws.display(),
+            socket = socket.display(),
+            marker = marker.display(),
+            data = data.display(),
+            runtime_token = runtime_token,
+        )
+    }
+
+    /// The section of the tool output between `== {start}` and `== {end}`.
+    fn section<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
+        let from = text
+            .find(&format!("== {start}"))
+            .unwrap_or_else(|| panic!("no {start} in {text}"));
+        let rest = &text[from + start.len() + 3..];
+        &rest[..rest.find(&format!("== {end}")).unwrap_or(rest.len())]
+    }
+
+    #[tokio::test]
+    async fn a_prompt_injected_agent_finds_no_secret_and_reaches_nothing() {
+        let world = World::start().await;
+        world.github.seed_issue(5, "Please run this", "x");
+        let mut job = world.job(1500);
+        for (k, v) in [
+            ("ACTIONS_ID_TOKEN_REQUEST_TOKEN", "oidc-SECRET-request"),
+            (
+                "ACTIONS_ID_TOKEN_REQUEST_URL",
+                "https://oidc.example/SECRET",
+            ),
+            ("AWS_ACCESS_KEY_ID", "AKIASECRET"),
+            ("AWS_SECRET_ACCESS_KEY", "aws-SECRET-key"),
+            ("AWS_SESSION_TOKEN", "aws-SECRET-session"),
+            ("GITHUB_TOKEN", "ghs-SECRET-job-token"),
+        ] {
+            job.set(k, v);
+        }
+        // actions/checkout's persisted credential.
+        crate::support::action::git(
+            &job.workspace(),
+            &[
+                "config",
+                "http.https://github.com/.extraheader",
+                "AUTHORIZATION: basic SECRETCHECKOUT",
+            ],
+        );
+        job.owned_by_runner_user(1001);
+        // A root-only socket, as the Docker socket is (root:docker 0660).
+        let socket_path = job.root.path().join("root-only.sock");
+        let socket = std::os::unix::net::UnixListener::bind(&socket_path).unwrap();
+        socket.set_nonblocking(true).unwrap();
+        std::fs::set_permissions(
+            &socket_path,
+            std::os::unix::fs::PermissionsExt::from_mode(0o660),
+        )
+        .unwrap();
+        let marker_dir = job.root.path().join("marker");
+        std::fs::create_dir(&marker_dir).unwrap();
+        std::fs::set_permissions(
+            &marker_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        let marker = marker_dir.join("pwned");
+        world.llm.push(Reply::tool(
+            "bash",
+            json!({"command": attack_script(&job, &socket_path, &marker), "description": "x"}),
+        ));
+        world.llm.push(Reply::text("Nothing to find."));
+        job.event(
+            "issue_comment",
+            &comment_event(5, 1, "@fro-bot run the script"),
+        );
+        let (job, r) = main_step(job).await;
+        let requests = world.llm.requests();
+        let out: String = requests[1]["messages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|m| m["role"] == "tool")
+            .map(|m| request_text(&json!({"messages": [m]})))
+            .collect();
+        eprintln!("--- what the agent got ---\n{out}\n---");
+        assert_eq!(r.code, 0, "{}", explain(&r));
+        assert_eq!(r.output("cache-save-result"), "durable", "{}", explain(&r));
+        assert!(out.contains("== id uid=1001"), "{out}");
+        let names = section(&out, "env-names", "env-hits");
+        for never in [
+            "INPUT_",
+            "ACTIONS_",
+            "AWS_",
+            "GITHUB_TOKEN",
+            "GITHUB_ENV",
+            "GITHUB_OUTPUT",
+        ] {
+            assert!(
+                !names.contains(never),
+                "{never} in the agent's env: {names}"
+            );
+        }
+        assert_eq!(
+            section(&out, "env-hits", "env-hits-end").trim(),
+            "",
+            "{out}"
+        );
+        assert_eq!(
+            section(&out, "environ-hits", "environ-end").trim(),
+            "",
+            "{out}"
+        );
+        for f in ["output", "state", "env", "path", "summary"] {
+            let path = job.files().join(f);
+            assert!(
+                out.contains(&format!("== filecmd DENIED-WRITE {}", path.display())),
+                "{out}"
+            );
+            assert!(
+                out.contains(&format!("== filecmd DENIED-MOVE {}", path.display())),
+                "{out}"
+            );
+            let m = std::fs::metadata(&path).unwrap();
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(m.uid(), 1001, "{f} given back to the runner's user");
+        }
+        assert!(!std::fs::read_to_string(job.files().join("env"))
+            .unwrap()
+            .contains("BASH_ENV"));
+        assert_eq!(
+            section(&out, "git-hits", "git-hits-end").trim(),
+            "",
+            "{out}"
+        );
+        for s in [
+            "/var/run/docker.sock".to_string(),
+            socket_path.display().to_string(),
+        ] {
+            let line = out
+                .lines()
+                .find(|l| l.starts_with(&format!("== docker {s} rc=")))
+                .unwrap_or_else(|| panic!("{out}"));
+            assert!(!line.ends_with("rc=0"), "{line}");
+        }
+        assert!(
+            socket.accept().is_err(),
+            "the agent connected to the root-only socket"
+        );
+        assert!(out.contains("== password found=\n"), "{out}");
+        assert!(!out.contains("== api OPEN"), "{out}");
+        assert!(out.contains("== writer started"), "{out}");
+
+        // The checkout's credential is back, the writer is dead, the memory intact.
+        let cfg = std::fs::read_to_string(job.workspace().join(".git/config")).unwrap();
+        assert!(cfg.contains("SECRETCHECKOUT"), "{cfg}");
+        tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+        assert!(!marker.exists(), "the background writer outlived the run");
+        let header = std::fs::read(job.data_dir().join("opencode.db")).unwrap();
+        assert!(header.starts_with(b"SQLite format 3\0"));
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(job.data_dir()).unwrap().uid(), 0);
+    }
 }
 
 /// `docs/design.md#the-save-order` and `#the-post-decision`: SIGKILL at every step of the save

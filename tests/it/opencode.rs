@@ -53,6 +53,14 @@ impl Harness {
             workspace: self.workspace.clone(),
             dirs: self.dirs.clone(),
             base_env: Env::from_process(),
+            opt_in_env: vec![],
+            // As the current user: these tests drive OpenCode itself (e2e covers the uid switch).
+            user: fro_bot::confine::AgentUser::Current {
+                // SAFETY: geteuid cannot fail.
+                uid: unsafe { libc::geteuid() },
+            },
+            file_commands: vec![],
+            hide_git_credentials: false,
             extra_env: vec![],
             fro_bot_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_fro-bot"))),
             model: None,

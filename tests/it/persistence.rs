@@ -77,6 +77,7 @@ pub mod phases {
     pub const OPEN_GATE: GateInputs = GateInputs {
         agent_still_running: false,
         server_quiescent: true,
+        strays_remained: false,
         lease_lost: false,
     };
 
@@ -294,6 +295,10 @@ pub mod phases {
             },
             GateInputs {
                 server_quiescent: false,
+                ..OPEN_GATE
+            },
+            GateInputs {
+                strays_remained: true,
                 ..OPEN_GATE
             },
             GateInputs {

@@ -14,6 +14,9 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_fro-bot");
 pub struct Job {
     pub root: tempfile::TempDir,
     pub env: BTreeMap<String, String>,
+    /// As on a hosted runner: the checkout, HOME and the file-command files belong to this uid
+    /// (the runner's user), not to root.
+    pub runner_uid: Option<u32>,
 }
 
 pub struct StepResult {
@@ -86,10 +89,27 @@ pub fn fresh_checkout(dir: &Path, content: &str) {
     git(dir, &["commit", "-q", "-m", "init"]);
 }
 
+/// `chown -R uid:uid dir`.
+pub fn chown_r(dir: &Path, uid: u32) {
+    let status = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{uid}"))
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(status.success(), "chown {}", dir.display());
+}
+
 impl Job {
     /// A job of run `run_id` in repository `owner/repo` on `main`.
     pub fn new(run_id: u64) -> Self {
         let root = tempfile::tempdir().unwrap();
+        // As on a runner, the job's directories are reachable by the agent's unprivileged uid.
+        std::fs::set_permissions(
+            root.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         let home = root.path().join("home");
         let workspace = root.path().join("workspace");
         let files = root.path().join("file_commands");
@@ -120,6 +140,7 @@ impl Job {
             ("GITHUB_OUTPUT", s(&files.join("output"))),
             ("GITHUB_STATE", s(&files.join("state"))),
             ("GITHUB_ENV", s(&files.join("env"))),
+            ("GITHUB_PATH", s(&files.join("path"))),
             ("GITHUB_STEP_SUMMARY", s(&files.join("summary"))),
             ("GITHUB_EVENT_PATH", s(&root.path().join("event.json"))),
             ("INPUT_AUTH-JSON", "{}".into()),
@@ -127,7 +148,11 @@ impl Job {
         ] {
             env.insert(k.to_string(), v);
         }
-        Job { root, env }
+        Job {
+            root,
+            env,
+            runner_uid: None,
+        }
     }
 
     /// The next job on a fresh runner: same absolute paths (as `/github/home` always is), an
@@ -170,7 +195,17 @@ impl Job {
         self.set("GITHUB_EVENT_NAME", name)
     }
 
-    fn files(&self) -> PathBuf {
+    /// Makes the checkout, HOME and the file-command files (made anew for every step) belong to
+    /// `uid`, as the runner's user owns them on a hosted runner.
+    pub fn owned_by_runner_user(&mut self, uid: u32) -> &mut Self {
+        for dir in [self.workspace(), self.home(), self.files()] {
+            chown_r(&dir, uid);
+        }
+        self.runner_uid = Some(uid);
+        self
+    }
+
+    pub fn files(&self) -> PathBuf {
         self.root.path().join("file_commands")
     }
 
@@ -183,8 +218,13 @@ impl Job {
 
     /// Starts a step without waiting for it (to signal or kill it).
     pub fn spawn(&self, args: &[&str], extra: &[(String, String)]) -> std::process::Child {
-        for f in ["output", "state", "env", "summary"] {
-            let _ = std::fs::remove_file(self.files().join(f));
+        for f in ["output", "state", "env", "path", "summary"] {
+            let path = self.files().join(f);
+            let _ = std::fs::remove_file(&path);
+            if let Some(uid) = self.runner_uid {
+                std::fs::write(&path, "").unwrap();
+                std::os::unix::fs::chown(&path, Some(uid), Some(uid)).unwrap();
+            }
         }
         Command::new(BIN)
             .args(args)

@@ -1,0 +1,291 @@
+//! Confining the agent (`docs/security.md`): OpenCode reads text anyone can write, so it is treated
+//! as prompt-injected. It runs as an unprivileged user with no supplementary groups, no capabilities
+//! and `no_new_privs`, in its own process group; its environment is an allowlist; the files it needs
+//! are handed to it for the turn and taken back; the job's file-command files and the checkout's
+//! credentials are out of its reach; whatever it leaves running is killed before the checkpoint.
+
+pub mod env;
+pub mod gitcreds;
+pub mod handover;
+pub mod strays;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The uid the agent gets when the workspace belongs to root (a self-hosted runner running as
+/// root): `nobody`, which owns nothing.
+pub const DEDICATED_UID: u32 = 65534;
+pub const DEDICATED_GID: u32 = 65534;
+
+/// Where the Docker daemon's socket is mounted into every container action.
+pub const DOCKER_SOCKET: &str = "/var/run/docker.sock";
+
+/// First thing in `main`: no other process of the agent's uid may read fro-bot's memory or
+/// environment (`/proc/<pid>/environ`, `mem`), and orphans of the agent are re-parented to
+/// fro-bot so none escapes the stray sweep (a `setsid` double fork included).
+pub fn harden_self() -> std::io::Result<()> {
+    // SAFETY: plain prctl calls with integer arguments; no memory is passed.
+    let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: as above.
+        let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Who the agent runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentUser {
+    /// fro-bot is root and switches the agent to this unprivileged user.
+    Switched { uid: u32, gid: u32, why: UidChoice },
+    /// fro-bot is not root (e.g. a developer's `fro-bot local`): the agent runs as the current
+    /// user, unconfined by uid.
+    Current { uid: u32 },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UidChoice {
+    /// The workspace's owner (the runner's user, 1001 on hosted runners).
+    WorkspaceOwner,
+    /// The workspace belongs to root: a dedicated unprivileged uid, which cannot write it.
+    Dedicated,
+}
+
+impl AgentUser {
+    /// The workspace owner's uid/gid when fro-bot is root; never uid or gid 0, and never the group
+    /// of the Docker socket (on hosted runners the runner's primary group is `docker`).
+    pub fn choose(workspace: &Path) -> AgentUser {
+        // SAFETY: geteuid cannot fail and touches no memory.
+        let euid = unsafe { libc::geteuid() };
+        if euid != 0 {
+            return AgentUser::Current { uid: euid };
+        }
+        let owner = std::fs::metadata(workspace)
+            .ok()
+            .map(|m| (m.uid(), m.gid()));
+        let docker_gid = std::fs::metadata(DOCKER_SOCKET).ok().map(|m| m.gid());
+        Self::pick(owner, docker_gid)
+    }
+
+    fn pick(owner: Option<(u32, u32)>, docker_gid: Option<u32>) -> AgentUser {
+        match owner {
+            Some((uid, gid)) if uid != 0 => {
+                let gid = if gid == 0 || Some(gid) == docker_gid {
+                    // Its own-numbered group: no group access to anything of root's or Docker's.
+                    uid
+                } else {
+                    gid
+                };
+                AgentUser::Switched {
+                    uid,
+                    gid,
+                    why: UidChoice::WorkspaceOwner,
+                }
+            }
+            _ => AgentUser::Switched {
+                uid: DEDICATED_UID,
+                gid: DEDICATED_GID,
+                why: UidChoice::Dedicated,
+            },
+        }
+    }
+
+    pub fn uid(&self) -> u32 {
+        match *self {
+            AgentUser::Switched { uid, .. } | AgentUser::Current { uid } => uid,
+        }
+    }
+
+    pub fn is_switched(&self) -> bool {
+        matches!(self, AgentUser::Switched { .. })
+    }
+
+    /// One line for the log and the job summary.
+    pub fn describe(&self) -> String {
+        match self {
+            AgentUser::Switched {
+                uid,
+                gid,
+                why: UidChoice::WorkspaceOwner,
+            } => format!("the agent runs as uid {uid}, gid {gid} (the workspace's owner)"),
+            AgentUser::Switched {
+                uid,
+                gid,
+                why: UidChoice::Dedicated,
+            } => format!(
+                "the workspace belongs to root, so the agent runs as the dedicated uid {uid}, \
+                 gid {gid}: it can read the workspace but not write it"
+            ),
+            AgentUser::Current { uid } => format!(
+                "fro-bot is not root, so the agent runs as the current user (uid {uid}) \
+                 without a uid switch"
+            ),
+        }
+    }
+
+    /// Sets the child up to drop to this user: own process group, and (when switching) a pre-exec
+    /// hook that clears supplementary groups, sets gid then uid, and sets `no_new_privs`. After
+    /// the switch from root, no capability remains (`SECBIT_KEEP_CAPS` is never set). The parent
+    /// death signal is set last, as a credential change clears it.
+    pub fn confine(&self, cmd: &mut tokio::process::Command) {
+        cmd.process_group(0);
+        let ids = match *self {
+            AgentUser::Switched { uid, gid, .. } => Some((uid, gid)),
+            AgentUser::Current { .. } => None,
+        };
+        // SAFETY: the closure runs between fork and exec: it only makes raw syscalls
+        // (async-signal-safe), allocates nothing and touches no lock.
+        unsafe {
+            cmd.pre_exec(move || {
+                if let Some((uid, gid)) = ids {
+                    if libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setresgid(gid, gid, gid) != 0
+                        || libc::setresuid(uid, uid, uid) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // Never exec as root by accident: a failed switch must not go unnoticed.
+                    if libc::getuid() != uid || libc::geteuid() != uid || libc::getegid() != gid {
+                        return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+                    }
+                }
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                #[cfg(target_os = "linux")]
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+}
+
+/// A root-owned, execute-only copy of OpenCode for a switched agent. A process that executes a
+/// file it cannot read is not dumpable: other processes of its uid (the agent's shell) cannot
+/// read its `/proc/<pid>/environ` or memory. (It also lets the agent's uid run a binary kept in a
+/// directory it cannot enter.) Removed with the returned directory.
+#[derive(Debug)]
+pub struct PrivateBinary {
+    dir: tempfile::TempDir,
+    path: PathBuf,
+    shell: Option<PathBuf>,
+}
+
+/// Names OpenCode's own secrets, which it must hold but its shell tool's commands must not
+/// inherit.
+const SHELL_UNSETS: &[&str] = &[
+    crate::runner::env::OPENCODE_SERVER_PASSWORD,
+    crate::runner::env::OPENCODE_CONFIG_CONTENT,
+];
+
+impl PrivateBinary {
+    /// `path_var`: the agent's `PATH`, where its shell is looked up.
+    pub fn copy(bin: &Path, path_var: Option<&str>) -> std::io::Result<PrivateBinary> {
+        let dir = tempfile::Builder::new()
+            .prefix("fro-bot-agent-bin-")
+            .tempdir()?;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))?;
+        let name = bin.file_name().unwrap_or(std::ffi::OsStr::new("opencode"));
+        let path = dir.path().join(name);
+        std::fs::copy(bin, &path)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o711))?;
+        let shell = Self::shell_wrapper(dir.path(), path_var)?;
+        Ok(PrivateBinary { dir, path, shell })
+    }
+
+    /// OpenCode runs its shell tool's commands with `$SHELL` and its own environment: a wrapper
+    /// named after the real shell drops OpenCode's secrets before running it. `None` when no
+    /// `bash` or `sh` is on `PATH`.
+    fn shell_wrapper(dir: &Path, path_var: Option<&str>) -> std::io::Result<Option<PathBuf>> {
+        let search = path_var.unwrap_or("/usr/bin:/bin");
+        let find = |name: &str| {
+            search
+                .split(':')
+                .map(|d| Path::new(d).join(name))
+                .find(|p| p.is_file())
+        };
+        let Some((name, real)) = ["bash", "sh"]
+            .into_iter()
+            .find_map(|n| find(n).map(|p| (n, p)))
+        else {
+            return Ok(None);
+        };
+        let wrapper = dir.join(name);
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!{}\nunset {}\nexec {} \"$@\"\n",
+                real.display(),
+                SHELL_UNSETS.join(" "),
+                real.display()
+            ),
+        )?;
+        // A script must be readable to run; it holds nothing secret.
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
+        Ok(Some(wrapper))
+    }
+
+    /// The `SHELL` for OpenCode.
+    pub fn shell(&self) -> Option<&Path> {
+        self.shell.as_deref()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_is_never_root_nor_in_the_docker_group() {
+        let owner = AgentUser::pick(Some((1001, 118)), Some(118));
+        assert_eq!(
+            owner,
+            AgentUser::Switched {
+                uid: 1001,
+                gid: 1001,
+                why: UidChoice::WorkspaceOwner
+            }
+        );
+        assert_eq!(
+            AgentUser::pick(Some((1001, 1001)), Some(118)),
+            AgentUser::Switched {
+                uid: 1001,
+                gid: 1001,
+                why: UidChoice::WorkspaceOwner
+            }
+        );
+        assert_eq!(
+            AgentUser::pick(Some((1001, 0)), None),
+            AgentUser::Switched {
+                uid: 1001,
+                gid: 1001,
+                why: UidChoice::WorkspaceOwner
+            }
+        );
+        for root_owned in [Some((0, 0)), None] {
+            assert_eq!(
+                AgentUser::pick(root_owned, None),
+                AgentUser::Switched {
+                    uid: DEDICATED_UID,
+                    gid: DEDICATED_GID,
+                    why: UidChoice::Dedicated
+                }
+            );
+        }
+    }
+}
