@@ -7,6 +7,7 @@
 pub mod env;
 pub mod gitcreds;
 pub mod handover;
+pub mod proxy;
 pub mod strays;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -30,6 +30,9 @@ pub struct ConfigInput<'a> {
     pub session_tools: Option<&'a SessionToolsEntry>,
     pub model: Option<&'a ModelRef>,
     pub user: Option<&'a Map<String, Value>>,
+    /// Points providers at the credential proxy (`crate::confine::proxy`); merged last, so it
+    /// wins over the user's `baseURL`/`apiKey`.
+    pub proxy: Option<&'a Value>,
 }
 
 /// The JSON for `OPENCODE_CONFIG_CONTENT`.
@@ -56,6 +59,9 @@ pub fn config_content(input: &ConfigInput<'_>) -> String {
     }
     if let Some(user) = input.user {
         deep_merge(&mut cfg, Value::Object(user.clone()));
+    }
+    if let Some(proxy) = input.proxy {
+        deep_merge(&mut cfg, proxy.clone());
     }
     cfg.to_string()
 }
@@ -143,6 +149,7 @@ mod tests {
             session_tools: Some(&tools),
             model: Some(&model),
             user: Some(&user),
+            proxy: None,
         }))
         .unwrap();
         assert_eq!(cfg["autoupdate"], false);

@@ -32,6 +32,7 @@ pub use turn::{TurnFailure, TurnOptions, TurnOutcome, TurnReport};
 use crate::config::ModelRef;
 use crate::confine::gitcreds::{self, HiddenCredentials};
 use crate::confine::handover::Handover;
+use crate::confine::proxy::{Proxy, ProxyPlan};
 use crate::confine::{strays, AgentUser, PrivateBinary};
 use crate::runner::env;
 use crate::runner::{Cancellation, Env};
@@ -68,6 +69,11 @@ pub enum AgentError {
     GitCredentials {
         #[source]
         source: crate::confine::gitcreds::GitCredsError,
+    },
+    #[error("cannot start the provider proxy")]
+    Proxy {
+        #[source]
+        source: std::io::Error,
     },
     #[error("cannot make the agent's private copy of {}", path.display())]
     Binary {
@@ -163,7 +169,8 @@ pub struct AgentOptions {
     pub fro_bot_exe: Option<PathBuf>,
     pub model: Option<ModelRef>,
     pub user_config: Option<Map<String, Value>>,
-    /// `auth-json` (provider id → auth entry), passed as `OPENCODE_AUTH_CONTENT`.
+    /// `auth-json` (provider id → auth entry): API keys are served through the proxy; only
+    /// what it cannot carry is passed as `OPENCODE_AUTH_CONTENT`.
     pub auth: Map<String, Value>,
     pub log_file: PathBuf,
     pub startup_deadline: Duration,
@@ -185,6 +192,10 @@ struct Confinement {
     user: AgentUser,
     handover: Handover,
     git_credentials: Option<HiddenCredentials>,
+    /// What the summary says about the agent's reach.
+    notes: Vec<String>,
+    /// Serves the provider APIs while the agent runs.
+    _proxy: Proxy,
     /// Kept until the server is gone.
     _binary: Option<PrivateBinary>,
 }
@@ -256,6 +267,24 @@ impl Agent {
             extra.push(("SHELL".into(), shell.to_string_lossy().into_owned()));
         }
         extra.extend(opts.extra_env.iter().cloned());
+        let plan = ProxyPlan::new(&opts.auth, opts.user_config.as_ref(), &opts.base_env);
+        let proxy = Proxy::start(plan.routes.clone())
+            .await
+            .map_err(|source| AgentError::Proxy { source })?;
+        let overrides = plan.config_overrides(&proxy);
+        let mut notes = Vec::new();
+        if !plan.routes.is_empty() {
+            let ids: Vec<&str> = plan.routes.iter().map(|r| r.id.as_str()).collect();
+            notes.push(format!(
+                "provider keys stay with fro-bot (served through its local proxy): {}",
+                ids.join(", ")
+            ));
+        }
+        for (id, why) in &plan.visible {
+            notes.push(format!(
+                "provider `{id}`: its credentials are visible to the agent ({why})"
+            ));
+        }
         let workspace = opts.workspace.clone();
         let exe = opts.fro_bot_exe.clone();
         let model = opts.model.clone();
@@ -271,6 +300,7 @@ impl Agent {
                 session_tools: tools.as_ref(),
                 model: model.as_ref(),
                 user: user.as_ref(),
+                proxy: Some(&overrides),
             })
         });
         let server_opts = server::ServerOptions {
@@ -280,7 +310,7 @@ impl Agent {
             cwd: opts.workspace.clone(),
             env: crate::confine::env::agent_env(&opts.base_env, &opts.opt_in_env, &extra),
             config: make_config,
-            auth_content: config::auth_content(&opts.auth),
+            auth_content: config::auth_content(&plan.auth_passthrough),
             log_file: opts.log_file.clone(),
             startup_deadline: opts.startup_deadline,
             user: opts.user,
@@ -302,6 +332,8 @@ impl Agent {
                 user: opts.user,
                 handover,
                 git_credentials,
+                notes,
+                _proxy: proxy,
                 _binary: binary,
             },
         })
@@ -359,6 +391,11 @@ impl Agent {
     /// Stops the server (SIGTERM; bounded wait for exit and a refused port).
     pub async fn shutdown(&mut self, budget: Duration) -> Quiescence {
         self.server.shutdown(budget).await
+    }
+
+    /// What the summary should say about the agent's reach (proxied providers, visible ones).
+    pub fn confinement_notes(&self) -> &[String] {
+        &self.confinement.notes
     }
 
     /// Who the agent ran as.

@@ -158,6 +158,9 @@ pub(crate) async fn start_agent(ctx: &mut RunContext) -> Result<Agent, String> {
         text
     })?;
     ctx.report.confinement.push(user.describe());
+    ctx.report
+        .confinement
+        .extend(agent.confinement_notes().iter().cloned());
     ctx.report.record_phase("opencode-start", t.elapsed());
     Ok(agent)
 }

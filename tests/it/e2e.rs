@@ -976,6 +976,10 @@ echo "== writer started"
                 "AUTHORIZATION: basic SECRETCHECKOUT",
             ],
         );
+        // The provider key, as a user gives it in opencode-config.
+        let mut config = world.llm.opencode_config();
+        config["provider"]["fake"]["options"]["apiKey"] = json!("sk-REAL-SECRET-llm");
+        job.input("opencode-config", config.to_string());
         job.owned_by_runner_user(1001);
         // A root-only socket, as the Docker socket is (root:docker 0660).
         let socket_path = job.root.path().join("root-only.sock");
@@ -998,6 +1002,11 @@ echo "== writer started"
             "bash",
             json!({"command": attack_script(&job, &socket_path, &marker), "description": "x"}),
         ));
+        // OpenCode's own read tool runs inside OpenCode, which may read its own environment.
+        world.llm.push(Reply::tool(
+            "read",
+            json!({"filePath": "/proc/self/environ"}),
+        ));
         world.llm.push(Reply::text("Nothing to find."));
         job.event(
             "issue_comment",
@@ -1016,6 +1025,29 @@ echo "== writer started"
         assert_eq!(r.code, 0, "{}", explain(&r));
         assert_eq!(r.output("cache-save-result"), "durable", "{}", explain(&r));
         assert!(out.contains("== id uid=1001"), "{out}");
+        assert_eq!(requests.len(), 3, "{}", explain(&r));
+        let read_tool = request_text(&json!({"messages": requests[2]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "tool")
+            .collect::<Vec<_>>()}));
+        eprintln!("--- the read tool on /proc/self/environ ---\n{read_tool}\n---");
+        for secret in ["sk-REAL-SECRET-llm", "ghs_fake", "SECRET"] {
+            assert!(!read_tool.contains(secret), "{secret}: {read_tool}");
+        }
+        // Not dumpable, OpenCode cannot open even its own environ (root-owned, 0400).
+        assert!(
+            read_tool.contains("PermissionDenied: FileSystem.open (/proc/self/environ)"),
+            "{read_tool}"
+        );
+        // The real key reached the provider, through fro-bot's proxy only.
+        let auth = world.llm.auth_headers();
+        assert!(
+            auth.iter()
+                .all(|h| h.as_deref() == Some("Bearer sk-REAL-SECRET-llm")),
+            "{auth:?}"
+        );
         let names = section(&out, "env-names", "env-hits");
         for never in [
             "INPUT_",
