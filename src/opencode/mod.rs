@@ -11,6 +11,7 @@ pub mod error;
 pub mod events;
 pub mod locate;
 pub mod prep;
+pub mod progress;
 pub mod prune;
 pub mod server;
 pub mod session;

@@ -17,6 +17,7 @@ use super::client::{
     ApiError, Client, Message, ModelSpec, NamedError, PromptBody, Session, Tokens,
 };
 use super::events::{Event, EventStream, SessionStatus};
+use super::progress::ProgressSink;
 use crate::runner::{log, Cancellation};
 
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
@@ -180,6 +181,8 @@ pub struct TurnOptions {
     pub max_attempts: u32,
     /// Milliseconds since the epoch (archiving stamps it).
     pub now_ms: fn() -> i64,
+    /// Where the turn's live progress goes; `None` prints nothing.
+    pub progress: Option<ProgressSink>,
 }
 
 impl Default for TurnOptions {
@@ -190,6 +193,7 @@ impl Default for TurnOptions {
             model: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             now_ms: super::system_now_ms,
+            progress: None,
         }
     }
 }
@@ -396,6 +400,9 @@ async fn attempt(
                 if ev.session_id() != Some(session_id) {
                     continue;
                 }
+                if let Some(progress) = &opts.progress {
+                    progress.observe(&ev);
+                }
                 match ev {
                     Event::SessionIdle { .. }
                     | Event::SessionStatus {
@@ -422,6 +429,9 @@ async fn attempt(
                         ..
                     }
                     | Event::ServerConnected
+                    | Event::MessageUpdated { .. }
+                    | Event::PartUpdated { .. }
+                    | Event::TodoUpdated { .. }
                     | Event::Other { .. } => {}
                 }
             }

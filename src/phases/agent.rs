@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{ResponseMode, Settings};
 use crate::github::{self, RunPlan};
+use crate::opencode::progress::ProgressSink;
 use crate::opencode::{
     self, prep, Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome, TurnReport,
 };
@@ -179,6 +180,7 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
         timeout: settings.timeout,
         agent: settings.agent.clone(),
         model: settings.model.as_ref().map(Into::into),
+        progress: Some(ProgressSink::log()),
         ..TurnOptions::default()
     };
     let report = agent

@@ -9,4 +9,5 @@ mod lease;
 mod object_store;
 mod opencode;
 mod persistence;
+mod progress;
 mod structure;
