@@ -4,16 +4,17 @@
 use std::fmt::Write as _;
 
 use crate::cache;
+use crate::config::inputs as input;
 use crate::config::{AuthRequirement, Settings};
 use crate::github::keys::{invocation_identity, CacheKeys};
 use crate::object_store::StoreKeys;
 use crate::phases::paths::StatePaths;
-use crate::runner::env::{self, input};
+use crate::runner::env;
 use crate::runner::Env;
 
 pub fn describe(env: &Env) -> Result<String, String> {
     let paths = StatePaths::from_env(env).map_err(|e| e.to_string())?;
-    let identity = invocation_identity(env, env.input(input::MATRIX_CONTEXT));
+    let identity = invocation_identity(env, env.input(input::MATRIX_CONTEXT.name));
     let keys = CacheKeys::from_env(env, identity.as_deref()).map_err(|e| e.to_string())?;
     let mut out = String::new();
     // Writing into a String cannot fail.
