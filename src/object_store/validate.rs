@@ -91,7 +91,11 @@ impl StoreSettings {
             (None, None, None) => {
                 return Err(invalid(
                     input::AWS_REGION.name,
-                    "no region: set 'aws-region' or AWS_REGION for AWS S3",
+                    format!(
+                        "no region: set '{}' or {} for AWS S3",
+                        input::AWS_REGION.name,
+                        crate::runner::env::AWS_REGION
+                    ),
                 ))
             }
         };

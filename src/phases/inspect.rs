@@ -41,7 +41,11 @@ pub fn describe(env: &Env) -> Result<String, String> {
     let mode = cache::CacheMode::parse(env.get(env::ACTIONS_CACHE_MODE));
     let service = match cache::Backend::from_env(env) {
         Some(_) => format!("Actions cache v2 ({mode:?})"),
-        None => "none (ACTIONS_RESULTS_URL/ACTIONS_RUNTIME_TOKEN not set)".into(),
+        None => format!(
+            "none ({}/{} not set)",
+            env::ACTIONS_RESULTS_URL,
+            env::ACTIONS_RUNTIME_TOKEN
+        ),
     };
     let _ = writeln!(out, "cache service:   {service}");
     match Settings::from_env(env, AuthRequirement::Optional) {

@@ -7,7 +7,7 @@ use std::path::Path;
 use crate::cache::{self, CacheError};
 use crate::checkpoint::{self, CheckpointOutcome};
 use crate::phases::paths::{write_marker, StatePaths};
-use crate::runner::failpoint;
+use crate::runner::{env, failpoint};
 use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
 
 pub struct SaveInputs<'a> {
@@ -143,12 +143,19 @@ where
         None => CacheSaveResult::new(
             SaveOutcome::CacheError,
             store_persisted,
-            "no cache service available (ACTIONS_RESULTS_URL/ACTIONS_RUNTIME_TOKEN not set)",
+            format!(
+                "no cache service available ({}/{} not set)",
+                env::ACTIONS_RESULTS_URL,
+                env::ACTIONS_RUNTIME_TOKEN
+            ),
         ),
         Some(cache) if !cache.can_save() => CacheSaveResult::new(
             SaveOutcome::CacheRejected,
             store_persisted,
-            "the runner's cache mode does not allow saving (ACTIONS_CACHE_MODE)",
+            format!(
+                "the runner's cache mode does not allow saving ({})",
+                env::ACTIONS_CACHE_MODE
+            ),
         ),
         Some(cache) => {
             let request = cache::SaveRequest {
