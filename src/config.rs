@@ -216,7 +216,8 @@ pub fn parse_bool(env: &Env, spec: &InputSpec) -> Result<bool, ConfigError> {
 /// A [`Parser::Millis`](inputs::Parser::Millis) or [`Parser::Count`](inputs::Parser::Count) input.
 fn parse_u64(env: &Env, spec: &InputSpec) -> Result<u64, ConfigError> {
     match with_default(env, spec)? {
-        // `u64::from_str` accepts a leading '+'; the spec wants plain decimal digits.
+        // `u64::from_str` accepts a leading '+'; inputs take plain decimal digits
+        // (docs/design.md#inputs-and-configuration).
         v if v.bytes().all(|b| b.is_ascii_digit()) => v
             .parse()
             .map_err(|_| invalid(spec, v, "the number is too large")),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Arg, ArgMatches, Args, Parser, Subcommand};
 use fro_bot::config::inputs::{self, InputSpec};
-use fro_bot::phases::run::Mode;
+use fro_bot::phases::context::Mode;
 use fro_bot::runner::{Cancellation, Env};
 
 #[derive(Debug, Parser)]
@@ -199,7 +199,7 @@ async fn run(env: Env, mode: Mode) -> ExitCode {
             None => println!("\n(the agent gave no answer)\n"),
         }
     }
-    ExitCode::from(exit.code)
+    ExitCode::from(exit.status.code())
 }
 
 /// `fro-bot local`: the action's inputs from flags (which win) and `INPUT_*`, and a synthesized

@@ -1,5 +1,6 @@
 //! Validation of every `s3-*` input and of every key component and local path the store touches.
-//! One module so the rules (REQUIREMENTS §6) can be read, and table-tested, in one place.
+//! One module so the rules (docs/design.md#object-store) can be read, and table-tested, in one
+//! place.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Component, Path, PathBuf};
@@ -258,7 +259,7 @@ pub enum HostClass {
     Blocked(&'static str),
 }
 
-/// Parses and classifies an endpoint URL (REQUIREMENTS §6).
+/// Parses and classifies an endpoint URL (docs/design.md#object-store).
 pub fn validate_endpoint(raw: &str, allow_insecure: bool) -> Result<Url, ValidationError> {
     let e = |reason: String| invalid(input::S3_ENDPOINT.name, reason);
     let url = Url::parse(raw.trim()).map_err(|err| e(format!("does not parse as a URL: {err}")))?;

@@ -6,22 +6,106 @@ use bytes::BytesMut;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::client::ApiError;
+use super::error::{ApiError, NamedError};
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-pub struct Event {
+/// One event of OpenCode's bus, parsed into what fro-bot acts on; everything else is `Other`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The first frame of every subscription.
+    ServerConnected,
+    SessionIdle {
+        session_id: String,
+    },
+    /// A session's turn failed; `error` is absent when OpenCode sent one we cannot read.
+    SessionError {
+        session_id: Option<String>,
+        error: Option<NamedError>,
+    },
+    SessionStatus {
+        session_id: String,
+        status: SessionStatus,
+    },
+    /// Any other type, kept by name (and session, when it names one) for logging and new uses.
+    Other {
+        kind: String,
+        session_id: Option<String>,
+    },
+}
+
+/// `session.status`'s `status`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionStatus {
+    Idle,
+    Busy,
+    /// OpenCode is waiting to retry a failed model call; `message` says why (quota, rate limit...).
+    Retry {
+        message: String,
+    },
+    Other {
+        kind: String,
+    },
+}
+
+/// The wire form: `{"type": ..., "properties": {...}}`.
+#[derive(Deserialize)]
+struct RawEvent {
     #[serde(rename = "type")]
-    pub kind: String,
+    kind: String,
     #[serde(default)]
-    pub properties: Value,
+    properties: Value,
 }
 
 impl Event {
     /// The `sessionID` the event is about, when it names one.
     pub fn session_id(&self) -> Option<&str> {
-        self.properties["sessionID"]
+        match self {
+            Event::ServerConnected => None,
+            Event::SessionIdle { session_id } | Event::SessionStatus { session_id, .. } => {
+                Some(session_id)
+            }
+            Event::SessionError { session_id, .. } | Event::Other { session_id, .. } => {
+                session_id.as_deref()
+            }
+        }
+    }
+
+    fn from_raw(raw: RawEvent) -> Self {
+        let p = &raw.properties;
+        let session_id = p["sessionID"]
             .as_str()
-            .or_else(|| self.properties["info"]["sessionID"].as_str())
+            .or_else(|| p["info"]["sessionID"].as_str())
+            .map(str::to_string);
+        match (raw.kind.as_str(), session_id) {
+            ("server.connected", _) => Event::ServerConnected,
+            ("session.idle", Some(session_id)) => Event::SessionIdle { session_id },
+            ("session.error", session_id) => Event::SessionError {
+                session_id,
+                error: serde_json::from_value(p["error"].clone()).ok(),
+            },
+            ("session.status", Some(session_id)) => Event::SessionStatus {
+                session_id,
+                status: SessionStatus::from_value(&p["status"]),
+            },
+            (_, session_id) => Event::Other {
+                kind: raw.kind,
+                session_id,
+            },
+        }
+    }
+}
+
+impl SessionStatus {
+    fn from_value(v: &Value) -> Self {
+        match v["type"].as_str().unwrap_or("") {
+            "idle" => SessionStatus::Idle,
+            "busy" => SessionStatus::Busy,
+            "retry" => SessionStatus::Retry {
+                message: v["message"].as_str().unwrap_or("").to_string(),
+            },
+            other => SessionStatus::Other {
+                kind: other.to_string(),
+            },
+        }
     }
 }
 
@@ -108,7 +192,9 @@ fn parse_frame(data: &str) -> Option<Event> {
     if data.trim().is_empty() {
         return None;
     }
-    serde_json::from_str(data).ok()
+    serde_json::from_str::<RawEvent>(data)
+        .ok()
+        .map(Event::from_raw)
 }
 
 /// Removes and returns one line (without its `\n` / `\r\n`) from the buffer, when complete.
@@ -150,8 +236,19 @@ mod tests {
             "data: {\"type\":\"brand.new\",\"properties\":{\"x\":1}}\n\n",
             "data: {\"type\":\"partial\"",
         ));
-        let kinds: Vec<&str> = evs.iter().map(|e| e.kind.as_str()).collect();
-        assert_eq!(kinds, ["server.connected", "session.idle", "brand.new"]);
+        assert_eq!(
+            evs,
+            [
+                Event::ServerConnected,
+                Event::SessionIdle {
+                    session_id: "ses_1".into()
+                },
+                Event::Other {
+                    kind: "brand.new".into(),
+                    session_id: None
+                },
+            ]
+        );
         assert_eq!(evs[1].session_id(), Some("ses_1"));
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod config;
+pub mod error;
 pub mod events;
 pub mod locate;
 pub mod prep;

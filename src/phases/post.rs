@@ -1,6 +1,6 @@
-//! The post step (REQUIREMENTS §12): decide from main's `cacheSaved` state; retry only a save that
-//! did not persist, Actions cache only, with the same keys and path list as main; release a lease
-//! main left behind. Time-boxed; never fails the job.
+//! The post step (docs/design.md#the-post-decision): decide from main's `cacheSaved` state; retry
+//! only a save that did not persist, Actions cache only, with the same keys and path list as main;
+//! release a lease main left behind. Time-boxed; never fails the job.
 
 use std::future::Future;
 use std::time::Duration;

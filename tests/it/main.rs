@@ -10,3 +10,4 @@ mod lease;
 mod object_store;
 mod opencode;
 mod persistence;
+mod structure;
