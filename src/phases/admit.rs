@@ -31,7 +31,10 @@ pub(crate) enum SetupError {
         #[source]
         source: ValidationError,
     },
-    #[error("GITHUB_WORKSPACE is not set; the action must run inside a GitHub Actions workflow")]
+    #[error(
+        "{var} is not set; the action must run inside a GitHub Actions workflow",
+        var = env::GITHUB_WORKSPACE
+    )]
     NoWorkspace,
     #[error("{source}")]
     Paths {

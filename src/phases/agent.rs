@@ -91,17 +91,20 @@ pub(crate) async fn start_agent(ctx: &mut RunContext) -> Result<Agent, String> {
         // The runner mounts the workspace owned by its own user while the container runs as root:
         // git would refuse the repository ("dubious ownership"), and OpenCode's project detection
         // and snapshots with it. Only the child's git sees this setting.
-        if !env.iter().any(|(k, _)| k == "GIT_CONFIG_COUNT") {
+        if !env.iter().any(|(k, _)| k == env::GIT_CONFIG_COUNT) {
             extra_env.extend([
-                ("GIT_CONFIG_COUNT".to_string(), "1".to_string()),
-                ("GIT_CONFIG_KEY_0".to_string(), "safe.directory".to_string()),
-                ("GIT_CONFIG_VALUE_0".to_string(), "*".to_string()),
+                (env::GIT_CONFIG_COUNT.to_string(), "1".to_string()),
+                (
+                    env::GIT_CONFIG_KEY_0.to_string(),
+                    "safe.directory".to_string(),
+                ),
+                (env::GIT_CONFIG_VALUE_0.to_string(), "*".to_string()),
             ]);
         }
     }
     if plan.agent_gets_token {
         if let Some(token) = &settings.github_token {
-            extra_env.push(("GH_TOKEN".to_string(), token.expose().to_string()));
+            extra_env.push((env::GH_TOKEN.to_string(), token.expose().to_string()));
         }
     }
     let log_dir = env

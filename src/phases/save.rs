@@ -12,7 +12,7 @@ use crate::lease::{self, LeaseHandle};
 use crate::object_store as store;
 use crate::phases::context::StoreContext;
 use crate::phases::paths::{write_marker, StatePaths};
-use crate::runner::{failpoint, log};
+use crate::runner::{env, failpoint, log};
 use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
 
 /// The lease must have at least this long left when the session database is published.
@@ -157,15 +157,21 @@ async fn prepare(inputs: &SaveInputs<'_>) -> Result<CheckpointOutcome, NotSaved>
 async fn save_to_cache(inputs: &SaveInputs<'_>, store_persisted: bool) -> (CacheSaveResult, bool) {
     let cache = match inputs.cache {
         None => {
-            let detail =
-                "no cache service available (ACTIONS_RESULTS_URL/ACTIONS_RUNTIME_TOKEN not set)";
+            let detail = format!(
+                "no cache service available ({}/{} not set)",
+                env::ACTIONS_RESULTS_URL,
+                env::ACTIONS_RUNTIME_TOKEN
+            );
             return (
                 CacheSaveResult::new(SaveOutcome::CacheError, store_persisted, detail),
                 false,
             );
         }
         Some(cache) if !cache.can_save() => {
-            let detail = "the runner's cache mode does not allow saving (ACTIONS_CACHE_MODE)";
+            let detail = format!(
+                "the runner's cache mode does not allow saving ({})",
+                env::ACTIONS_CACHE_MODE
+            );
             return (
                 CacheSaveResult::new(SaveOutcome::CacheRejected, store_persisted, detail),
                 false,

@@ -5,6 +5,7 @@ mod support;
 mod cache;
 mod e2e;
 mod github;
+mod inputs;
 mod lease;
 mod object_store;
 mod opencode;
