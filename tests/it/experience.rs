@@ -65,6 +65,27 @@ async fn the_log_shows_each_tool_call_and_the_agents_text_inside_the_agent_group
         "{}",
         agent[first_started]
     );
+
+    // What later steps and the summary get: tokens, cost, the comment, the model.
+    let tokens: serde_json::Value = serde_json::from_str(run.output("tokens")).unwrap();
+    assert!(tokens["input"].as_u64().unwrap() > 0, "{tokens}");
+    assert!(tokens["output"].as_u64().unwrap() > 0, "{tokens}");
+    assert!(
+        run.output("cost").parse::<f64>().is_ok(),
+        "{}",
+        run.output("cost")
+    );
+    assert!(
+        run.output("comment-url")
+            .contains("/issues/8#issuecomment-"),
+        "{}",
+        run.output("comment-url")
+    );
+    assert!(
+        run.summary.contains("| Model | fake/fake-model |"),
+        "{}",
+        run.summary
+    );
 }
 
 #[tokio::test]
