@@ -25,6 +25,23 @@ pub enum Event {
         session_id: String,
         status: SessionStatus,
     },
+    /// A message was created or changed; its role tells the user's prompt from the agent's answer.
+    MessageUpdated {
+        session_id: String,
+        message_id: String,
+        role: String,
+    },
+    /// A part of a message was created or changed (text, a tool call, a step boundary).
+    PartUpdated {
+        session_id: String,
+        message_id: String,
+        part: Part,
+    },
+    /// The session's todo list, whole, after the agent changed it.
+    TodoUpdated {
+        session_id: String,
+        todos: Vec<Todo>,
+    },
     /// Any other type, kept by name (and session, when it names one) for logging and new uses.
     Other {
         kind: String,
@@ -46,6 +63,47 @@ pub enum SessionStatus {
     },
 }
 
+/// One part of a message, as far as progress reporting reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Text {
+        id: String,
+        text: String,
+        /// OpenCode stamps `time.end` when the text is complete.
+        done: bool,
+    },
+    Tool {
+        call_id: String,
+        tool: String,
+        status: ToolStatus,
+        /// What the tool call does, in OpenCode's words (`state.title`, else the input's
+        /// `description`).
+        title: Option<String>,
+    },
+    StepStart,
+    StepFinish,
+    Other {
+        kind: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolStatus {
+    Pending,
+    Running,
+    Completed,
+    Error { message: String },
+    Other { kind: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Todo {
+    #[serde(default)]
+    pub content: String,
+    #[serde(default)]
+    pub status: String,
+}
+
 /// The wire form: `{"type": ..., "properties": {...}}`.
 #[derive(Deserialize)]
 struct RawEvent {
@@ -60,9 +118,11 @@ impl Event {
     pub fn session_id(&self) -> Option<&str> {
         match self {
             Event::ServerConnected => None,
-            Event::SessionIdle { session_id } | Event::SessionStatus { session_id, .. } => {
-                Some(session_id)
-            }
+            Event::SessionIdle { session_id }
+            | Event::SessionStatus { session_id, .. }
+            | Event::MessageUpdated { session_id, .. }
+            | Event::PartUpdated { session_id, .. }
+            | Event::TodoUpdated { session_id, .. } => Some(session_id),
             Event::SessionError { session_id, .. } | Event::Other { session_id, .. } => {
                 session_id.as_deref()
             }
@@ -86,9 +146,74 @@ impl Event {
                 session_id,
                 status: SessionStatus::from_value(&p["status"]),
             },
+            ("message.updated", Some(session_id)) => Event::MessageUpdated {
+                session_id,
+                message_id: str_at(&p["info"]["id"]),
+                role: str_at(&p["info"]["role"]),
+            },
+            ("message.part.updated", Some(session_id)) => Event::PartUpdated {
+                session_id,
+                message_id: str_at(&p["part"]["messageID"]),
+                part: Part::from_value(&p["part"]),
+            },
+            ("todo.updated", Some(session_id)) => Event::TodoUpdated {
+                session_id,
+                todos: serde_json::from_value(p["todos"].clone()).unwrap_or_default(),
+            },
             (_, session_id) => Event::Other {
                 kind: raw.kind,
                 session_id,
+            },
+        }
+    }
+}
+
+fn str_at(v: &Value) -> String {
+    v.as_str().unwrap_or("").to_string()
+}
+
+impl Part {
+    fn from_value(v: &Value) -> Self {
+        match v["type"].as_str().unwrap_or("") {
+            "text" => Part::Text {
+                id: str_at(&v["id"]),
+                text: str_at(&v["text"]),
+                done: !v["time"]["end"].is_null(),
+            },
+            "tool" => {
+                let state = &v["state"];
+                let title = state["title"]
+                    .as_str()
+                    .or_else(|| state["input"]["description"].as_str())
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string);
+                Part::Tool {
+                    call_id: str_at(&v["callID"]),
+                    tool: str_at(&v["tool"]),
+                    status: ToolStatus::from_value(state),
+                    title,
+                }
+            }
+            "step-start" => Part::StepStart,
+            "step-finish" => Part::StepFinish,
+            other => Part::Other {
+                kind: other.to_string(),
+            },
+        }
+    }
+}
+
+impl ToolStatus {
+    fn from_value(state: &Value) -> Self {
+        match state["status"].as_str().unwrap_or("") {
+            "pending" => ToolStatus::Pending,
+            "running" => ToolStatus::Running,
+            "completed" => ToolStatus::Completed,
+            "error" => ToolStatus::Error {
+                message: str_at(&state["error"]),
+            },
+            other => ToolStatus::Other {
+                kind: other.to_string(),
             },
         }
     }
@@ -223,6 +348,62 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn parts_and_messages_as_opencode_sends_them() {
+        // Frames as OpenCode 1.18.33 sent them during a bash tool call, trimmed.
+        let evs = feed(concat!(
+            r#"data: {"type":"message.updated","properties":{"sessionID":"ses_1","info":{"id":"msg_1","role":"assistant"}}}"#,
+            "\n\n",
+            r#"data: {"type":"message.part.updated","properties":{"sessionID":"ses_1","part":{"type":"tool","tool":"bash","callID":"call_1","state":{"status":"running","input":{"command":"ls","description":"List files"}},"id":"prt_1","messageID":"msg_1"}}}"#,
+            "\n\n",
+            r#"data: {"type":"message.part.updated","properties":{"sessionID":"ses_1","part":{"type":"tool","tool":"bash","callID":"call_1","state":{"status":"completed","title":"ls","output":"a"},"id":"prt_1","messageID":"msg_1"}}}"#,
+            "\n\n",
+            r#"data: {"type":"message.part.updated","properties":{"sessionID":"ses_1","part":{"type":"text","text":"Done","time":{"start":1,"end":2},"id":"prt_2","messageID":"msg_1"}}}"#,
+            "\n\n",
+            r#"data: {"type":"todo.updated","properties":{"sessionID":"ses_1","todos":[{"content":"Read","status":"completed","id":"1"}]}}"#,
+            "\n\n",
+        ));
+        let part = |part| Event::PartUpdated {
+            session_id: "ses_1".into(),
+            message_id: "msg_1".into(),
+            part,
+        };
+        assert_eq!(
+            evs,
+            [
+                Event::MessageUpdated {
+                    session_id: "ses_1".into(),
+                    message_id: "msg_1".into(),
+                    role: "assistant".into()
+                },
+                part(Part::Tool {
+                    call_id: "call_1".into(),
+                    tool: "bash".into(),
+                    status: ToolStatus::Running,
+                    title: Some("List files".into()),
+                }),
+                part(Part::Tool {
+                    call_id: "call_1".into(),
+                    tool: "bash".into(),
+                    status: ToolStatus::Completed,
+                    title: Some("ls".into()),
+                }),
+                part(Part::Text {
+                    id: "prt_2".into(),
+                    text: "Done".into(),
+                    done: true
+                }),
+                Event::TodoUpdated {
+                    session_id: "ses_1".into(),
+                    todos: vec![Todo {
+                        content: "Read".into(),
+                        status: "completed".into()
+                    }]
+                },
+            ]
+        );
     }
 
     #[test]

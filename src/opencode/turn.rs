@@ -17,6 +17,7 @@ use super::client::{
     ApiError, Client, Message, ModelSpec, NamedError, PromptBody, Session, Tokens,
 };
 use super::events::{Event, EventStream, SessionStatus};
+use super::progress::ProgressSink;
 use crate::runner::{log, Cancellation};
 
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
@@ -110,6 +111,10 @@ pub enum TurnFailure {
     Api {
         message: String,
     },
+    /// No model can be called (no credentials, unknown model): found before the turn started.
+    NoUsableModel {
+        message: String,
+    },
 }
 
 impl std::fmt::Display for TurnFailure {
@@ -118,6 +123,7 @@ impl std::fmt::Display for TurnFailure {
             TurnFailure::Quota { message } => {
                 write!(f, "the provider's quota is exhausted ({message})")
             }
+            TurnFailure::NoUsableModel { message } => write!(f, "no usable model: {message}"),
             TurnFailure::ProviderAuth { message } => {
                 write!(f, "the provider rejected the credentials ({message})")
             }
@@ -147,6 +153,8 @@ pub enum TurnOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AssistantReply {
     pub message_id: String,
+    /// `provider/model` of the answering model, when OpenCode says.
+    pub model: Option<String>,
     pub text: String,
     pub tokens: Tokens,
     pub cost: f64,
@@ -180,6 +188,8 @@ pub struct TurnOptions {
     pub max_attempts: u32,
     /// Milliseconds since the epoch (archiving stamps it).
     pub now_ms: fn() -> i64,
+    /// Where the turn's live progress goes; `None` prints nothing.
+    pub progress: Option<ProgressSink>,
 }
 
 impl Default for TurnOptions {
@@ -190,6 +200,7 @@ impl Default for TurnOptions {
             model: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             now_ms: super::system_now_ms,
+            progress: None,
         }
     }
 }
@@ -340,6 +351,10 @@ fn account(report: &mut TurnReport, new: &[Message]) {
     }
     report.reply = last.map(|m| AssistantReply {
         message_id: m.info.id.clone(),
+        model: match (&m.info.provider_id, &m.info.model_id) {
+            (Some(p), Some(id)) => Some(format!("{p}/{id}")),
+            _ => None,
+        },
         text: m.plain_text(),
         tokens: m.info.tokens.clone().unwrap_or_default(),
         cost: m.info.cost.unwrap_or(0.0),
@@ -396,6 +411,9 @@ async fn attempt(
                 if ev.session_id() != Some(session_id) {
                     continue;
                 }
+                if let Some(progress) = &opts.progress {
+                    progress.observe(&ev);
+                }
                 match ev {
                     Event::SessionIdle { .. }
                     | Event::SessionStatus {
@@ -422,6 +440,9 @@ async fn attempt(
                         ..
                     }
                     | Event::ServerConnected
+                    | Event::MessageUpdated { .. }
+                    | Event::PartUpdated { .. }
+                    | Event::TodoUpdated { .. }
                     | Event::Other { .. } => {}
                 }
             }

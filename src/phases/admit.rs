@@ -31,7 +31,10 @@ pub(crate) enum SetupError {
         #[source]
         source: ValidationError,
     },
-    #[error("GITHUB_WORKSPACE is not set; the action must run inside a GitHub Actions workflow")]
+    #[error(
+        "{var} is not set; the action must run inside a GitHub Actions workflow",
+        var = env::GITHUB_WORKSPACE
+    )]
     NoWorkspace,
     #[error("{source}")]
     Paths {
@@ -121,6 +124,7 @@ pub(crate) async fn admit(
         cache,
         store: None,
         lease: None,
+        restored_copy: None,
         report: PersistenceReport::default(),
     };
     if let Some(reason) = check_dedup(&ctx).await {
@@ -191,6 +195,7 @@ fn route_event(setup: &Setup, mode: &Mode) -> Route {
             prompt_given: setup.settings.prompt.is_some(),
             run_id: &setup.run_id,
             identity: setup.identity.as_deref(),
+            trigger_label: setup.settings.trigger_label.as_deref(),
         },
     );
     match (route, mode) {

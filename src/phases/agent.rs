@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crate::config::{ResponseMode, Settings};
 use crate::confine::AgentUser;
 use crate::github::{self, RunPlan};
+use crate::opencode::progress::ProgressSink;
 use crate::opencode::{
     self, prep, Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome, TurnReport,
 };
@@ -25,6 +26,8 @@ pub(crate) struct AgentRun {
     pub(crate) answer: Option<String>,
     pub(crate) tokens: Option<opencode::client::Tokens>,
     pub(crate) cost: f64,
+    /// `provider/model` that answered, as OpenCode reports it.
+    pub(crate) model: Option<String>,
     pub(crate) errors: Vec<String>,
     /// Session resolution, context and prior-work search, prompt building.
     pub(crate) prep_time: Duration,
@@ -101,17 +104,20 @@ pub(crate) async fn start_agent(ctx: &mut RunContext) -> Result<Agent, String> {
         // detection and snapshots with it. Only the child's git sees this setting, and only for
         // the workspace.
         extra_env.extend([
-            ("GIT_CONFIG_COUNT".to_string(), "1".to_string()),
-            ("GIT_CONFIG_KEY_0".to_string(), "safe.directory".to_string()),
+            (env::GIT_CONFIG_COUNT.to_string(), "1".to_string()),
             (
-                "GIT_CONFIG_VALUE_0".to_string(),
+                env::GIT_CONFIG_KEY_0.to_string(),
+                "safe.directory".to_string(),
+            ),
+            (
+                env::GIT_CONFIG_VALUE_0.to_string(),
                 workspace.to_string_lossy().into_owned(),
             ),
         ]);
     }
     if plan.agent_gets_token {
         if let Some(token) = &settings.github_token {
-            extra_env.push(("GH_TOKEN".to_string(), token.expose().to_string()));
+            extra_env.push((env::GH_TOKEN.to_string(), token.expose().to_string()));
         }
     }
     let log_dir = env
@@ -181,6 +187,14 @@ pub(crate) struct AgentInputs<'a> {
 pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
     let started_prep = Instant::now();
     let plan = inputs.plan;
+    if let Err(message) = preflight(agent, inputs.settings).await {
+        log::error(&format!("no usable model: {message}"));
+        out.errors.push(message.clone());
+        out.outcome = Some(TurnOutcome::Failed(opencode::TurnFailure::NoUsableModel {
+            message,
+        }));
+        return;
+    }
     let resolved = match agent.resolve_session(plan.logical_key.as_str()).await {
         Ok(r) => r,
         Err(e) => {
@@ -207,6 +221,7 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
         timeout: settings.timeout,
         agent: settings.agent.clone(),
         model: settings.model.as_ref().map(Into::into),
+        progress: Some(ProgressSink::log()),
         ..TurnOptions::default()
     };
     let report = agent
@@ -215,6 +230,18 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
     record_turn(&report, out);
     if !inputs.cancel.is_cancelled() {
         writeback(agent, inputs, report, &out.errors).await;
+    }
+}
+
+/// With no usable model OpenCode retries for minutes: fail at once and say what to fix.
+async fn preflight(agent: &Agent, settings: &Settings) -> Result<(), String> {
+    match agent.client().config_providers().await {
+        Ok(providers) => opencode::preflight::check(&providers, settings.model.as_ref())
+            .map_err(|e| e.to_string()),
+        Err(e) => {
+            tracing::warn!("cannot list OpenCode's providers (going on without the check): {e}");
+            Ok(())
+        }
     }
 }
 
@@ -307,6 +334,7 @@ fn record_turn(report: &TurnReport, out: &mut AgentRun) {
         .filter(|t| !t.trim().is_empty());
     out.tokens = Some(report.tokens.clone());
     out.cost = report.cost;
+    out.model = report.reply.as_ref().and_then(|r| r.model.clone());
     match &report.outcome {
         TurnOutcome::Completed => {
             tracing::info!("the agent finished ({} attempt(s))", report.attempts)

@@ -181,7 +181,7 @@ mod post {
     }
 }
 
-mod scenarios {
+pub(crate) mod scenarios {
     use serde_json::json;
 
     use super::*;

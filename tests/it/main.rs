@@ -4,7 +4,9 @@ mod support;
 
 mod cache;
 mod e2e;
+mod experience;
 mod github;
+mod inputs;
 mod lease;
 mod object_store;
 mod opencode;
