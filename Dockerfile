@@ -21,7 +21,7 @@ ARG OPENCODE_VERSION
 RUN npm install -g --no-audit --no-fund "opencode-ai@${OPENCODE_VERSION}" \
  && arch="$(dpkg --print-architecture | sed 's/amd64/x64/')" \
  && bin="$(find "$(npm root -g)" -path "*/opencode-linux-${arch}/bin/opencode" | head -n 1)" \
- && install -D -m 0755 "$bin" /out/opencode \
+ && install -D -m 0711 "$bin" /out/opencode \
  && /out/opencode --version
 
 FROM debian:bookworm-slim

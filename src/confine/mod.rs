@@ -168,10 +168,12 @@ impl AgentUser {
     }
 }
 
-/// A root-owned, execute-only copy of OpenCode for a switched agent. A process that executes a
-/// file it cannot read is not dumpable: other processes of its uid (the agent's shell) cannot
-/// read its `/proc/<pid>/environ` or memory. (It also lets the agent's uid run a binary kept in a
-/// directory it cannot enter.) Removed with the returned directory.
+/// A root-owned, execute-only OpenCode for a switched agent. A process that executes a file it
+/// cannot read is not dumpable: other processes of its uid (the agent's shell) cannot read its
+/// `/proc/<pid>/environ` or memory. The located binary is used in place when root owns it and its
+/// directories and the agent's uid can reach it (its read bits are dropped: the image's copy);
+/// otherwise a root-owned copy is made once under `/tmp/fro-bot-agent-bin/` and reused (copying
+/// 185 MB costs seconds). Also holds the shell wrapper (see [`PrivateBinary::shell`]).
 #[derive(Debug)]
 pub struct PrivateBinary {
     dir: tempfile::TempDir,
@@ -186,19 +188,85 @@ const SHELL_UNSETS: &[&str] = &[
     crate::runner::env::OPENCODE_CONFIG_CONTENT,
 ];
 
+const BIN_CACHE: &str = "/tmp/fro-bot-agent-bin";
+
+/// Root-owned and writable by root only.
+fn root_only_writable(m: &std::fs::Metadata) -> bool {
+    m.uid() == 0 && m.mode() & 0o022 == 0
+}
+
+/// `bin` usable in place: root's, and every directory above it root's and enterable by others.
+fn usable_in_place(bin: &Path) -> bool {
+    let Ok(m) = std::fs::symlink_metadata(bin) else {
+        return false;
+    };
+    m.is_file()
+        && root_only_writable(&m)
+        && m.mode() & 0o001 != 0
+        && bin.ancestors().skip(1).all(|d| {
+            std::fs::metadata(d).is_ok_and(|m| root_only_writable(&m) && m.mode() & 0o001 != 0)
+        })
+}
+
 impl PrivateBinary {
     /// `path_var`: the agent's `PATH`, where its shell is looked up.
-    pub fn copy(bin: &Path, path_var: Option<&str>) -> std::io::Result<PrivateBinary> {
+    pub fn prepare(bin: &Path, path_var: Option<&str>) -> std::io::Result<PrivateBinary> {
         let dir = tempfile::Builder::new()
-            .prefix("fro-bot-agent-bin-")
+            .prefix("fro-bot-agent-shell-")
             .tempdir()?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))?;
-        let name = bin.file_name().unwrap_or(std::ffi::OsStr::new("opencode"));
-        let path = dir.path().join(name);
-        std::fs::copy(bin, &path)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o711))?;
+        let path = if usable_in_place(bin) {
+            let mode = std::fs::metadata(bin)?.mode() & 0o7777;
+            if mode & 0o044 != 0 {
+                std::fs::set_permissions(bin, std::fs::Permissions::from_mode(mode & !0o044))?;
+            }
+            bin.to_path_buf()
+        } else {
+            Self::cached_copy(bin)?
+        };
         let shell = Self::shell_wrapper(dir.path(), path_var)?;
         Ok(PrivateBinary { dir, path, shell })
+    }
+
+    fn cached_copy(bin: &Path) -> std::io::Result<PathBuf> {
+        use sha2::{Digest, Sha256};
+        let m = std::fs::metadata(bin)?;
+        let key = Sha256::digest(format!(
+            "{}\0{}\0{:?}",
+            bin.display(),
+            m.len(),
+            m.modified().ok()
+        ));
+        let cache = Path::new(BIN_CACHE);
+        if let Err(e) = std::fs::create_dir(cache) {
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(e);
+            }
+        }
+        let cm = std::fs::symlink_metadata(cache)?;
+        if !cm.is_dir() || !root_only_writable(&cm) {
+            return Err(std::io::Error::other(format!(
+                "{BIN_CACHE} is not a directory only root can write"
+            )));
+        }
+        std::fs::set_permissions(cache, std::fs::Permissions::from_mode(0o711))?;
+        let path = cache.join(format!("opencode-{}", &hex::encode(key)[..16]));
+        if let Ok(existing) = std::fs::symlink_metadata(&path) {
+            if existing.is_file()
+                && existing.len() == m.len()
+                && root_only_writable(&existing)
+                && existing.mode() & 0o7777 == 0o711
+            {
+                return Ok(path);
+            }
+        }
+        let partial = tempfile::Builder::new()
+            .prefix(".partial-")
+            .tempfile_in(cache)?;
+        std::fs::copy(bin, partial.path())?;
+        std::fs::set_permissions(partial.path(), std::fs::Permissions::from_mode(0o711))?;
+        partial.persist(&path).map_err(|e| e.error)?;
+        Ok(path)
     }
 
     /// OpenCode runs its shell tool's commands with `$SHELL` and its own environment: a wrapper

@@ -254,7 +254,7 @@ impl Agent {
                     git_credentials = Some(hidden);
                 }
                 Some(
-                    PrivateBinary::copy(&opts.opencode, opts.base_env.get(env::PATH)).map_err(
+                    PrivateBinary::prepare(&opts.opencode, opts.base_env.get(env::PATH)).map_err(
                         |source| AgentError::Binary {
                             path: opts.opencode.clone(),
                             source,

