@@ -5,7 +5,6 @@
 //! default 4000), FRO_BOT_BENCH_RUNS (requests per path, default 20).
 
 #[path = "../tests/it/support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 use std::time::{Duration, Instant};
