@@ -4,6 +4,7 @@
 //! pull-request flags, `context`: the conversation for the prompt, `response`: the one reply).
 
 pub mod api;
+pub mod caches;
 pub mod context;
 pub mod dedup;
 pub mod event;

@@ -158,7 +158,11 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
         started,
     } = *inputs;
     let started_prep = Instant::now();
-    let resolved = match agent.resolve_session(plan.logical_key.as_str()).await {
+    let key = plan.logical_key.as_str();
+    let resolved = match agent
+        .resolve_owned_session(key, restored.sessions.ownership(key))
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             out.errors.push(format!("cannot resolve the session: {e}"));

@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod dedup;
+pub mod fallback;
 pub mod finalize;
 pub mod inspect;
 pub mod paths;
@@ -14,4 +15,6 @@ pub mod project_identity;
 pub mod report;
 pub mod restore;
 pub mod run;
+pub mod sanitize;
 pub mod save;
+pub mod session_map;

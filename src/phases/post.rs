@@ -147,6 +147,10 @@ async fn save_with_key(
     let run_id = env
         .get(crate::runner::env::GITHUB_RUN_ID)
         .unwrap_or("unknown");
+    // Main hands its session map over in the state; without it the marker on disk keeps its own.
+    let sessions: Option<crate::phases::session_map::Map> = env
+        .state(state::SESSION_MAP)
+        .and_then(|json| serde_json::from_str(json).ok());
     save(
         SaveInputs {
             paths,
@@ -162,6 +166,9 @@ async fn save_with_key(
             save_key,
             run_id,
             now_ms: crate::runner::now_ms(),
+            // A shadow guard makes main record declined-for-safety at once: post never gets here.
+            shadow_guard: None,
+            sessions: sessions.as_ref(),
         },
         // Never the object store from post: the lease is gone.
         || async { StorePublish::NotAttempted },

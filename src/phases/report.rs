@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::checkpoint::CheckpointOutcome;
+use crate::phases::session_map::SessionMap;
 use crate::runner::summary::table;
 use crate::save_result::{CacheSaveResult, StorePublish};
 
@@ -72,6 +73,11 @@ pub struct RestoreReport {
     pub store_etag: Option<String>,
     /// Warnings and notable facts, in order (already free of secrets).
     pub notes: Vec<String>,
+    /// Which sessions this memory lets fro-bot resume (`phases::session_map`).
+    pub sessions: SessionMap,
+    /// Set when an entry existed but none could be restored and older memory may remain: the
+    /// save is declined with this reason, so it cannot hide that memory.
+    pub shadow_guard: Option<String>,
 }
 
 impl RestoreReport {
@@ -82,6 +88,8 @@ impl RestoreReport {
             matched_key: None,
             store_etag: None,
             notes: Vec::new(),
+            sessions: SessionMap::default(),
+            shadow_guard: None,
         }
     }
 }
@@ -184,6 +192,8 @@ mod tests {
                 matched_key: None,
                 store_etag: Some("\"e\"".into()),
                 notes: vec!["removed a stale WAL".into()],
+                sessions: SessionMap::Legacy,
+                shadow_guard: None,
             }),
             save: Some(CacheSaveResult::new(
                 SaveOutcome::CacheRejected,

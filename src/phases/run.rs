@@ -300,6 +300,8 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
                 cache: backend.as_ref(),
                 key: &keys.primary,
                 restore_keys: &restore_keys,
+                catalog: crate::phases::fallback::catalog(backend.as_ref(), gh.as_ref()),
+                now_ms: opencode::system_now_ms(),
             },
             store_attempt(store_ctx.as_ref(), &paths),
         )
@@ -310,12 +312,23 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         restored.status.as_str(),
         restored.source.as_str()
     );
+    if restored.shadow_guard.is_some() {
+        // This run's memory must not hide older memory: post must not save it either.
+        set_state(
+            &files,
+            state::CACHE_SAVED,
+            StateValue::DeclinedForSafety.as_str(),
+        );
+    }
     set_output(&files, output::CACHE_STATUS, restored.status.as_str());
     set_output(&files, output::LOGICAL_KEY, plan.logical_key.as_str());
     report.restore = Some(restored.clone());
     report.record_phase("restore", t.elapsed());
     match project_identity::align(&workspace, &paths.db()) {
         IdentityOutcome::Failed { message } => tracing::warn!("project identity: {message}"),
+        IdentityOutcome::Refused { count } => log::warning(&format!(
+            "project identity: {count} restored project id(s) refused (not a commit hash); OpenCode derives its own"
+        )),
         IdentityOutcome::Written { id } => tracing::info!("project identity set to {id}"),
         IdentityOutcome::AlreadySet { .. }
         | IdentityOutcome::NoRestoredProject
@@ -369,6 +382,15 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     }
     if let Some(id) = &agent_run.session_id {
         set_output(&files, output::SESSION_ID, id);
+    }
+    let sessions = restored.sessions.after_run(
+        &paths.db(),
+        &workspace,
+        plan.logical_key.as_str(),
+        agent_run.session_id.as_deref(),
+    );
+    if let Ok(json) = serde_json::to_string(&sessions) {
+        set_state(&files, state::SESSION_MAP, &json);
     }
 
     // Finalize: the answer goes out before cleanup so a slow save never delays it.
@@ -430,6 +452,8 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
                 save_key: &save_key,
                 run_id: &run_id,
                 now_ms: now_ms(),
+                shadow_guard: restored.shadow_guard.as_deref(),
+                sessions: Some(&sessions),
             },
             || {
                 publish(

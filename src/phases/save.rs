@@ -1,4 +1,4 @@
-//! Save phase (REQUIREMENTS §11): safety gate, checkpoint, marker, object-store publish (first),
+//! Save phase: safety gate, shadow guard, checkpoint, marker, object-store publish (first),
 //! then the Actions cache. Each step's failure is reported in the result, never raised.
 
 use std::future::Future;
@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::cache::{self, CacheError};
 use crate::checkpoint::{self, CheckpointOutcome};
 use crate::phases::paths::{write_marker, StatePaths};
+use crate::phases::session_map::Map;
 use crate::runner::failpoint;
 use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
 
@@ -19,6 +20,10 @@ pub struct SaveInputs<'a> {
     pub save_key: &'a str,
     pub run_id: &'a str,
     pub now_ms: u64,
+    /// From the restore: a new entry would hide older memory, so nothing is saved.
+    pub shadow_guard: Option<&'a str>,
+    /// The session map to record in the marker; `None` keeps the one on disk.
+    pub sessions: Option<&'a Map>,
 }
 
 #[derive(Debug, Clone)]
@@ -47,6 +52,10 @@ where
     if let Some(refusal) = safety_gate(inputs.gate) {
         let result =
             CacheSaveResult::new(SaveOutcome::OwnershipDeclined, false, refusal.describe());
+        return not_attempted(result, None);
+    }
+    if let Some(reason) = inputs.shadow_guard {
+        let result = CacheSaveResult::new(SaveOutcome::ShadowingDeclined, false, reason);
         return not_attempted(result, None);
     }
     if inputs.skip_cache {
@@ -128,7 +137,8 @@ where
             return not_attempted(result, Some(cp));
         }
     }
-    if let Err(e) = write_marker(inputs.paths, inputs.run_id, inputs.now_ms) {
+    let marker = write_marker(inputs.paths, inputs.run_id, inputs.now_ms, inputs.sessions);
+    if let Err(e) = marker {
         // The marker is advisory (a missing one reads as compatible): save without it.
         tracing::warn!("cannot write the memory marker: {e}");
         let _ = std::fs::remove_file(inputs.paths.marker());

@@ -181,7 +181,7 @@ mod post {
     }
 }
 
-mod scenarios {
+pub(crate) mod scenarios {
     use serde_json::json;
 
     use super::*;
@@ -198,11 +198,14 @@ mod scenarios {
 
     impl World {
         pub async fn start() -> Self {
-            World {
+            let world = World {
                 cache: CacheServer::start().await,
                 llm: FakeLlm::start().await,
                 github: FakeGitHub::start().await,
-            }
+            };
+            // The repository's REST API sees the same cache entries.
+            world.github.attach_cache(world.cache.handle());
+            world
         }
 
         /// A job wired to these services, the pinned OpenCode and the fake provider.
@@ -959,6 +962,8 @@ mod kill_points {
                 cache: Some(&backend),
                 key: prefix,
                 restore_keys: &[format!("{prefix}-")],
+                catalog: fro_bot::phases::fallback::Catalog::Unavailable { reason: "test" },
+                now_ms: fro_bot::opencode::system_now_ms(),
             },
             async { StoreAttempt::Disabled },
         )

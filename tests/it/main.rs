@@ -9,3 +9,4 @@ mod lease;
 mod object_store;
 mod opencode;
 mod persistence;
+mod restore_safety;

@@ -17,6 +17,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde_json::{json, Value};
 
+use super::cache_server::{CacheHandle, Entry};
+
 pub const TOKEN: &str = "ghs_faketoken0123456789";
 const DOCS: &str = "https://docs.github.com/rest";
 
@@ -62,6 +64,8 @@ struct Data {
     /// (subject path or node id, content).
     reactions: Vec<(String, String)>,
     next_id: u64,
+    /// The Actions cache behind `/actions/caches` (none: those routes answer 404).
+    cache: Option<CacheHandle>,
 }
 
 type Shared = Arc<Mutex<Data>>;
@@ -187,6 +191,11 @@ impl FakeGitHub {
         });
     }
 
+    /// Serves the repository's cache entries (`GET`/`DELETE /actions/caches`) from `cache`.
+    pub fn attach_cache(&self, cache: CacheHandle) {
+        self.lock().cache = Some(cache);
+    }
+
     pub fn requests(&self) -> Vec<Recorded> {
         self.lock().requests.clone()
     }
@@ -287,9 +296,8 @@ async fn handle(
     let query: BTreeMap<String, String> = uri
         .query()
         .map(|q| {
-            q.split('&')
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
+            url::form_urlencoded::parse(q.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
                 .collect()
         })
         .unwrap_or_default();
@@ -380,6 +388,48 @@ async fn handle(
                 json!({"id": id, "content": content, "user": {"login": "github-actions[bot]"}}),
             )
         }
+        (Method::GET, ["repos", _, _, "actions", "caches"]) => {
+            let Some(cache) = d.cache.clone() else {
+                return error(StatusCode::NOT_FOUND, "Not Found");
+            };
+            let prefix = query.get("key").cloned().unwrap_or_default();
+            let per_page: usize = query
+                .get("per_page")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(30)
+                .min(100);
+            let all = cache.list(&prefix);
+            if query.get("sort").map(String::as_str) != Some("created_at")
+                || query.get("direction").map(String::as_str) != Some("desc")
+            {
+                return error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "the client must ask for newest first",
+                );
+            }
+            let page: Vec<Value> = all.iter().take(per_page).map(rest_cache).collect();
+            ok(
+                StatusCode::OK,
+                json!({"total_count": all.len(), "actions_caches": page}),
+            )
+        }
+        (Method::DELETE, ["repos", _, _, "actions", "caches"]) => {
+            let Some(cache) = d.cache.clone() else {
+                return error(StatusCode::NOT_FOUND, "Not Found");
+            };
+            let Some(key) = query.get("key") else {
+                return error(StatusCode::UNPROCESSABLE_ENTITY, "Validation Failed");
+            };
+            let gone = cache.delete(key);
+            if gone.is_empty() {
+                return error(StatusCode::NOT_FOUND, "Not Found");
+            }
+            let list: Vec<Value> = gone.iter().map(rest_cache).collect();
+            ok(
+                StatusCode::OK,
+                json!({"total_count": list.len(), "actions_caches": list}),
+            )
+        }
         (Method::GET, ["repos", _, _, "pulls", n]) => {
             let n: u64 = n.parse().unwrap_or(0);
             match d.pulls.get(&n) {
@@ -389,6 +439,19 @@ async fn handle(
         }
         _ => error(StatusCode::NOT_FOUND, "Not Found"),
     }
+}
+
+/// A cache entry in the REST shape; creation order stands in for the creation time.
+fn rest_cache(e: &Entry) -> Value {
+    let s = e.seq;
+    let at = format!(
+        "2026-11-01T{:02}:{:02}:{:02}Z",
+        s / 3600 % 24,
+        s / 60 % 60,
+        s % 60
+    );
+    json!({"id": e.id, "ref": "refs/heads/main", "key": e.key, "version": e.version,
+           "created_at": at, "last_accessed_at": at, "size_in_bytes": e.size.unwrap_or(0)})
 }
 
 /// The three GraphQL operations the client sends, told apart by their root field.
