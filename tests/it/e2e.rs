@@ -1,5 +1,7 @@
 //! The built binary, run the way the runner runs the container action.
 
+mod restore_safety;
+
 use crate::persistence::killed_writer;
 use crate::support::action::{comment_event, explain, Job, StepResult};
 use crate::support::cache_server::CacheServer;

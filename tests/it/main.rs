@@ -11,5 +11,4 @@ mod object_store;
 mod opencode;
 mod persistence;
 mod progress;
-mod restore_safety;
 mod structure;
