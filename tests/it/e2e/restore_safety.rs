@@ -327,3 +327,64 @@ async fn poisoned_memory_is_sanitized_and_a_planted_session_is_never_resumed() {
         serde_json::from_slice(&std::fs::read(data.join("fro-bot.json")).unwrap()).unwrap();
     assert_eq!(marker["sessions"]["issue-305"], session.as_str());
 }
+
+/// `fro-bot local`'s filesystem cache falls back the same way, through its own listing.
+#[tokio::test]
+async fn the_filesystem_cache_falls_back_and_deletes_the_broken_entry() {
+    use fro_bot::cache::{Backend, FsBackend, SaveRequest};
+    use fro_bot::phases::fallback::Catalog;
+    use fro_bot::phases::report::CacheStatus;
+    use fro_bot::phases::restore::{restore, RestoreInputs, StoreAttempt};
+
+    let dir = tempfile::tempdir().unwrap();
+    let workspace = dir.path().join("ws");
+    std::fs::create_dir_all(&workspace).unwrap();
+    let paths = StatePaths::new(dir.path().join("data/opencode"));
+    std::fs::create_dir_all(&paths.data_dir).unwrap();
+    crate::persistence::killed_writer(&paths.db(), 7);
+    fro_bot::checkpoint::checkpoint(&paths.db());
+    let fs = FsBackend::new(dir.path().join("cache"));
+    for key in ["local-k-1", "local-k-2"] {
+        let request = SaveRequest {
+            key,
+            paths: paths.cache_paths(),
+            workspace: &workspace,
+        };
+        fs.save(&request).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let newest = fs
+        .entries()
+        .unwrap()
+        .into_iter()
+        .find(|e| e.key == "local-k-2")
+        .unwrap();
+    std::fs::write(fs.dir().join(&newest.archive), b"not an archive").unwrap();
+    std::fs::remove_dir_all(&paths.data_dir).unwrap();
+
+    let backend = Backend::Filesystem(fs.clone());
+    let report = restore(
+        RestoreInputs {
+            paths: &paths,
+            workspace: &workspace,
+            skip_cache: false,
+            cache: Some(&backend),
+            key: "local-k",
+            restore_keys: &["local-k-".to_string()],
+            catalog: Catalog::Local(&fs),
+            now_ms: fro_bot::opencode::system_now_ms(),
+        },
+        async { StoreAttempt::Disabled },
+    )
+    .await;
+    assert_eq!(report.status, CacheStatus::Hit, "{:?}", report.notes);
+    assert_eq!(report.matched_key.as_deref(), Some("local-k-1"));
+    assert_eq!(report.shadow_guard, None);
+    let left: Vec<String> = fs.entries().unwrap().into_iter().map(|e| e.key).collect();
+    assert_eq!(left, ["local-k-1"], "the broken entry was deleted");
+    let rows: i64 = Connection::open(paths.db())
+        .unwrap()
+        .query_row("SELECT count(*) FROM memory", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 7, "the older database is in place");
+}
