@@ -170,6 +170,8 @@ async fn save_with_key(
             // A shadow guard makes main record declined-for-safety at once: post never gets here.
             shadow_guard: None,
             sessions: sessions.as_ref(),
+            // Post does not know what main restored: a retry always uploads.
+            restored: None,
         },
         // Never the object store from post: the lease is gone.
         || async { StorePublish::NotAttempted },
