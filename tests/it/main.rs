@@ -6,6 +6,7 @@ mod cache;
 mod e2e;
 mod github;
 mod lease;
+mod merge;
 mod object_store;
 mod opencode;
 mod persistence;
