@@ -192,9 +192,10 @@ pub struct MergeReport {
     pub rows_inserted: u64,
     /// Parent and attachment rows (projects, workspaces, ...) added because the base lacked them.
     pub rows_carried: u64,
-    /// Time spent copying the base, and merging into the copy.
+    /// Time spent copying the base, merging into the copy, and syncing the result to disk.
     pub copy_time: Duration,
     pub merge_time: Duration,
+    pub sync_time: Duration,
 }
 
 pub fn merge(

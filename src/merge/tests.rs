@@ -215,7 +215,10 @@ fn disjoint_sessions_from_two_runs_both_survive() {
     drop(c);
 
     let out = d.path("out.db");
+    // A stale WAL from an earlier attempt would be replayed into the new file.
+    std::fs::write(d.path("out.db-wal"), vec![0x5au8; 4096]).unwrap();
     let report = merge_with(&base, &ours, &snap, &out, full()).unwrap();
+    assert!(!d.path("out.db-wal").exists(), "the result is one file");
     assert_eq!(sessions(&out), ["ses_a", "ses_b", "ses_c"]);
     assert_eq!(messages(&out, "ses_a"), 6, "A has this run's extra turn");
     assert_eq!(messages(&out, "ses_b"), 2);
@@ -571,4 +574,22 @@ fn the_snapshot_round_trips_through_json() {
     let back: Snapshot = serde_json::from_str(&json).unwrap();
     assert_eq!(back, snap);
     assert_eq!(snap.sessions["ses_a"].activity, 100);
+}
+
+#[test]
+fn a_base_with_its_newest_rows_still_in_the_wal_is_copied_whole() {
+    let (d, restored, snap) = common();
+    let base = d.copy(&restored, "base.db");
+    let writer = open(&base);
+    writer.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+    session(&writer, "ses_b", None, PROJECT, 200, 1);
+    let wal = d.path("base.db-wal");
+    assert!(std::fs::metadata(&wal).unwrap().len() > 0);
+    let ours = d.copy(&restored, "ours.db");
+    session(&open(&ours), "ses_c", None, PROJECT, 300, 1);
+    let out = d.path("out.db");
+    merge_with(&base, &ours, &snap, &out, full()).unwrap();
+    drop(writer);
+    assert_eq!(sessions(&out), ["ses_a", "ses_b", "ses_c"]);
+    assert_sound(&out);
 }

@@ -43,7 +43,7 @@ pub(super) fn run(
     let plans = plan::plan(&restored.sessions, &ours_versions, &base_versions);
 
     let started = Instant::now();
-    let mut conn = copy_base(&base_conn, out)?;
+    let mut conn = copy_base(&base_conn, base, out)?;
     drop(base_conn);
     let copy_time = started.elapsed();
 
@@ -52,13 +52,11 @@ pub(super) fn run(
         copy_time,
         ..MergeReport::default()
     };
-    let was_wal = step("journal mode", || {
-        let mode: String = conn.query_row("PRAGMA main.journal_mode", [], |r| r.get(0))?;
-        // A scratch file until the caller renames it: no journal file, no syncs while writing
-        // (the file is synced once at the end; on error it is deleted).
-        let _: String = conn.query_row("PRAGMA main.journal_mode = MEMORY", [], |r| r.get(0))?;
-        conn.pragma_update(None, "synchronous", "OFF")?;
-        Ok(mode.eq_ignore_ascii_case("wal"))
+    // A scratch file until the caller renames it: no syncs while writing (it is synced once at the
+    // end; on error it is deleted). The journal mode stays the base's: leaving WAL costs more
+    // than the few pages a merge writes.
+    step("synchronous", || {
+        conn.pragma_update(None, "synchronous", "OFF")
     })?;
     attach_ours(&conn, ours)?;
     let tx = step("begin", || {
@@ -70,18 +68,13 @@ pub(super) fn run(
     if options.verify == Verify::Full {
         full_check(&conn)?;
     }
-    if was_wal {
-        step("journal mode", || {
-            conn.query_row("PRAGMA main.journal_mode = WAL", [], |r| {
-                r.get::<_, String>(0)
-            })
-            .map(|_| ())
-        })?;
-    }
     conn.close().map_err(|(_, source)| MergeError::Write {
         step: "close".into(),
         source,
     })?;
+    report.merge_time = started.elapsed();
+    // On disk before the caller renames it into place (as downloads are).
+    let started = Instant::now();
     std::fs::File::open(out)
         .and_then(|f| f.sync_all())
         .map_err(|source| MergeError::Io {
@@ -89,7 +82,7 @@ pub(super) fn run(
             path: out.to_path_buf(),
             source,
         })?;
-    report.merge_time = started.elapsed();
+    report.sync_time = started.elapsed();
     Ok(report)
 }
 
@@ -100,11 +93,31 @@ fn step<T>(name: &str, f: impl FnOnce() -> rusqlite::Result<T>) -> Result<T, Mer
     })
 }
 
-fn copy_base(base: &Connection, out: &Path) -> Result<Connection, MergeError> {
+/// Copies the base into `out`. With no WAL content the main file is the whole database and a
+/// file copy (in-kernel) is several times faster than the backup API; it runs inside a read
+/// transaction, which keeps any writer or checkpointer from changing the main file meanwhile.
+fn copy_base(base: &Connection, base_path: &Path, out: &Path) -> Result<Connection, MergeError> {
     let copy = |source| MergeError::Copy {
         path: out.to_path_buf(),
         source,
     };
+    base.execute_batch("BEGIN").map_err(copy)?;
+    let plain = base
+        .query_row("SELECT count(*) FROM main.sqlite_schema", [], |_| Ok(()))
+        .map_err(copy)
+        .map(|()| wal_is_empty(base_path));
+    let copied = match plain {
+        Ok(true) => Some(
+            std::fs::copy(base_path, out).map_err(|source| MergeError::Io {
+                action: "copying the base to",
+                path: out.to_path_buf(),
+                source,
+            }),
+        ),
+        Ok(false) => None,
+        Err(e) => Some(Err(e)),
+    };
+    base.execute_batch("COMMIT").map_err(copy)?;
     let mut dst = Connection::open_with_flags(
         out,
         OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -114,28 +127,41 @@ fn copy_base(base: &Connection, out: &Path) -> Result<Connection, MergeError> {
     )
     .map_err(copy)?;
     harden(&dst).map_err(copy)?;
-    {
-        let backup = Backup::new(base, &mut dst).map_err(copy)?;
-        let mut waits = 0;
-        loop {
-            match backup.step(-1).map_err(copy)? {
-                StepResult::Done => break,
-                StepResult::Busy | StepResult::Locked if waits < COPY_BUSY_RETRIES => {
-                    waits += 1;
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                StepResult::Busy | StepResult::Locked => {
-                    return Err(copy(rusqlite::Error::SqliteFailure(
-                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
-                        Some("the base stayed locked while copying it".into()),
-                    )))
-                }
-                // `More` (and any future kind): keep stepping.
-                _ => {}
-            }
+    match copied {
+        Some(result) => {
+            result?;
         }
+        None => backup(base, &mut dst).map_err(copy)?,
     }
     Ok(dst)
+}
+
+fn wal_is_empty(db: &Path) -> bool {
+    let mut wal = db.as_os_str().to_os_string();
+    wal.push("-wal");
+    std::fs::metadata(Path::new(&wal)).map_or(true, |m| m.len() == 0)
+}
+
+fn backup(base: &Connection, dst: &mut Connection) -> rusqlite::Result<()> {
+    let backup = Backup::new(base, dst)?;
+    let mut waits = 0;
+    loop {
+        match backup.step(-1)? {
+            StepResult::Done => return Ok(()),
+            StepResult::Busy | StepResult::Locked if waits < COPY_BUSY_RETRIES => {
+                waits += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            StepResult::Busy | StepResult::Locked => {
+                return Err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+                    Some("the base stayed locked while copying it".into()),
+                ))
+            }
+            // `More` (and any future kind): keep stepping.
+            _ => {}
+        }
+    }
 }
 
 /// `file:` URI for a path: `?`, `#` and `%` would otherwise end or escape the path.
