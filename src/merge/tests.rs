@@ -593,3 +593,36 @@ fn a_base_with_its_newest_rows_still_in_the_wal_is_copied_whole() {
     assert_eq!(sessions(&out), ["ses_a", "ses_b", "ses_c"]);
     assert_sound(&out);
 }
+
+#[test]
+fn paths_with_uri_characters_and_non_ascii_names_are_attached_as_themselves() {
+    let (d, restored, snap) = common();
+    let dir = d.path("odd dir?#%é");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ours = dir.join("our s?#é.db");
+    std::fs::copy(d.copy(&restored, "tmp.db"), &ours).unwrap();
+    session(&open(&ours), "ses_c", None, PROJECT, 300, 1);
+    let out = dir.join("out?.db");
+    merge(&restored, &ours, &snap, &out).unwrap();
+    assert_eq!(sessions(&out), ["ses_a", "ses_c"]);
+}
+
+#[test]
+fn a_trigger_in_this_runs_database_is_refused_too() {
+    let (d, restored, snap) = common();
+    let ours = d.copy(&restored, "ours.db");
+    open(&ours)
+        .execute_batch("CREATE TRIGGER t AFTER DELETE ON part BEGIN DELETE FROM project; END;")
+        .unwrap();
+    let err = merge(&restored, &ours, &snap, &d.path("out.db")).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            MergeError::UnexpectedSchemaObject {
+                role: Role::Ours,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}

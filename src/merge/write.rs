@@ -164,13 +164,14 @@ fn backup(base: &Connection, dst: &mut Connection) -> rusqlite::Result<()> {
     }
 }
 
-/// `file:` URI for a path: `?`, `#` and `%` would otherwise end or escape the path.
+/// `file:` URI for a path: `?`, `#` and `%` would end or escape the path, and bytes beyond ASCII
+/// are percent-encoded so any path (UTF-8 or not) reaches SQLite byte for byte.
 fn file_uri(path: &Path) -> String {
     let mut uri = String::from("file:");
-    for b in path.as_os_str().as_encoded_bytes() {
+    for &b in path.as_os_str().as_encoded_bytes() {
         match b {
-            b'?' | b'#' | b'%' => uri.push_str(&format!("%{b:02X}")),
-            _ => uri.push(*b as char),
+            b'?' | b'#' | b'%' | 0x80..=0xff | 0..=0x1f => uri.push_str(&format!("%{b:02X}")),
+            _ => uri.push(char::from(b)),
         }
     }
     uri.push_str("?mode=ro");
@@ -178,14 +179,7 @@ fn file_uri(path: &Path) -> String {
 }
 
 fn attach_ours(conn: &Connection, ours: &Path) -> Result<(), MergeError> {
-    let path = std::str::from_utf8(ours.as_os_str().as_encoded_bytes())
-        .map(|_| file_uri(ours))
-        .map_err(|_| MergeError::Io {
-            action: "attaching (path is not UTF-8)",
-            path: ours.to_path_buf(),
-            source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
-        })?;
-    conn.execute("ATTACH DATABASE ?1 AS ours", [path])
+    conn.execute("ATTACH DATABASE ?1 AS ours", [file_uri(ours)])
         .map_err(|e| super::open_error(Role::Ours, ours, e))?;
     Ok(())
 }
