@@ -119,54 +119,7 @@ impl Schema {
     /// refused: OpenCode declares none, and each could run code while we copy rows.
     pub fn read(conn: &Connection, role: Role) -> Result<Schema, MergeError> {
         let read = |source| MergeError::read(role, source);
-        let mut objects = BTreeMap::new();
-        let mut table_names = Vec::new();
-        {
-            let mut stmt = conn
-                .prepare("SELECT type, name, sql FROM main.sqlite_schema ORDER BY name")
-                .map_err(read)?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, Option<String>>(2)?,
-                    ))
-                })
-                .map_err(read)?;
-            for row in rows {
-                let (kind, name, sql) = row.map_err(read)?;
-                let sql = sql.unwrap_or_default();
-                let virtual_table = sql
-                    .trim_start()
-                    .get(..20)
-                    .is_some_and(|p| p.eq_ignore_ascii_case("CREATE VIRTUAL TABLE"));
-                match kind.as_str() {
-                    "table" if virtual_table => {
-                        return Err(MergeError::UnexpectedSchemaObject {
-                            role,
-                            kind: "virtual table".into(),
-                            name,
-                        })
-                    }
-                    "table" | "index" => {}
-                    other => {
-                        return Err(MergeError::UnexpectedSchemaObject {
-                            role,
-                            kind: other.into(),
-                            name,
-                        })
-                    }
-                }
-                if name.starts_with("sqlite_") {
-                    continue;
-                }
-                if kind == "table" {
-                    table_names.push(name.clone());
-                }
-                objects.insert(name, normalize(&sql));
-            }
-        }
+        let (objects, table_names) = read_objects(conn, role)?;
         let mut tables = BTreeMap::new();
         for name in &table_names {
             tables.insert(name.clone(), read_table(conn, name).map_err(read)?);
@@ -185,18 +138,11 @@ impl Schema {
             });
         }
         let migrations = read_migrations(conn, &tables).map_err(read)?;
-        let mut hasher = Sha256::new();
-        for (name, sql) in &objects {
-            hasher.update(name.as_bytes());
-            hasher.update([0]);
-            hasher.update(sql.as_bytes());
-            hasher.update([0]);
-        }
         Ok(Schema {
             tables,
             fingerprint: Fingerprint {
                 migrations,
-                schema_digest: hex::encode(hasher.finalize()),
+                schema_digest: digest(&objects),
                 objects,
             },
         })
@@ -243,6 +189,69 @@ impl Schema {
         }
         order
     }
+}
+
+/// Every table and index by name with its normalized `CREATE` text, and the table names. Anything
+/// else (trigger, view, virtual table) is refused.
+fn read_objects(
+    conn: &Connection,
+    role: Role,
+) -> Result<(BTreeMap<String, String>, Vec<String>), MergeError> {
+    let read = |source| MergeError::read(role, source);
+    let mut objects = BTreeMap::new();
+    let mut table_names = Vec::new();
+    let mut stmt = conn
+        .prepare("SELECT type, name, sql FROM main.sqlite_schema ORDER BY name")
+        .map_err(read)?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<String>>(2)?,
+            ))
+        })
+        .map_err(read)?;
+    for row in rows {
+        let (kind, name, sql) = row.map_err(read)?;
+        let sql = sql.unwrap_or_default();
+        let virtual_table = sql
+            .trim_start()
+            .get(..20)
+            .is_some_and(|p| p.eq_ignore_ascii_case("CREATE VIRTUAL TABLE"));
+        let refused = match kind.as_str() {
+            "table" if virtual_table => Some("virtual table"),
+            "table" | "index" => None,
+            other => Some(other),
+        };
+        if let Some(kind) = refused {
+            return Err(MergeError::UnexpectedSchemaObject {
+                role,
+                kind: kind.to_string(),
+                name,
+            });
+        }
+        // SQLite's own objects (autoindexes, sqlite_sequence) follow from the rest.
+        if name.starts_with("sqlite_") {
+            continue;
+        }
+        if kind == "table" {
+            table_names.push(name.clone());
+        }
+        objects.insert(name, normalize(&sql));
+    }
+    Ok((objects, table_names))
+}
+
+fn digest(objects: &BTreeMap<String, String>) -> String {
+    let mut hasher = Sha256::new();
+    for (name, sql) in objects {
+        hasher.update(name.as_bytes());
+        hasher.update([0]);
+        hasher.update(sql.as_bytes());
+        hasher.update([0]);
+    }
+    hex::encode(hasher.finalize())
 }
 
 /// Whitespace-insensitive schema text, so a re-indented but identical statement matches.
