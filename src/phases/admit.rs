@@ -124,6 +124,7 @@ pub(crate) async fn admit(
         cache,
         store: None,
         lease: None,
+        restored_copy: None,
         report: PersistenceReport::default(),
     };
     if let Some(reason) = check_dedup(&ctx).await {

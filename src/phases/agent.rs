@@ -25,6 +25,8 @@ pub(crate) struct AgentRun {
     pub(crate) answer: Option<String>,
     pub(crate) tokens: Option<opencode::client::Tokens>,
     pub(crate) cost: f64,
+    /// `provider/model` that answered, as OpenCode reports it.
+    pub(crate) model: Option<String>,
     pub(crate) errors: Vec<String>,
     /// Session resolution, context and prior-work search, prompt building.
     pub(crate) prep_time: Duration,
@@ -284,6 +286,7 @@ fn record_turn(report: &TurnReport, out: &mut AgentRun) {
         .filter(|t| !t.trim().is_empty());
     out.tokens = Some(report.tokens.clone());
     out.cost = report.cost;
+    out.model = report.reply.as_ref().and_then(|r| r.model.clone());
     match &report.outcome {
         TurnOutcome::Completed => {
             tracing::info!("the agent finished ({} attempt(s))", report.attempts)

@@ -12,6 +12,7 @@ use crate::object_store::{ObjectStore, StoreKeys};
 use crate::phases::dedup::CacheSentinels;
 use crate::phases::paths::StatePaths;
 use crate::phases::report::PersistenceReport;
+use crate::phases::save::RestoredCopy;
 use crate::runner::{Cancellation, Env, FileCommands};
 
 #[derive(Debug, Clone)]
@@ -94,6 +95,8 @@ pub(crate) struct RunContext {
     pub(crate) cache: Option<cache::Backend>,
     pub(crate) store: Option<StoreContext>,
     pub(crate) lease: Option<HeldLease>,
+    /// The database as restored (its digest), so an unchanged one is not uploaded again.
+    pub(crate) restored_copy: Option<RestoredCopy>,
     /// The summary's Session Persistence section, filled as the phases go.
     pub(crate) report: PersistenceReport,
 }

@@ -13,7 +13,7 @@ use crate::phases::finalize::{finalize_github, upload_run_records, write_summary
 use crate::phases::project_identity::{self, IdentityOutcome};
 use crate::phases::report::RestoreReport;
 use crate::phases::restore::{restore, store_attempt, RestoreInputs};
-use crate::phases::save::{publish, save, SaveInputs, SaveReport};
+use crate::phases::save::{publish, save, RestoredCopy, SaveInputs, SaveReport};
 use crate::runner::env::{output, state};
 use crate::runner::{failpoint, log, now_ms, Cancellation, Env, FileCommands};
 use crate::save_result::{GateInputs, StateValue, StorePublish};
@@ -73,6 +73,7 @@ async fn restore_memory(ctx: &mut RunContext) -> RestoreReport {
     );
     ctx.set_output(output::CACHE_STATUS, restored.status.as_str());
     ctx.set_output(output::LOGICAL_KEY, ctx.plan.logical_key.as_str());
+    ctx.restored_copy = RestoredCopy::of(&ctx.paths, &restored);
     ctx.report.restore = Some(restored.clone());
     ctx.report.record_phase("restore", t.elapsed());
     match project_identity::align(&ctx.workspace, &ctx.paths.db()) {
@@ -125,6 +126,11 @@ async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Ag
     if let Some(id) = &agent_run.session_id {
         ctx.set_output(output::SESSION_ID, id);
     }
+    if let Some(tokens) = &agent_run.tokens {
+        let totals = serde_json::json!({"input": tokens.input, "output": tokens.output});
+        ctx.set_output(output::TOKENS, &totals.to_string());
+        ctx.set_output(output::COST, &agent_run.cost.to_string());
+    }
     (Some(agent), agent_run)
 }
 
@@ -134,7 +140,10 @@ async fn respond(ctx: &RunContext, agent_run: &AgentRun, restored: &RestoreRepor
         return;
     };
     let (settings, env, plan) = (&ctx.settings, &ctx.env, &ctx.plan);
-    finalize_github(gh, settings, env, plan, agent_run, restored, ctx.started).await;
+    let url = finalize_github(gh, settings, env, plan, agent_run, restored, ctx.started).await;
+    if let Some(url) = url {
+        ctx.set_output(output::COMMENT_URL, &url);
+    }
 }
 
 enum Saved {
@@ -177,6 +186,7 @@ async fn cleanup_and_save(
         save_key: &save_key,
         run_id: &ctx.run_id,
         now_ms: now_ms(),
+        restored: ctx.restored_copy.as_ref(),
     };
     let expected_etag = restored.store_etag.as_deref();
     let publish = || publish(ctx.store.as_ref(), lease, &ctx.paths, expected_etag);

@@ -4,6 +4,7 @@ mod support;
 
 mod cache;
 mod e2e;
+mod experience;
 mod github;
 mod inputs;
 mod lease;
@@ -11,5 +12,4 @@ mod merge;
 mod object_store;
 mod opencode;
 mod persistence;
-mod progress;
 mod structure;
