@@ -626,3 +626,32 @@ fn a_trigger_in_this_runs_database_is_refused_too() {
         "{err:?}"
     );
 }
+
+#[test]
+fn with_an_empty_snapshot_two_copies_are_unioned_and_a_shared_session_goes_to_the_later() {
+    // Restore's case: the store copy and a cache entry each hold sessions the other lacks.
+    let (d, restored, _) = common();
+    let store = d.copy(&restored, "store.db");
+    let c = open(&store);
+    session(&c, "ses_s", None, PROJECT, 200, 1);
+    turn(&c, "ses_a", 250);
+    drop(c);
+    let cache = d.copy(&restored, "cache.db");
+    let c = open(&cache);
+    session(&c, "ses_c", None, PROJECT, 300, 1);
+    turn(&c, "ses_a", 350);
+    drop(c);
+    let out = d.path("out.db");
+    let report = merge_with(&store, &cache, &Snapshot::empty(), &out, full()).unwrap();
+    assert_eq!(sessions(&out), ["ses_a", "ses_c", "ses_s"]);
+    assert_eq!(report.conflicts.len(), 1);
+    assert_eq!(report.conflicts[0].winner, Side::Ours);
+    assert_eq!(
+        count(
+            &open(&out),
+            "SELECT time_updated FROM session WHERE id = 'ses_a'"
+        ),
+        350
+    );
+    assert_sound(&out);
+}
