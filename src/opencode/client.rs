@@ -459,6 +459,11 @@ impl Client {
         self.json("GET", "/session/status", &[], None).await
     }
 
+    /// The providers OpenCode can call, each with its models (`GET /config/providers`).
+    pub async fn config_providers(&self) -> Result<super::preflight::Providers, ApiError> {
+        self.json("GET", "/config/providers", &[], None).await
+    }
+
     /// Subscribes to `/event` (SSE). No overall timeout: the stream lives as long as the turn.
     pub async fn events(&self) -> Result<EventStream, ApiError> {
         let resp = self.send("GET", "/event", &[], None, None).await?;

@@ -111,6 +111,10 @@ pub enum TurnFailure {
     Api {
         message: String,
     },
+    /// No model can be called (no credentials, unknown model): found before the turn started.
+    NoUsableModel {
+        message: String,
+    },
 }
 
 impl std::fmt::Display for TurnFailure {
@@ -119,6 +123,7 @@ impl std::fmt::Display for TurnFailure {
             TurnFailure::Quota { message } => {
                 write!(f, "the provider's quota is exhausted ({message})")
             }
+            TurnFailure::NoUsableModel { message } => write!(f, "no usable model: {message}"),
             TurnFailure::ProviderAuth { message } => {
                 write!(f, "the provider rejected the credentials ({message})")
             }

@@ -159,6 +159,14 @@ pub(crate) struct AgentInputs<'a> {
 pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
     let started_prep = Instant::now();
     let plan = inputs.plan;
+    if let Err(message) = preflight(agent, inputs.settings).await {
+        log::error(&format!("no usable model: {message}"));
+        out.errors.push(message.clone());
+        out.outcome = Some(TurnOutcome::Failed(opencode::TurnFailure::NoUsableModel {
+            message,
+        }));
+        return;
+    }
     let resolved = match agent.resolve_session(plan.logical_key.as_str()).await {
         Ok(r) => r,
         Err(e) => {
@@ -194,6 +202,18 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
     record_turn(&report, out);
     if !inputs.cancel.is_cancelled() {
         writeback(agent, inputs, report, &out.errors).await;
+    }
+}
+
+/// With no usable model OpenCode retries for minutes: fail at once and say what to fix.
+async fn preflight(agent: &Agent, settings: &Settings) -> Result<(), String> {
+    match agent.client().config_providers().await {
+        Ok(providers) => opencode::preflight::check(&providers, settings.model.as_ref())
+            .map_err(|e| e.to_string()),
+        Err(e) => {
+            tracing::warn!("cannot list OpenCode's providers (going on without the check): {e}");
+            Ok(())
+        }
     }
 }
 

@@ -139,3 +139,37 @@ async fn a_run_that_changed_nothing_uploads_nothing_and_says_which_entry_holds_i
         second.summary
     );
 }
+
+#[test]
+fn local_without_credentials_fails_at_once_naming_the_fix_and_prints_no_workflow_commands() {
+    use crate::support::action::{fresh_checkout, BIN};
+    use crate::support::services::opencode_bin;
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    fresh_checkout(&repo, "local\n");
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(BIN)
+        .args(["local", "--prompt", "hello"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", repo.join("user-home"))
+        .env("OPENCODE_PATH", opencode_bin())
+        .current_dir(&repo)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("no model provider has credentials") && stdout.contains("--auth-json"),
+        "the message names the fix: {stdout}"
+    );
+    assert!(
+        !stdout.lines().any(|l| l.trim_start().starts_with("::")),
+        "a terminal gets no workflow commands: {stdout}"
+    );
+    // OpenCode alone would retry for minutes (150 s were seen); the check answers in seconds.
+    eprintln!("local without credentials failed after {took:?}");
+    assert!(took < std::time::Duration::from_secs(60), "{took:?}");
+}
