@@ -260,8 +260,9 @@ async fn delete_broken(
     tried: &[(String, Fault)],
     notes: &mut Vec<String>,
 ) {
-    for (key, _) in tried.iter().filter(|(_, f)| *f == Fault::Broken) {
-        match inputs.catalog.delete(key).await {
+    for (raw, _) in tried.iter().filter(|(_, f)| *f == Fault::Broken) {
+        let key = shown(raw);
+        match inputs.catalog.delete(raw).await {
             Deletion::Deleted => warn(notes, format!("deleted the broken cache entry `{key}`")),
             Deletion::Absent => {}
             Deletion::Forbidden { message } => warn(
@@ -305,7 +306,7 @@ async fn attempt(
                 Validation::Discard { reason, fault } => {
                     discard(
                         inputs.paths,
-                        &format!("entry `{matched_key}`: {reason}"),
+                        &format!("entry `{}`: {reason}", shown(&matched_key)),
                         notes,
                     );
                     Attempt::Unusable {
@@ -321,7 +322,10 @@ async fn attempt(
         }) => {
             warn(
                 notes,
-                format!("the cache entry `{matched_key}` cannot be restored: {reason}"),
+                format!(
+                    "the cache entry `{}` cannot be restored: {reason}",
+                    shown(&matched_key)
+                ),
             );
             Attempt::Unusable {
                 key: matched_key,
@@ -355,6 +359,15 @@ fn drop_restored_storage(
         Ok(()) => notes.push("dropped a restored storage/ (OpenCode 1.18 does not read it)".into()),
         Err(e) => warn(notes, format!("cannot remove a restored storage/: {e}")),
     }
+}
+
+/// A cache key as the log and summary show it: keys under our prefixes can be written by anyone
+/// with cache write access, so control characters (a newline starting a workflow command) and
+/// backticks are replaced.
+fn shown(key: &str) -> String {
+    key.chars()
+        .map(|c| if c.is_control() || c == '`' { '?' } else { c })
+        .collect()
 }
 
 fn restored(mut report: RestoreReport, paths: &StatePaths, key: String) -> RestoreReport {
@@ -598,5 +611,10 @@ mod tests {
         // An entry that is kept (another storage version, not checkable) would be hidden.
         let kept = vec![("k2".to_string(), Fault::Kept)];
         assert!(shadow_guard(&keys(&[], true), &kept, 1, 0, false).is_some());
+    }
+
+    #[test]
+    fn listed_keys_cannot_start_a_workflow_command() {
+        assert_eq!(shown("k-1\n::error::x`y"), "k-1?::error::x?y");
     }
 }
