@@ -77,6 +77,15 @@ pub enum ResponseMode {
     None,
 }
 
+/// Whose comments enter the prompt as context (docs/security.md). Everything is fenced and
+/// labelled either way; `Trusted` also leaves out comments of authors without write access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContextAuthors {
+    #[default]
+    Trusted,
+    All,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelRef {
     pub provider: String,
@@ -130,6 +139,7 @@ pub struct Settings {
     pub opencode_config: Option<Map<String, Value>>,
     pub matrix_context: Option<String>,
     pub mention: String,
+    pub context_authors: ContextAuthors,
     /// Present when `s3-backup: true`.
     pub s3: Option<S3Input>,
 }
@@ -141,12 +151,32 @@ pub enum AuthRequirement {
     Optional,
 }
 
+/// Registers every secret the inputs and environment hold, validating nothing else: for the post
+/// step, which saves (and so scrubs) memory but reads no other input.
+pub fn register_secrets(env: &Env) {
+    for var in [
+        crate::runner::env::AWS_SECRET_ACCESS_KEY,
+        crate::runner::env::AWS_SESSION_TOKEN,
+        crate::runner::env::ACTIONS_RUNTIME_TOKEN,
+    ] {
+        if let Some(secret) = env.get(var) {
+            log::add_mask(secret);
+        }
+    }
+    if let Some(token) = env.input(input::GITHUB_TOKEN) {
+        log::add_mask(token);
+    }
+    let _ = parse_auth_json(env.input(input::AUTH_JSON), AuthRequirement::Optional);
+    let _ = parse_opencode_config(env.input(input::OPENCODE_CONFIG));
+}
+
 impl Settings {
     pub fn from_env(env: &Env, auth: AuthRequirement) -> Result<Self, ConfigError> {
         // Secrets first: masked before any other parsing could echo them in an error.
         for var in [
             crate::runner::env::AWS_SECRET_ACCESS_KEY,
             crate::runner::env::AWS_SESSION_TOKEN,
+            crate::runner::env::ACTIONS_RUNTIME_TOKEN,
         ] {
             if let Some(secret) = env.get(var) {
                 log::add_mask(secret);
@@ -196,6 +226,18 @@ impl Settings {
             opencode_config: parse_opencode_config(env.input(input::OPENCODE_CONFIG))?,
             matrix_context: env.input(input::MATRIX_CONTEXT).map(str::to_string),
             mention: parse_mention(env.input(input::MENTION))?,
+            context_authors: match env.input(input::CONTEXT_AUTHORS) {
+                None => ContextAuthors::Trusted,
+                Some(v) if v.eq_ignore_ascii_case("trusted") => ContextAuthors::Trusted,
+                Some(v) if v.eq_ignore_ascii_case("all") => ContextAuthors::All,
+                Some(v) => {
+                    return Err(invalid(
+                        input::CONTEXT_AUTHORS,
+                        v,
+                        "expected 'trusted' or 'all'",
+                    ))
+                }
+            },
             s3,
         })
     }

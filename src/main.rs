@@ -72,6 +72,9 @@ struct LocalArgs {
     /// Neither restore nor save memory (true/false).
     #[arg(long = "skip-cache")]
     skip_cache: Option<String>,
+    /// Whose comments enter the prompt: trusted (write access) or all.
+    #[arg(long = "context-authors")]
+    context_authors: Option<String>,
     /// Also keep memory in an S3-compatible store, under the lease (true/false).
     #[arg(long = "s3-backup")]
     s3_backup: Option<String>,
@@ -189,7 +192,7 @@ async fn run(env: Env, mode: Mode) -> ExitCode {
     let exit = fro_bot::phases::run::run(env, mode, cancel).await;
     if local {
         match &exit.answer {
-            Some(answer) => println!("\n{answer}\n"),
+            Some(answer) => println!("\n{}\n", fro_bot::redact::redact(answer)),
             None => println!("\n(the agent gave no answer)\n"),
         }
     }
@@ -232,6 +235,7 @@ fn local_env(mut env: Env, args: &LocalArgs) -> Result<(Env, Mode), String> {
         (names::input::TIMEOUT, &args.timeout),
         (names::input::SESSION_RETENTION, &args.session_retention),
         (names::input::SKIP_CACHE, &args.skip_cache),
+        (names::input::CONTEXT_AUTHORS, &args.context_authors),
         (names::input::S3_BACKUP, &args.s3_backup),
         (names::input::S3_BUCKET, &args.s3_bucket),
         (names::input::AWS_REGION, &args.aws_region),

@@ -45,6 +45,7 @@ pub(crate) async fn finalize_github(
                 plan.thread.as_ref(),
                 answer,
                 &footer,
+                plan.author.as_deref(),
             )
             .await
         {
@@ -77,6 +78,8 @@ pub(crate) async fn upload_run_records(
         "lease": report.lease.describe(),
         "at_ms": now_ms(),
     });
+    // Outcome texts quote errors: the record goes through the redactor like everything else.
+    let (metadata, _) = crate::redact::redact_json(&metadata);
     if let store::UploadOutcome::Failed { error } =
         store::sync::upload_run_metadata(&ctx.store, &ctx.keys, &run_key, &metadata).await
     {
@@ -166,6 +169,6 @@ pub(crate) fn write_summary(
     }
     if files.summary.is_none() {
         // Local runs: the summary goes to the terminal.
-        println!("\n{md}");
+        println!("\n{}", log::redact(&md));
     }
 }

@@ -140,14 +140,16 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         plan.logical_key = keys::LogicalKey::local(thread);
     }
     let gh = github_client(&env, &settings, &mode);
-    if plan.pull_request_unchecked {
-        if let Some(gh) = &gh {
-            match gh.check_pull_request(&plan).await {
-                Ok(Some(reason)) => return skipped(&files, &reason.describe()),
-                Ok(None) => {}
-                Err(e) => tracing::warn!("cannot check the pull request (proceeding): {e}"),
-            }
+    if let Some(gh) = &gh {
+        match gh.check_self_trigger(&plan).await {
+            Ok(Some(reason)) => return skipped(&files, &reason.describe()),
+            Ok(None) => {}
+            // The response marker still stops fro-bot's own comments.
+            Err(e) => tracing::warn!("cannot look up the token's identity (proceeding): {e}"),
         }
+    }
+    if let Some(reason) = unverified_pull_request(gh.as_ref(), &plan).await {
+        return skipped(&files, &reason.describe());
     }
     let fork = event
         .target()
@@ -476,6 +478,7 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         (Some(_), p) => p,
     };
     report.checkpoint = save_report.checkpoint;
+    report.scrub = save_report.scrub;
     report.save = Some(save_report.result);
     report.record_phase("save", t.elapsed());
     drop(_g);
@@ -530,6 +533,31 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     RunExit {
         code: if succeeded { 0 } else { 1 },
         answer: agent_run.answer,
+    }
+}
+
+/// A pull request whose fork/draft state the payload left open and the API cannot settle (no
+/// token, an error) is not run: unknown provenance fails closed.
+async fn unverified_pull_request(
+    gh: Option<&github::GitHub>,
+    plan: &github::RunPlan,
+) -> Option<github::route::SkipReason> {
+    let number = plan.thread.as_ref().map_or(0, |t| t.number);
+    if !plan.pull_request_unchecked {
+        return None;
+    }
+    let Some(gh) = gh else {
+        return Some(github::route::SkipReason::UnverifiedPullRequest {
+            number,
+            why: "no GitHub token to look it up".into(),
+        });
+    };
+    match gh.check_pull_request(plan).await {
+        Ok(reason) => reason,
+        Err(e) => Some(github::route::SkipReason::UnverifiedPullRequest {
+            number,
+            why: e.to_string(),
+        }),
     }
 }
 

@@ -9,6 +9,7 @@ use crate::checkpoint::{self, CheckpointOutcome};
 use crate::phases::paths::{write_marker, StatePaths};
 use crate::runner::failpoint;
 use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
+use crate::scrub::ScrubOutcome;
 
 pub struct SaveInputs<'a> {
     pub paths: &'a StatePaths,
@@ -25,6 +26,8 @@ pub struct SaveInputs<'a> {
 pub struct SaveReport {
     pub result: CacheSaveResult,
     pub checkpoint: Option<CheckpointOutcome>,
+    /// What scrubbing secrets out of the database did (`None`: it did not get that far).
+    pub scrub: Option<ScrubOutcome>,
     pub store_publish: StorePublish,
     /// The cache answered that the key is already taken (an entry exists or is being written).
     pub key_taken: bool,
@@ -41,6 +44,7 @@ where
     let not_attempted = |result, checkpoint| SaveReport {
         result,
         checkpoint,
+        scrub: None,
         store_publish: StorePublish::NotAttempted,
         key_taken: false,
     };
@@ -67,6 +71,18 @@ where
         return not_attempted(result, None);
     }
     let db = inputs.paths.db();
+    // Secrets out before the checkpoint folds everything into the file that is saved. A failure
+    // is reported after the checkpoint and the corruption probe, so a corrupt database still
+    // reads as corrupt.
+    let scrub_started = std::time::Instant::now();
+    let scrubbed = {
+        let db = db.clone();
+        tokio::task::spawn_blocking(move || crate::scrub::scrub(&db).map_err(|e| e.to_string()))
+            .await
+            .unwrap_or_else(|e| Err(format!("scrub task failed: {e}")))
+    };
+    tracing::debug!("scrub took {} ms", scrub_started.elapsed().as_millis());
+    failpoint::hit("save:after-scrub");
     let cp = {
         let db = db.clone();
         tokio::task::spawn_blocking(move || checkpoint::checkpoint(&db))
@@ -128,6 +144,18 @@ where
             return not_attempted(result, Some(cp));
         }
     }
+    let scrub = match scrubbed {
+        Ok(outcome) => outcome,
+        Err(message) => {
+            // Saving would put whatever the agent printed into the cache and the store.
+            let result = CacheSaveResult::new(
+                SaveOutcome::CheckpointDeclined,
+                false,
+                format!("secrets could not be scrubbed from the session database: {message}"),
+            );
+            return not_attempted(result, Some(cp));
+        }
+    };
     if let Err(e) = write_marker(inputs.paths, inputs.run_id, inputs.now_ms) {
         // The marker is advisory (a missing one reads as compatible): save without it.
         tracing::warn!("cannot write the memory marker: {e}");
@@ -175,6 +203,7 @@ where
     SaveReport {
         result,
         checkpoint: Some(cp),
+        scrub: Some(scrub),
         store_publish,
         key_taken,
     }

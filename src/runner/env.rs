@@ -72,6 +72,7 @@ pub mod input {
     pub const OPENCODE_CONFIG: &str = "opencode-config";
     pub const MATRIX_CONTEXT: &str = "matrix-context";
     pub const MENTION: &str = "mention";
+    pub const CONTEXT_AUTHORS: &str = "context-authors";
     pub const S3_BACKUP: &str = "s3-backup";
     pub const S3_BUCKET: &str = "s3-bucket";
     pub const AWS_REGION: &str = "aws-region";
