@@ -10,14 +10,7 @@ use crate::runner::Env;
 
 /// GitHub rejects comment bodies over 65536 characters; keep room for the footer.
 pub const MAX_BODY_CHARS: usize = 65_536;
-/// Marks the harness's own comments (and lets a later run find them).
-pub const MARKER: &str = "<!-- fro-bot:response -->";
-
-/// Whether `body` is one of fro-bot's responses: the marker on a line of its own (a quote of a
-/// response, `> <!-- … -->`, is a person's comment and does not count).
-pub fn carries_marker(body: &str) -> bool {
-    body.lines().any(|l| l.trim() == MARKER)
-}
+pub use super::marker::{carries_marker, MARKER};
 
 /// What the footer reports about the run.
 #[derive(Debug, Clone, PartialEq, Eq)]

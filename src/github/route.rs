@@ -1,4 +1,5 @@
-//! Routing and gating: does this event start a run, and with what plan (REQUIREMENTS §13).
+//! Routing and gating: does this event start a run, and with what plan
+//! (docs/design.md#the-github-surface).
 
 use super::dedup::dedup_entity;
 use super::event::{CommentSource, Event, Flag, IssuesAction, Target, TargetKind};
@@ -222,7 +223,7 @@ pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
                     login: bot.login.clone(),
                 });
             }
-            if super::response::carries_marker(&comment.body) {
+            if super::marker::carries_marker(&comment.body) {
                 return Route::Skip(SkipReason::OwnResponse);
             }
             if !comment.association.is_trusted() {

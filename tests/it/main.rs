@@ -4,8 +4,11 @@ mod support;
 
 mod cache;
 mod e2e;
+mod experience;
 mod github;
+mod inputs;
 mod lease;
 mod object_store;
 mod opencode;
 mod persistence;
+mod structure;
