@@ -149,6 +149,8 @@ pub struct Settings {
     pub matrix_context: Option<String>,
     pub mention: String,
     pub context_authors: ContextAuthors,
+    /// The label whose addition starts a run; `None` = off.
+    pub trigger_label: Option<String>,
     /// Present when `s3-backup: true`.
     pub s3: Option<S3Input>,
 }
@@ -226,6 +228,7 @@ impl Settings {
             matrix_context: text(&input::MATRIX_CONTEXT),
             mention: parse_mention(with_default(env, &input::MENTION)?)?,
             context_authors: parse_context_authors(env)?,
+            trigger_label: text(&input::TRIGGER_LABEL),
             s3,
         })
     }

@@ -239,6 +239,11 @@ pub const CONTEXT_AUTHORS: InputSpec = spec(
 )
 .default(Value("trusted"))
 .parser(Parser::ContextAuthors);
+pub const TRIGGER_LABEL: InputSpec = spec(
+    "trigger-label",
+    "A label that starts a run when added to an issue or pull request (off when empty).",
+)
+.not_local();
 pub const S3_BACKUP: InputSpec = spec(
     "s3-backup",
     "Also keep memory in an S3-compatible object store, guarded by a coordination lease.",
@@ -298,6 +303,7 @@ pub const INPUTS: &[InputSpec] = &[
     MATRIX_CONTEXT,
     MENTION,
     CONTEXT_AUTHORS,
+    TRIGGER_LABEL,
     S3_BACKUP,
     S3_BUCKET,
     AWS_REGION,

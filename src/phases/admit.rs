@@ -198,6 +198,7 @@ fn route_event(setup: &Setup, mode: &Mode) -> Route {
             prompt_given: setup.settings.prompt.is_some(),
             run_id: &setup.run_id,
             identity: setup.identity.as_deref(),
+            trigger_label: setup.settings.trigger_label.as_deref(),
         },
     );
     match (route, mode) {

@@ -126,6 +126,11 @@ async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Ag
     if let Some(id) = &agent_run.session_id {
         ctx.set_output(output::SESSION_ID, id);
     }
+    if let Some(tokens) = &agent_run.tokens {
+        let totals = serde_json::json!({"input": tokens.input, "output": tokens.output});
+        ctx.set_output(output::TOKENS, &totals.to_string());
+        ctx.set_output(output::COST, &agent_run.cost.to_string());
+    }
     (Some(agent), agent_run)
 }
 
@@ -135,7 +140,10 @@ async fn respond(ctx: &RunContext, agent_run: &AgentRun, restored: &RestoreRepor
         return;
     };
     let (settings, env, plan) = (&ctx.settings, &ctx.env, &ctx.plan);
-    finalize_github(gh, settings, env, plan, agent_run, restored, ctx.started).await;
+    let url = finalize_github(gh, settings, env, plan, agent_run, restored, ctx.started).await;
+    if let Some(url) = url {
+        ctx.set_output(output::COMMENT_URL, &url);
+    }
 }
 
 enum Saved {

@@ -1,5 +1,6 @@
 //! Workflow log commands (`::add-mask::`, `::group::`, `::warning::`, `::error::`), secret
-//! registration (with the one redactor, `crate::redact`), and the tracing output that turns WARN/ERROR events into annotations.
+//! registration (with the one redactor, `crate::redact`), and the tracing output that turns
+//! WARN/ERROR events into annotations.
 
 use std::fmt;
 use std::io::Write;
@@ -8,15 +9,20 @@ use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::{format::Writer, FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-/// Whether `::add-mask::` lines are printed: only a runner reads them; anywhere else they would
-/// print the very secret they name. Set once by [`init_tracing`]; on by default.
-static EMIT_MASKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+/// Whether workflow commands are printed: only a runner reads them. In a terminal `::add-mask::`
+/// would print the very secret it names, and the rest is noise, so groups and annotations become
+/// plain lines there. Set once by [`init_tracing`]; on by default.
+static ON_RUNNER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+fn on_runner() -> bool {
+    ON_RUNNER.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// Registers a secret with the one redactor ([`crate::redact`]), then tells the runner to mask
 /// each new form of it, before anything could print it.
 pub fn add_mask(secret: &str) {
     for form in crate::redact::register(secret) {
-        if EMIT_MASKS.load(std::sync::atomic::Ordering::Relaxed) {
+        if on_runner() {
             emit(&format!("::add-mask::{}", escape_data(&form)));
         }
     }
@@ -27,11 +33,16 @@ pub use crate::redact::redact;
 
 /// Starts a collapsible log group. Pair with [`end_group`] (or use [`Group`]).
 pub fn start_group(title: &str) {
-    emit(&format!("::group::{}", escape_data(&redact(title))));
+    match on_runner() {
+        true => emit(&format!("::group::{}", escape_data(&redact(title)))),
+        false => emit(&format!("── {} ──", redact(title))),
+    }
 }
 
 pub fn end_group() {
-    emit("::endgroup::");
+    if on_runner() {
+        emit("::endgroup::");
+    }
 }
 
 /// A log group that ends when dropped, also on early return.
@@ -67,7 +78,10 @@ pub fn error(message: &str) {
 }
 
 pub fn annotation(kind: &str, message: &str, at: &Location<'_>) {
-    emit(&format_annotation(kind, &redact(message), at));
+    match on_runner() {
+        true => emit(&format_annotation(kind, &redact(message), at)),
+        false => emit(&format!("{kind}: {}", redact(message))),
+    }
 }
 
 pub fn format_annotation(kind: &str, message: &str, at: &Location<'_>) -> String {
@@ -158,7 +172,7 @@ where
 /// Installs the global tracing subscriber: log commands on a runner, plain lines locally.
 /// `FRO_BOT_LOG` (an `EnvFilter`-free level name) raises verbosity; default is INFO.
 pub fn init_tracing(github_actions: bool) {
-    EMIT_MASKS.store(github_actions, std::sync::atomic::Ordering::Relaxed);
+    ON_RUNNER.store(github_actions, std::sync::atomic::Ordering::Relaxed);
     let level = std::env::var(super::env::FRO_BOT_LOG)
         .ok()
         .and_then(|v| v.parse::<Level>().ok())

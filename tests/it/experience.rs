@@ -65,6 +65,27 @@ async fn the_log_shows_each_tool_call_and_the_agents_text_inside_the_agent_group
         "{}",
         agent[first_started]
     );
+
+    // What later steps and the summary get: tokens, cost, the comment, the model.
+    let tokens: serde_json::Value = serde_json::from_str(run.output("tokens")).unwrap();
+    assert!(tokens["input"].as_u64().unwrap() > 0, "{tokens}");
+    assert!(tokens["output"].as_u64().unwrap() > 0, "{tokens}");
+    assert!(
+        run.output("cost").parse::<f64>().is_ok(),
+        "{}",
+        run.output("cost")
+    );
+    assert!(
+        run.output("comment-url")
+            .contains("/issues/8#issuecomment-"),
+        "{}",
+        run.output("comment-url")
+    );
+    assert!(
+        run.summary.contains("| Model | fake/fake-model |"),
+        "{}",
+        run.summary
+    );
 }
 
 #[tokio::test]
@@ -117,4 +138,38 @@ async fn a_run_that_changed_nothing_uploads_nothing_and_says_which_entry_holds_i
         "the summary names the entry that holds it: {}",
         second.summary
     );
+}
+
+#[test]
+fn local_without_credentials_fails_at_once_naming_the_fix_and_prints_no_workflow_commands() {
+    use crate::support::action::{fresh_checkout, BIN};
+    use crate::support::services::opencode_bin;
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    fresh_checkout(&repo, "local\n");
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(BIN)
+        .args(["local", "--prompt", "hello"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", repo.join("user-home"))
+        .env("OPENCODE_PATH", opencode_bin())
+        .current_dir(&repo)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("no model provider has credentials") && stdout.contains("--auth-json"),
+        "the message names the fix: {stdout}"
+    );
+    assert!(
+        !stdout.lines().any(|l| l.trim_start().starts_with("::")),
+        "a terminal gets no workflow commands: {stdout}"
+    );
+    // OpenCode alone would retry for minutes (150 s were seen); the check answers in seconds.
+    eprintln!("local without credentials failed after {took:?}");
+    assert!(took < std::time::Duration::from_secs(60), "{took:?}");
 }
