@@ -8,12 +8,14 @@ use crate::opencode::{Agent, TurnOutcome};
 use crate::phases::admit::{admit, save_lease_state, Admission};
 use crate::phases::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
 use crate::phases::cleanup::{stop_agent, Stopped};
-use crate::phases::context::{set_output, set_state, ExitStatus, Mode, RunContext, RunExit};
+use crate::phases::context::{
+    set_output, set_state, ExitStatus, Mode, RestoredCopy, RunContext, RunExit,
+};
 use crate::phases::finalize::{finalize_github, upload_run_records, write_summary};
 use crate::phases::project_identity::{self, IdentityOutcome};
 use crate::phases::report::RestoreReport;
 use crate::phases::restore::{restore, store_attempt, RestoreInputs};
-use crate::phases::save::{publish, save, RestoredCopy, SaveInputs, SaveReport};
+use crate::phases::save::{publish, save, SaveInputs, SaveReport};
 use crate::runner::env::{output, state};
 use crate::runner::{failpoint, log, now_ms, Cancellation, Env, FileCommands};
 use crate::save_result::{GateInputs, StateValue, StorePublish};

@@ -10,55 +10,14 @@ use crate::cache::{self, CacheError};
 use crate::checkpoint::{self, CheckpointOutcome};
 use crate::lease::{self, LeaseHandle};
 use crate::object_store as store;
-use crate::phases::context::StoreContext;
+use crate::phases::context::{sha256_file, RestoredCopy, StoreContext};
 use crate::phases::paths::{write_marker, StatePaths};
-use crate::phases::report::{RestoreReport, RestoreSource};
 use crate::runner::{env, failpoint, log};
 use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
 use crate::scrub::ScrubOutcome;
 
 /// The lease must have at least this long left when the session database is published.
 const PUBLISH_MIN_REMAINING: Duration = Duration::from_secs(30);
-
-/// What the run restored, to tell an unchanged database from one worth uploading again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RestoredCopy {
-    pub sha256: [u8; 32],
-    /// The Actions cache entry it came from; `None` for the object store's copy.
-    pub cache_key: Option<String>,
-}
-
-impl RestoredCopy {
-    /// The restored database's digest, when a restore hit left one.
-    pub fn of(paths: &StatePaths, report: &RestoreReport) -> Option<Self> {
-        let cache_key = match report.source {
-            RestoreSource::Cache => Some(report.matched_key.clone()?),
-            RestoreSource::Storage => None,
-            RestoreSource::None => return None,
-        };
-        match sha256_file(&paths.db()) {
-            Ok(sha256) => Some(Self { sha256, cache_key }),
-            Err(e) => {
-                tracing::debug!("cannot hash the restored database: {e}");
-                None
-            }
-        }
-    }
-
-    fn holder(&self) -> String {
-        match &self.cache_key {
-            Some(key) => format!("the Actions cache entry `{key}`"),
-            None => "the object store's copy".to_string(),
-        }
-    }
-}
-
-fn sha256_file(path: &Path) -> std::io::Result<[u8; 32]> {
-    use sha2::{Digest, Sha256};
-    let mut hasher = Sha256::new();
-    std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
-    Ok(hasher.finalize().into())
-}
 
 pub struct SaveInputs<'a> {
     pub paths: &'a StatePaths,
