@@ -9,6 +9,7 @@ pub mod context;
 pub mod dedup;
 pub mod event;
 pub mod keys;
+pub mod marker;
 pub mod response;
 pub mod route;
 

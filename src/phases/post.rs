@@ -89,6 +89,8 @@ async fn decide_and_retry(env: &Env) -> PostOutcome {
 }
 
 async fn retry(env: &Env) -> PostOutcome {
+    // The save scrubs the database of every registered secret: register them in this process too.
+    config::register_secrets(env);
     // Only the inputs the retry needs; a bad value elsewhere was main's to report.
     if config::parse_bool(env, &input::SKIP_CACHE).unwrap_or(false) {
         return PostOutcome::NothingToDo {

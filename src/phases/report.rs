@@ -100,6 +100,7 @@ pub struct PersistenceReport {
     pub restore: Option<RestoreReport>,
     pub save: Option<CacheSaveResult>,
     pub checkpoint: Option<CheckpointOutcome>,
+    pub scrub: Option<crate::scrub::ScrubOutcome>,
     pub store_publish: StorePublish,
     pub lease: LeaseReport,
     pub phases: Vec<(&'static str, Duration)>,
@@ -111,6 +112,7 @@ impl Default for PersistenceReport {
             restore: None,
             save: None,
             checkpoint: None,
+            scrub: None,
             store_publish: StorePublish::Disabled,
             lease: LeaseReport::Disabled,
             phases: Vec::new(),
@@ -153,6 +155,9 @@ impl PersistenceReport {
         rows.push(vec!["Lease".into(), self.lease.describe()]);
         if let Some(c) = &self.checkpoint {
             rows.push(vec!["Checkpoint".into(), c.describe()]);
+        }
+        if let Some(s) = &self.scrub {
+            rows.push(vec!["Secrets scrubbed".into(), s.describe()]);
         }
         if !self.phases.is_empty() {
             let phases = self
@@ -201,6 +206,14 @@ mod tests {
                 "write denied",
             )),
             checkpoint: Some(CheckpointOutcome::Checkpointed),
+            scrub: Some(crate::scrub::ScrubOutcome::Scrubbed(
+                crate::scrub::ScrubReport {
+                    replacements: 3,
+                    values: 2,
+                    credential_rows: 1,
+                    vacuumed: false,
+                },
+            )),
             store_publish: StorePublish::Published,
             lease: LeaseReport::Acquired { generation: 7 },
             phases: vec![],
@@ -214,6 +227,7 @@ mod tests {
             "| Object-store publish | published |",
             "acquired (generation 7)",
             "checkpointed",
+            "| Secrets scrubbed | 3 secret(s) replaced in 2 value(s), 1 credential row(s) removed |",
             "restore 1.50s",
             "- removed a stale WAL",
         ] {

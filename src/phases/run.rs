@@ -243,6 +243,7 @@ fn record_save(ctx: &mut RunContext, saved: SaveReport) {
         (Some(_), p) => p,
     };
     ctx.report.checkpoint = saved.checkpoint;
+    ctx.report.scrub = saved.scrub;
     ctx.report.save = Some(saved.result);
 }
 

@@ -15,6 +15,7 @@ use crate::phases::paths::{write_marker, StatePaths};
 use crate::phases::session_map::Map;
 use crate::runner::{env, failpoint, log};
 use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
+use crate::scrub::ScrubOutcome;
 
 /// The lease must have at least this long left when the session database is published.
 const PUBLISH_MIN_REMAINING: Duration = Duration::from_secs(30);
@@ -40,6 +41,8 @@ pub struct SaveInputs<'a> {
 pub struct SaveReport {
     pub result: CacheSaveResult,
     pub checkpoint: Option<CheckpointOutcome>,
+    /// What scrubbing secrets out of the database did (`None`: it did not get that far).
+    pub scrub: Option<ScrubOutcome>,
     pub store_publish: StorePublish,
     /// The cache answered that the key is already taken (an entry exists or is being written).
     pub key_taken: bool,
@@ -56,12 +59,17 @@ where
     let not_saved = |result, checkpoint| SaveReport {
         result,
         checkpoint,
+        scrub: None,
         store_publish: StorePublish::NotAttempted,
         key_taken: false,
     };
-    let cp = match prepare(&inputs).await {
-        Ok(cp) => cp,
+    let (cp, scrub) = match prepare(&inputs).await {
+        Ok(prepared) => prepared,
         Err((result, checkpoint)) => return not_saved(result, checkpoint),
+    };
+    let not_saved = |result, checkpoint| SaveReport {
+        scrub: Some(scrub.clone()),
+        ..not_saved(result, checkpoint)
     };
     if let Some(copy) = inputs.restored {
         if sha256_file(&inputs.paths.db()).is_ok_and(|h| h == copy.sha256) {
@@ -87,6 +95,7 @@ where
     SaveReport {
         result,
         checkpoint: Some(cp),
+        scrub: Some(scrub),
         store_publish,
         key_taken,
     }
@@ -96,8 +105,9 @@ where
 type NotSaved = (CacheSaveResult, Option<CheckpointOutcome>);
 
 /// Everything before anything is written: the safety gate, `skip-cache`, credentials off the saved
-/// paths, the WAL checkpoint, and a database worth saving (not empty, not corrupt).
-async fn prepare(inputs: &SaveInputs<'_>) -> Result<CheckpointOutcome, NotSaved> {
+/// paths, secrets out of the database, the WAL checkpoint, and a database worth saving (not
+/// empty, not corrupt).
+async fn prepare(inputs: &SaveInputs<'_>) -> Result<(CheckpointOutcome, ScrubOutcome), NotSaved> {
     let declined =
         |detail: String| CacheSaveResult::new(SaveOutcome::CheckpointDeclined, false, detail);
     if let Some(refusal) = safety_gate(inputs.gate) {
@@ -125,6 +135,11 @@ async fn prepare(inputs: &SaveInputs<'_>) -> Result<CheckpointOutcome, NotSaved>
         ));
     }
     let db = inputs.paths.db();
+    // Secrets out before the checkpoint folds everything into the file that is saved. A failure
+    // is reported after the checkpoint and the corruption probe, so a corrupt database still
+    // reads as corrupt.
+    let scrubbed = scrub(db.clone()).await;
+    failpoint::hit("save:after-scrub");
     let cp = {
         let db = db.clone();
         tokio::task::spawn_blocking(move || checkpoint::checkpoint(&db))
@@ -171,7 +186,27 @@ async fn prepare(inputs: &SaveInputs<'_>) -> Result<CheckpointOutcome, NotSaved>
             return Err((declined(detail), Some(cp)));
         }
     }
-    Ok(cp)
+    match scrubbed {
+        Ok(scrub) => Ok((cp, scrub)),
+        // Saving would put whatever the agent printed into the cache and the store.
+        Err(message) => Err((
+            declined(format!(
+                "secrets could not be scrubbed from the session database: {message}"
+            )),
+            Some(cp),
+        )),
+    }
+}
+
+/// Secrets out of the database (docs/security.md), off the async threads.
+async fn scrub(db: std::path::PathBuf) -> Result<ScrubOutcome, String> {
+    let started = std::time::Instant::now();
+    let outcome = tokio::task::spawn_blocking(move || crate::scrub::scrub(&db))
+        .await
+        .map_err(|e| format!("scrub task failed: {e}"))?
+        .map_err(|e| e.to_string());
+    tracing::debug!("scrub took {} ms", started.elapsed().as_millis());
+    outcome
 }
 
 /// The Actions cache write; also whether the key was already taken (post's fallback key).

@@ -638,7 +638,7 @@ pub(crate) mod scenarios {
         );
     }
 
-    fn with_s3(job: &mut Job, prefix: &str) {
+    pub fn with_s3(job: &mut Job, prefix: &str) {
         let s3 = crate::support::services::s3();
         job.input("s3-backup", "true")
             .input("s3-bucket", s3.bucket)
@@ -1240,3 +1240,6 @@ mod local {
         assert!(stdout.contains("--prompt"), "{stdout}");
     }
 }
+
+/// Untrusted text in, nothing secret out (docs/security.md).
+mod untrusted;

@@ -48,6 +48,8 @@ struct Fault {
 pub struct SeedComment {
     pub id: u64,
     pub author: String,
+    /// `author_association` GitHub reports for the author.
+    pub association: String,
     pub body: String,
     pub created_at: String,
 }
@@ -63,6 +65,9 @@ struct Data {
     discussions: BTreeMap<u64, (String, String, String, Vec<SeedComment>)>,
     /// (subject path or node id, content).
     reactions: Vec<(String, String)>,
+    /// `GET /user`'s login: set, the token is a personal token of that user; unset, it is an
+    /// installation token, which GitHub refuses there (403).
+    user: Option<String>,
     next_id: u64,
     /// The Actions cache behind `/actions/caches` (none: those routes answer 404).
     cache: Option<CacheHandle>,
@@ -110,7 +115,8 @@ impl FakeGitHub {
         self.lock().issues.insert(
             number,
             json!({"number": number, "title": title, "body": body, "state": "open",
-                   "locked": false, "user": {"login": "mona", "type": "User"}}),
+                   "locked": false, "user": {"login": "mona", "type": "User"},
+                   "author_association": "OWNER"}),
         );
     }
 
@@ -120,6 +126,7 @@ impl FakeGitHub {
             .map(|i| SeedComment {
                 id: 1000 + i as u64,
                 author: format!("user{i}"),
+                association: "MEMBER".into(),
                 body: format!("comment {i}"),
                 created_at: format!("2026-11-01T00:{:02}:{:02}Z", i / 60, i % 60),
             })
@@ -152,6 +159,7 @@ impl FakeGitHub {
             .map(|i| SeedComment {
                 id: 5000 + i as u64,
                 author: format!("member{i}"),
+                association: "MEMBER".into(),
                 body: format!("discussion reply {i}"),
                 created_at: "2026-11-02T00:00:00Z".into(),
             })
@@ -160,6 +168,26 @@ impl FakeGitHub {
             number,
             (node_id.into(), title.into(), body.into(), comments),
         );
+    }
+
+    /// Makes the token a personal token of `login` (`GET /user` answers with it).
+    pub fn set_user(&self, login: &str) {
+        self.lock().user = Some(login.to_string());
+    }
+
+    /// Adds one comment to an issue (after any seeded ones).
+    pub fn add_comment(&self, number: u64, id: u64, author: &str, association: &str, body: &str) {
+        self.lock()
+            .comments
+            .entry(number)
+            .or_default()
+            .push(SeedComment {
+                id,
+                author: author.into(),
+                association: association.into(),
+                body: body.into(),
+                created_at: "2026-11-01T01:00:00Z".into(),
+            });
     }
 
     /// Fails requests whose path contains `path_contains` (and method, when given) with
@@ -304,6 +332,16 @@ async fn handle(
 
     match (method.clone(), segments.as_slice()) {
         (Method::POST, ["graphql"]) => graphql(&mut d, &body_json),
+        (Method::GET, ["user"]) => match &d.user {
+            Some(login) => ok(
+                StatusCode::OK,
+                json!({"login": login, "id": 1, "type": "User"}),
+            ),
+            None => error(
+                StatusCode::FORBIDDEN,
+                "Resource not accessible by integration",
+            ),
+        },
         (Method::GET, ["repos", _, _, "issues", n]) => {
             let n: u64 = n.parse().unwrap_or(0);
             match d.issues.get(&n).cloned() {
@@ -336,7 +374,7 @@ async fn handle(
                 .map(|c| {
                     json!({"id": c.id, "body": c.body, "created_at": c.created_at,
                                 "user": {"login": c.author, "type": "User"},
-                                "author_association": "MEMBER"})
+                                "author_association": c.association})
                 })
                 .collect();
             ok(StatusCode::OK, Value::Array(items))
@@ -357,9 +395,16 @@ async fn handle(
             }
             let id = d.next_id;
             d.next_id += 1;
+            let author = d
+                .user
+                .clone()
+                .unwrap_or_else(|| "github-actions[bot]".into());
+            // A personal token's user owns the repository here; the app bot has no association.
+            let association = if d.user.is_some() { "OWNER" } else { "NONE" };
             d.comments.entry(n).or_default().push(SeedComment {
                 id,
-                author: "github-actions[bot]".into(),
+                author,
+                association: association.into(),
                 body: text.into(),
                 created_at: "2026-11-29T09:00:00Z".into(),
             });
@@ -513,6 +558,7 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
         entry.3.push(SeedComment {
             id,
             author: "github-actions".into(),
+            association: "NONE".into(),
             body: text,
             created_at: "2026-11-29T09:00:00Z".into(),
         });
@@ -529,11 +575,15 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
                 let nodes: Vec<Value> = comments
                     .iter()
                     .skip(comments.len().saturating_sub(last))
-                    .map(|c| json!({"author": {"login": c.author}, "body": c.body, "createdAt": c.created_at}))
+                    .map(|c| {
+                        json!({"author": {"login": c.author}, "authorAssociation": c.association,
+                                    "body": c.body, "createdAt": c.created_at})
+                    })
                     .collect();
                 ok(
                     StatusCode::OK,
                     json!({"data": {"repository": {"discussion": {"title": title, "body": body,
+                           "author": {"login": "mona"}, "authorAssociation": "OWNER",
                            "comments": {"totalCount": comments.len(), "nodes": nodes}}}}}),
                 )
             }
