@@ -8,6 +8,7 @@ mod experience;
 mod github;
 mod inputs;
 mod lease;
+mod merge;
 mod object_store;
 mod opencode;
 mod persistence;
