@@ -3,6 +3,7 @@
 
 pub mod action;
 pub mod cache_server;
+pub mod container;
 pub mod fake_github;
 pub mod fake_llm;
 pub mod s3;
