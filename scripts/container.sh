@@ -43,15 +43,28 @@ ensure_docker() {
   return 1
 }
 
-# Stops the dockerd that ensure_docker started (by its recorded pid), if any.
+# Stops the dockerd that ensure_docker started in this shell (DOCKERD_PID), if any.
 stop_docker() {
-  local pid
-  pid=$(cat "$docker_dir/dockerd.pid" 2>/dev/null) || return 0
-  rm -f "$docker_dir/dockerd.pid"
+  local pid=${DOCKERD_PID:-}
   [ -n "$pid" ] || return 0
+  DOCKERD_PID=
+  rm -f "$docker_dir/dockerd.pid"
   kill "$pid" 2>/dev/null || return 0
   for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.25; done
   kill -9 "$pid" 2>/dev/null || true
+}
+
+# Stops the dockerd an earlier `scripts/container-image` started, by its recorded pid (checked to
+# still be a dockerd, not a process that reused the pid).
+stop_recorded_docker() {
+  local pid
+  pid=$(cat "$docker_dir/dockerd.pid" 2>/dev/null) || return 0
+  if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ]; then
+    DOCKERD_PID=$pid
+    stop_docker
+  else
+    rm -f "$docker_dir/dockerd.pid"
+  fi
 }
 
 # The Dockerfile uses `RUN --mount=type=cache`, a BuildKit feature. A client with the buildx plugin

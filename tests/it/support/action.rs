@@ -271,6 +271,14 @@ impl Job {
         let out = child.wait_with_output().expect("the step runs");
         if let Some(c) = container.as_mut() {
             c.waited();
+            // 125: docker itself failed (bad mount, no image); the step never ran.
+            assert_ne!(
+                out.status.code(),
+                Some(125),
+                "docker run {} failed: {}",
+                c.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         let read = |f: &str| std::fs::read_to_string(self.files().join(f)).unwrap_or_default();
         let parse = |f: &str| -> BTreeMap<String, String> {
