@@ -139,6 +139,8 @@ pub struct Settings {
     pub opencode_config: Option<Map<String, Value>>,
     pub matrix_context: Option<String>,
     pub mention: String,
+    /// The label whose addition starts a run; `None` = off.
+    pub trigger_label: Option<String>,
     /// Present when `s3-backup: true`.
     pub s3: Option<S3Input>,
 }
@@ -195,6 +197,7 @@ impl Settings {
             opencode_config: parse_opencode_config(optional(env, &input::OPENCODE_CONFIG))?,
             matrix_context: text(&input::MATRIX_CONTEXT),
             mention: parse_mention(with_default(env, &input::MENTION)?)?,
+            trigger_label: text(&input::TRIGGER_LABEL),
             s3,
         })
     }

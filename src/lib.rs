@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod github;
 pub mod lease;
+pub mod merge;
 pub mod object_store;
 pub mod opencode;
 pub mod phases;

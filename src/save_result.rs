@@ -22,6 +22,9 @@ pub enum SaveOutcome {
     CacheError,
     /// The Actions cache holds the new entry.
     Persisted,
+    /// The database is byte-for-byte what was restored: the entry (or store copy) it came from
+    /// already holds it, so nothing is uploaded again.
+    Unchanged,
 }
 
 impl SaveOutcome {
@@ -34,6 +37,7 @@ impl SaveOutcome {
             SaveOutcome::CacheRejected => "cache-rejected",
             SaveOutcome::CacheError => "cache-error",
             SaveOutcome::Persisted => "persisted",
+            SaveOutcome::Unchanged => "unchanged",
         }
     }
 }
@@ -102,6 +106,16 @@ impl CacheSaveResult {
         }
     }
 
+    /// Nothing uploaded: the copy restored from the cache entry or the store still holds it all.
+    pub fn unchanged(held_by_cache: bool, detail: impl Into<String>) -> Self {
+        Self {
+            cache_persisted: held_by_cache,
+            store_persisted: !held_by_cache,
+            outcome: SaveOutcome::Unchanged,
+            detail: detail.into(),
+        }
+    }
+
     pub fn is_durable(&self) -> bool {
         self.cache_persisted || self.store_persisted
     }
@@ -119,7 +133,7 @@ impl CacheSaveResult {
                     StateValue::NotPersisted
                 }
             }
-            SaveOutcome::Persisted => StateValue::Durable,
+            SaveOutcome::Persisted | SaveOutcome::Unchanged => StateValue::Durable,
         }
     }
 }
@@ -255,6 +269,13 @@ mod tests {
             let r = CacheSaveResult::new(outcome, store, "");
             assert_eq!(r.state_value(), expected, "{outcome} store={store}");
             assert_eq!(r.is_durable(), outcome == Persisted || store);
+        }
+        // Unchanged memory is held by where it came from, either way durable.
+        for held_by_cache in [true, false] {
+            let r = CacheSaveResult::unchanged(held_by_cache, "");
+            assert_eq!(r.state_value(), V::Durable);
+            assert!(r.is_durable());
+            assert_eq!(r.cache_persisted, held_by_cache);
         }
     }
 

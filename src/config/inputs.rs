@@ -230,6 +230,11 @@ pub const MENTION: InputSpec = spec(
 .default(Value("@fro-bot"))
 .parser(Parser::Handle)
 .not_local();
+pub const TRIGGER_LABEL: InputSpec = spec(
+    "trigger-label",
+    "A label that starts a run when added to an issue or pull request (off when empty).",
+)
+.not_local();
 pub const S3_BACKUP: InputSpec = spec(
     "s3-backup",
     "Also keep memory in an S3-compatible object store, guarded by a coordination lease.",
@@ -288,6 +293,7 @@ pub const INPUTS: &[InputSpec] = &[
     OPENCODE_CONFIG,
     MATRIX_CONTEXT,
     MENTION,
+    TRIGGER_LABEL,
     S3_BACKUP,
     S3_BUCKET,
     AWS_REGION,

@@ -25,6 +25,7 @@ pub fn agent_gets_token(event: &Event) -> bool {
         Event::Comment { .. }
         | Event::Issues { .. }
         | Event::PullRequest { .. }
+        | Event::Labeled { .. }
         | Event::Unsupported { .. }
         | Event::Malformed { .. } => false,
     }

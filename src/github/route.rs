@@ -16,6 +16,8 @@ pub struct RouteSettings<'a> {
     pub run_id: &'a str,
     /// The invocation identity (`keys::invocation_identity`).
     pub identity: Option<&'a str>,
+    /// The label whose addition starts a run (input `trigger-label`); `None` = labels start nothing.
+    pub trigger_label: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,6 +104,11 @@ pub enum SkipReason {
         kind: TargetKind,
         number: u64,
     },
+    /// A label was added that is not `trigger-label` (or none is set).
+    NotTheTriggerLabel {
+        label: String,
+        trigger: Option<String>,
+    },
     NoPrompt {
         event: String,
     },
@@ -139,6 +146,12 @@ impl SkipReason {
             SkipReason::NoPrompt { event } => {
                 format!("A `{event}` run needs the `prompt` input.")
             }
+            SkipReason::NotTheTriggerLabel { label, trigger } => match trigger {
+                Some(t) => format!("The label `{label}` is not the trigger label `{t}`."),
+                None => format!(
+                    "The label `{label}` was added, but no `trigger-label` is set: labels start no run."
+                ),
+            },
         }
     }
 }
@@ -259,7 +272,53 @@ pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
             target,
             sender,
         } => entity_route(event, target, sender.as_ref(), action.as_str()),
+        Event::Labeled {
+            label,
+            target,
+            sender,
+        } => label_route(event, label, target, sender.as_ref(), settings),
     }
+}
+
+/// A label added by a person is a request, like a mention: who can label (triage access or more)
+/// is trusted; the entity's author need not be. Bots never trigger (no loops).
+fn label_route(
+    event: &Event,
+    label: &str,
+    target: &Target,
+    sender: Option<&super::event::Actor>,
+    settings: &RouteSettings<'_>,
+) -> Route {
+    if settings.trigger_label != Some(label) {
+        return Route::Skip(SkipReason::NotTheTriggerLabel {
+            label: label.to_string(),
+            trigger: settings.trigger_label.map(str::to_string),
+        });
+    }
+    let Some(sender) = sender else {
+        return Route::Skip(SkipReason::MalformedPayload {
+            event: event.name().to_string(),
+            missing: "sender",
+        });
+    };
+    if sender.is_bot() {
+        return Route::Skip(SkipReason::BotAuthor {
+            login: sender.login.clone(),
+        });
+    }
+    if let Some(skip) = gate_target(target) {
+        return Route::Skip(skip);
+    }
+    let mut plan = entity_plan(target, None);
+    plan.author = Some(sender.login.clone());
+    plan.trigger_summary = format!(
+        "`{}` (labeled `{label}`) on {} #{} by @{}",
+        event.name(),
+        target.kind.as_str(),
+        target.number,
+        sender.login
+    );
+    Route::Run(plan)
 }
 
 /// Issues and pull_request events: gated on the entity's author (the only association the
@@ -291,7 +350,23 @@ fn entity_route(
     if let Some(skip) = gate_target(target) {
         return Route::Skip(skip);
     }
-    Route::Run(RunPlan {
+    let mut plan = entity_plan(target, dedup_entity(event).ok());
+    plan.trigger_summary = format!(
+        "`{}` ({action}) on {} #{}{}",
+        event.name(),
+        target.kind.as_str(),
+        target.number,
+        target
+            .author
+            .as_ref()
+            .map_or_else(String::new, |a| format!(" by @{}", a.login))
+    );
+    Route::Run(plan)
+}
+
+/// The plan for a run about an issue or pull request itself (not a comment on it).
+fn entity_plan(target: &Target, dedup: Option<DedupEntity>) -> RunPlan {
+    RunPlan {
         logical_key: entity_key(target),
         thread: Some(thread(target)),
         trigger: Some(Subject::Issue {
@@ -301,21 +376,12 @@ fn entity_route(
         // The issue or pull request itself is what the agent is asked about.
         directive: Some(format!("{}\n\n{}", target.title, target.body)),
         author: target.author.as_ref().map(|a| a.login.clone()),
-        dedup: dedup_entity(event).ok(),
-        trigger_summary: format!(
-            "`{}` ({action}) on {} #{}{}",
-            event.name(),
-            target.kind.as_str(),
-            target.number,
-            target
-                .author
-                .as_ref()
-                .map_or_else(String::new, |a| format!(" by @{}", a.login))
-        ),
+        dedup,
+        trigger_summary: String::new(),
         pull_request_unchecked: target.kind == TargetKind::PullRequest
             && (target.fork == Flag::Unknown || target.draft == Flag::Unknown),
         agent_gets_token: false,
-    })
+    }
 }
 
 /// Locked, fork and draft gates. `Flag::Unknown` passes here; see `RunPlan::pull_request_unchecked`.

@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod locate;
+pub mod preflight;
 pub mod prep;
 pub mod progress;
 pub mod prune;

@@ -124,6 +124,7 @@ pub(crate) async fn admit(
         cache,
         store: None,
         lease: None,
+        restored_copy: None,
         report: PersistenceReport::default(),
     };
     if let Some(reason) = check_dedup(&ctx).await {
@@ -194,6 +195,7 @@ fn route_event(setup: &Setup, mode: &Mode) -> Route {
             prompt_given: setup.settings.prompt.is_some(),
             run_id: &setup.run_id,
             identity: setup.identity.as_deref(),
+            trigger_label: setup.settings.trigger_label.as_deref(),
         },
     );
     match (route, mode) {

@@ -163,6 +163,8 @@ async fn save_with_key(
             save_key,
             run_id,
             now_ms: crate::runner::now_ms(),
+            // Post does not know what main restored: a retry always uploads.
+            restored: None,
         },
         // Never the object store from post: the lease is gone.
         || async { StorePublish::NotAttempted },

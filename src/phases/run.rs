@@ -8,7 +8,9 @@ use crate::opencode::{Agent, TurnOutcome};
 use crate::phases::admit::{admit, save_lease_state, Admission};
 use crate::phases::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
 use crate::phases::cleanup::{stop_agent, Stopped};
-use crate::phases::context::{set_output, set_state, ExitStatus, Mode, RunContext, RunExit};
+use crate::phases::context::{
+    set_output, set_state, ExitStatus, Mode, RestoredCopy, RunContext, RunExit,
+};
 use crate::phases::finalize::{finalize_github, upload_run_records, write_summary};
 use crate::phases::project_identity::{self, IdentityOutcome};
 use crate::phases::report::RestoreReport;
@@ -73,6 +75,7 @@ async fn restore_memory(ctx: &mut RunContext) -> RestoreReport {
     );
     ctx.set_output(output::CACHE_STATUS, restored.status.as_str());
     ctx.set_output(output::LOGICAL_KEY, ctx.plan.logical_key.as_str());
+    ctx.restored_copy = RestoredCopy::of(&ctx.paths, &restored);
     ctx.report.restore = Some(restored.clone());
     ctx.report.record_phase("restore", t.elapsed());
     match project_identity::align(&ctx.workspace, &ctx.paths.db()) {
@@ -125,6 +128,11 @@ async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Ag
     if let Some(id) = &agent_run.session_id {
         ctx.set_output(output::SESSION_ID, id);
     }
+    if let Some(tokens) = &agent_run.tokens {
+        let totals = serde_json::json!({"input": tokens.input, "output": tokens.output});
+        ctx.set_output(output::TOKENS, &totals.to_string());
+        ctx.set_output(output::COST, &agent_run.cost.to_string());
+    }
     (Some(agent), agent_run)
 }
 
@@ -134,7 +142,10 @@ async fn respond(ctx: &RunContext, agent_run: &AgentRun, restored: &RestoreRepor
         return;
     };
     let (settings, env, plan) = (&ctx.settings, &ctx.env, &ctx.plan);
-    finalize_github(gh, settings, env, plan, agent_run, restored, ctx.started).await;
+    let url = finalize_github(gh, settings, env, plan, agent_run, restored, ctx.started).await;
+    if let Some(url) = url {
+        ctx.set_output(output::COMMENT_URL, &url);
+    }
 }
 
 enum Saved {
@@ -177,6 +188,7 @@ async fn cleanup_and_save(
         save_key: &save_key,
         run_id: &ctx.run_id,
         now_ms: now_ms(),
+        restored: ctx.restored_copy.as_ref(),
     };
     let expected_etag = restored.store_etag.as_deref();
     let publish = || publish(ctx.store.as_ref(), lease, &ctx.paths, expected_etag);

@@ -10,7 +10,7 @@ use crate::cache::{self, CacheError};
 use crate::checkpoint::{self, CheckpointOutcome};
 use crate::lease::{self, LeaseHandle};
 use crate::object_store as store;
-use crate::phases::context::StoreContext;
+use crate::phases::context::{sha256_file, RestoredCopy, StoreContext};
 use crate::phases::paths::{write_marker, StatePaths};
 use crate::runner::{env, failpoint, log};
 use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
@@ -27,6 +27,8 @@ pub struct SaveInputs<'a> {
     pub save_key: &'a str,
     pub run_id: &'a str,
     pub now_ms: u64,
+    /// The database as restored: when the one to save is identical, nothing is uploaded.
+    pub restored: Option<&'a RestoredCopy>,
 }
 
 #[derive(Debug, Clone)]
@@ -46,17 +48,26 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = StorePublish>,
 {
+    let not_saved = |result, checkpoint| SaveReport {
+        result,
+        checkpoint,
+        store_publish: StorePublish::NotAttempted,
+        key_taken: false,
+    };
     let cp = match prepare(&inputs).await {
         Ok(cp) => cp,
-        Err((result, checkpoint)) => {
-            return SaveReport {
-                result,
-                checkpoint,
-                store_publish: StorePublish::NotAttempted,
-                key_taken: false,
-            }
-        }
+        Err((result, checkpoint)) => return not_saved(result, checkpoint),
     };
+    if let Some(copy) = inputs.restored {
+        if sha256_file(&inputs.paths.db()).is_ok_and(|h| h == copy.sha256) {
+            let detail = format!(
+                "unchanged since restore: {} already holds it; nothing uploaded",
+                copy.holder()
+            );
+            let result = CacheSaveResult::unchanged(copy.cache_key.is_some(), detail);
+            return not_saved(result, Some(cp));
+        }
+    }
     if let Err(e) = write_marker(inputs.paths, inputs.run_id, inputs.now_ms) {
         // The marker is advisory (a missing one reads as compatible): save without it.
         tracing::warn!("cannot write the memory marker: {e}");

@@ -83,6 +83,9 @@ pub mod output {
     pub const CACHE_SAVE_RESULT: &str = "cache-save-result";
     pub const DURATION: &str = "duration";
     pub const LOGICAL_KEY: &str = "logical-key";
+    pub const TOKENS: &str = "tokens";
+    pub const COST: &str = "cost";
+    pub const COMMENT_URL: &str = "comment-url";
 
     /// Every output, in `action.yaml`'s order.
     pub const ALL: &[&str] = &[
@@ -91,6 +94,9 @@ pub mod output {
         CACHE_SAVE_RESULT,
         DURATION,
         LOGICAL_KEY,
+        TOKENS,
+        COST,
+        COMMENT_URL,
     ];
 }
 

@@ -13,9 +13,14 @@ use tracing_subscriber::registry::LookupSpan;
 /// everywhere in the log and protect nothing.
 const MIN_SECRET_LEN: usize = 4;
 
-/// Whether `::add-mask::` lines are printed: only a runner reads them; anywhere else they would
-/// print the very secret they name. Set once by [`init_tracing`]; on by default.
-static EMIT_MASKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+/// Whether workflow commands are printed: only a runner reads them. In a terminal `::add-mask::`
+/// would print the very secret it names, and the rest is noise, so groups and annotations become
+/// plain lines there. Set once by [`init_tracing`]; on by default.
+static ON_RUNNER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+fn on_runner() -> bool {
+    ON_RUNNER.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 fn secrets() -> &'static Mutex<Vec<String>> {
     static SECRETS: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
@@ -39,7 +44,7 @@ pub fn add_mask(secret: &str) {
         list.push(part.to_string());
         // Longest first, so a secret that contains another is replaced whole.
         list.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        if EMIT_MASKS.load(std::sync::atomic::Ordering::Relaxed) {
+        if on_runner() {
             emit(&format!("::add-mask::{}", escape_data(part)));
         }
     }
@@ -59,11 +64,16 @@ pub fn redact(text: &str) -> String {
 
 /// Starts a collapsible log group. Pair with [`end_group`] (or use [`Group`]).
 pub fn start_group(title: &str) {
-    emit(&format!("::group::{}", escape_data(&redact(title))));
+    match on_runner() {
+        true => emit(&format!("::group::{}", escape_data(&redact(title)))),
+        false => emit(&format!("── {} ──", redact(title))),
+    }
 }
 
 pub fn end_group() {
-    emit("::endgroup::");
+    if on_runner() {
+        emit("::endgroup::");
+    }
 }
 
 /// A log group that ends when dropped, also on early return.
@@ -99,7 +109,10 @@ pub fn error(message: &str) {
 }
 
 pub fn annotation(kind: &str, message: &str, at: &Location<'_>) {
-    emit(&format_annotation(kind, &redact(message), at));
+    match on_runner() {
+        true => emit(&format_annotation(kind, &redact(message), at)),
+        false => emit(&format!("{kind}: {}", redact(message))),
+    }
 }
 
 pub fn format_annotation(kind: &str, message: &str, at: &Location<'_>) -> String {
@@ -190,7 +203,7 @@ where
 /// Installs the global tracing subscriber: log commands on a runner, plain lines locally.
 /// `FRO_BOT_LOG` (an `EnvFilter`-free level name) raises verbosity; default is INFO.
 pub fn init_tracing(github_actions: bool) {
-    EMIT_MASKS.store(github_actions, std::sync::atomic::Ordering::Relaxed);
+    ON_RUNNER.store(github_actions, std::sync::atomic::Ordering::Relaxed);
     let level = std::env::var(super::env::FRO_BOT_LOG)
         .ok()
         .and_then(|v| v.parse::<Level>().ok())

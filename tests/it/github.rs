@@ -44,6 +44,7 @@ fn settings(prompt_given: bool) -> RouteSettings<'static> {
         prompt_given,
         run_id: "8812",
         identity: Some("agent"),
+        trigger_label: None,
     }
 }
 
@@ -69,6 +70,57 @@ fn skip(r: Route) -> SkipReason {
 }
 
 #[test]
+fn the_trigger_label_starts_a_run_like_a_mention_by_whoever_added_it() {
+    let with_label = |label: &'static str| RouteSettings {
+        trigger_label: Some(label),
+        ..settings(false)
+    };
+    for (file, key, label) in [
+        ("issues.labeled.json", "issue-43", "bug"),
+        ("pull_request.labeled.json", "pr-7", "fro-bot"),
+    ] {
+        let event = Event::parse(event_name(file), &fixture(file));
+        let p = plan(route(&event, &with_label(label)));
+        assert_eq!(p.logical_key.as_str(), key, "{file}");
+        assert_eq!(p.author.as_deref(), Some("mona"), "{file}");
+        assert!(
+            p.trigger_summary.contains(&format!("labeled `{label}`")),
+            "{}",
+            p.trigger_summary
+        );
+        assert!(
+            p.directive.is_some() && p.dedup.is_none() && !p.agent_gets_token,
+            "{file}"
+        );
+        // Another label does nothing, and says which one would.
+        let other = skip(route(&event, &with_label("triage")));
+        assert!(
+            other.describe().contains("`triage`"),
+            "{}",
+            other.describe()
+        );
+    }
+    // A bot adding the label never triggers (no loops between automations).
+    let mut payload = fixture("issues.labeled.json");
+    payload["sender"] = json!({"login": "labeler[bot]", "type": "Bot"});
+    let event = Event::parse("issues", &payload);
+    assert!(matches!(
+        skip(route(&event, &with_label("bug"))),
+        SkipReason::BotAuthor { login } if login == "labeler[bot]"
+    ));
+    // A labeled payload without its label is malformed, not a run.
+    let mut payload = fixture("issues.labeled.json");
+    payload.as_object_mut().unwrap().remove("label");
+    assert!(matches!(
+        Event::parse("issues", &payload),
+        Event::Malformed {
+            missing: "label.name",
+            ..
+        }
+    ));
+}
+
+#[test]
 fn every_fixture_routes_as_specified() {
     // (fixture, prompt given, expected logical key or skip)
     let cron_key = LogicalKey::schedule("30 5 * * 1-5", "8812", Some("agent"));
@@ -85,14 +137,14 @@ fn every_fixture_routes_as_specified() {
         ("issues.opened.json", false, Ok("issue-43")),
         ("issues.edited.json", false, Ok("issue-43")),
         ("issues.closed.json", false, Err("unsupported")),
-        ("issues.labeled.json", false, Err("unsupported")),
+        ("issues.labeled.json", false, Err("not-trigger-label")),
         ("pull_request.opened.json", false, Ok("pr-7")),
         ("pull_request.synchronize.json", false, Ok("pr-7")),
         ("pull_request.reopened.json", false, Ok("pr-7")),
         ("pull_request.ready_for_review.json", false, Ok("pr-7")),
         ("pull_request.review_requested.json", false, Ok("pr-7")),
         ("pull_request.closed.json", false, Err("unsupported")),
-        ("pull_request.labeled.json", false, Err("unsupported")),
+        ("pull_request.labeled.json", false, Err("not-trigger-label")),
         (
             "pull_request_review_comment.created.json",
             false,
@@ -127,6 +179,7 @@ fn every_fixture_routes_as_specified() {
                 assert_eq!(event, event_name(file), "{file}")
             }
             (Err("no-prompt"), Route::Skip(SkipReason::NoPrompt { .. })) => {}
+            (Err("not-trigger-label"), Route::Skip(SkipReason::NotTheTriggerLabel { .. })) => {}
             (expected, got) => panic!("{file}: expected {expected:?}, got {got:?}"),
         }
     }
@@ -1091,7 +1144,7 @@ proptest! {
         }
         let name = name_choice.unwrap_or(event_name(file));
         let event = Event::parse(name, &payload);
-        let settings = RouteSettings { mention, prompt_given: prompt, run_id: "1", identity: None };
+        let settings = RouteSettings { mention, prompt_given: prompt, run_id: "1", identity: None, trigger_label: None };
         match route(&event, &settings) {
             Route::Run(plan) => {
                 prop_assert!(!plan.logical_key.as_str().is_empty());

@@ -117,6 +117,7 @@ pub mod phases {
                     save_key: key,
                     run_id: "1",
                     now_ms: 1,
+                    restored: None,
                 },
                 || async { StorePublish::Disabled },
             )
