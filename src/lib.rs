@@ -14,5 +14,8 @@ pub mod merge;
 pub mod object_store;
 pub mod opencode;
 pub mod phases;
+pub mod redact;
 pub mod runner;
 pub mod save_result;
+pub mod scrub;
+pub mod untrusted;

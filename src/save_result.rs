@@ -16,6 +16,9 @@ pub enum SaveOutcome {
     CheckpointDeclined,
     /// The safety gate refused: something may still be writing, or the lease was lost.
     OwnershipDeclined,
+    /// The newest cache entry could not be restored and older memory may remain: a new entry
+    /// would hide it (docs/persistence.md, "Fall back, never shadow").
+    ShadowingDeclined,
     /// The cache service refused the entry (exists, not reserved, write denied, rate limit, quota).
     CacheRejected,
     /// Transport or unexpected errors talking to the cache service.
@@ -34,6 +37,7 @@ impl SaveOutcome {
             SaveOutcome::SkippedEmpty => "skipped-empty",
             SaveOutcome::CheckpointDeclined => "checkpoint-declined",
             SaveOutcome::OwnershipDeclined => "ownership-declined",
+            SaveOutcome::ShadowingDeclined => "shadowing-declined",
             SaveOutcome::CacheRejected => "cache-rejected",
             SaveOutcome::CacheError => "cache-error",
             SaveOutcome::Persisted => "persisted",
@@ -125,7 +129,9 @@ impl CacheSaveResult {
         match self.outcome {
             SaveOutcome::SkippedByConfiguration | SaveOutcome::SkippedEmpty => StateValue::Skipped,
             SaveOutcome::CheckpointDeclined => StateValue::NotPersisted,
-            SaveOutcome::OwnershipDeclined => StateValue::DeclinedForSafety,
+            SaveOutcome::OwnershipDeclined | SaveOutcome::ShadowingDeclined => {
+                StateValue::DeclinedForSafety
+            }
             SaveOutcome::CacheRejected | SaveOutcome::CacheError => {
                 if self.store_persisted {
                     StateValue::StoreOnly
@@ -258,6 +264,7 @@ mod tests {
             (SkippedEmpty, false, V::Skipped),
             (CheckpointDeclined, false, V::NotPersisted),
             (OwnershipDeclined, false, V::DeclinedForSafety),
+            (ShadowingDeclined, false, V::DeclinedForSafety),
             (CacheRejected, false, V::NotPersisted),
             (CacheRejected, true, V::StoreOnly),
             (CacheError, false, V::NotPersisted),

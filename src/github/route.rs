@@ -94,6 +94,17 @@ pub enum SkipReason {
     BotAuthor {
         login: String,
     },
+    /// The comment carries fro-bot's response marker: it is one of fro-bot's own answers.
+    OwnResponse,
+    /// The comment was written by the token's own identity (a personal token's user).
+    SelfAuthored {
+        login: String,
+    },
+    /// A pull request whose fork/draft state could not be verified.
+    UnverifiedPullRequest {
+        number: u64,
+        why: String,
+    },
     ForkPullRequest {
         number: u64,
     },
@@ -134,6 +145,19 @@ impl SkipReason {
             SkipReason::BotAuthor { login } => {
                 format!("`{login}` is a bot; bots do not trigger runs.")
             }
+            SkipReason::OwnResponse => {
+                "The comment is one of fro-bot's own responses (it carries the response marker); \
+                 fro-bot does not answer itself."
+                    .to_string()
+            }
+            SkipReason::SelfAuthored { login } => format!(
+                "The comment was written by `{login}`, the identity of fro-bot's own token; \
+                 fro-bot does not answer itself."
+            ),
+            SkipReason::UnverifiedPullRequest { number, why } => format!(
+                "Pull request #{number} could not be verified as neither a fork nor a draft \
+                 ({why}); fro-bot does not run on a pull request of unknown provenance."
+            ),
             SkipReason::ForkPullRequest { number } => {
                 format!("Pull request #{number} comes from a fork.")
             }
@@ -156,7 +180,9 @@ impl SkipReason {
     }
 }
 
-/// Routes an event. Gates apply in order: support, bot, trust, mention, lock, fork, draft.
+/// Routes an event. Gates apply in order: support, bot, own response, trust, mention, lock, fork,
+/// draft. The token's own identity and unverified pull requests are checked after routing
+/// (`GitHub::check_self_trigger`, `GitHub::check_pull_request`).
 pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
     match event {
         Event::Unsupported { event, action } => Route::Skip(SkipReason::UnsupportedEvent {
@@ -209,6 +235,9 @@ pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
                 return Route::Skip(SkipReason::BotAuthor {
                     login: bot.login.clone(),
                 });
+            }
+            if super::marker::carries_marker(&comment.body) {
+                return Route::Skip(SkipReason::OwnResponse);
             }
             if !comment.association.is_trusted() {
                 return Route::Skip(SkipReason::UntrustedAuthor {

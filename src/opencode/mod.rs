@@ -193,8 +193,18 @@ impl Agent {
         &self.server
     }
 
+    /// Resolution by title alone (legacy memory; tests).
     pub async fn resolve_session(&self, logical_key: &str) -> Result<ResolvedSession, ApiError> {
-        session::resolve(&self.client, logical_key).await
+        session::resolve(&self.client, logical_key, session::Ownership::ByTitle).await
+    }
+
+    /// Resolution as fro-bot's session map allows (`phases::session_map`).
+    pub async fn resolve_owned_session(
+        &self,
+        logical_key: &str,
+        ownership: session::Ownership<'_>,
+    ) -> Result<ResolvedSession, ApiError> {
+        session::resolve(&self.client, logical_key, ownership).await
     }
 
     /// Excerpts from other sessions (`exclude`: the current one and any it replaced).

@@ -43,8 +43,9 @@ pub(crate) async fn finalize_github(
             duration_secs: Some(started.elapsed().as_secs()),
         };
         let thread = plan.thread.as_ref();
+        let requester = plan.author.as_deref();
         match gh
-            .respond(settings.response_mode, thread, answer, &footer)
+            .respond(settings.response_mode, thread, answer, &footer, requester)
             .await
         {
             Ok(ResponseOutcome::Posted(posted)) => url = posted.url,
@@ -79,6 +80,8 @@ pub(crate) async fn upload_run_records(
         "lease": report.lease.describe(),
         "at_ms": now_ms(),
     });
+    // Outcome texts quote errors: the record goes through the redactor like everything else.
+    let (metadata, _) = crate::redact::redact_json(&metadata);
     if let store::UploadOutcome::Failed { error } =
         store::sync::upload_run_metadata(&ctx.store, &ctx.keys, &run_key, &metadata).await
     {
@@ -172,6 +175,6 @@ pub(crate) fn write_summary(
     }
     if files.summary.is_none() {
         // Local runs: the summary goes to the terminal.
-        println!("\n{md}");
+        println!("\n{}", log::redact(&md));
     }
 }

@@ -105,4 +105,6 @@ pub mod state {
     pub const CACHE_SAVED: &str = "cacheSaved";
     pub const LEASE_KEY: &str = "leaseKey";
     pub const LEASE_ETAG: &str = "leaseEtag";
+    /// Main's session map (JSON, logical key → session id), for post's marker.
+    pub const SESSION_MAP: &str = "sessionMap";
 }

@@ -137,7 +137,7 @@ fn client(server: &CacheServer) -> ActionsCacheClient {
 fn hit_key(outcome: &RestoreOutcome) -> &str {
     match outcome {
         RestoreOutcome::Hit { matched_key, .. } => matched_key,
-        RestoreOutcome::Miss => panic!("expected a hit"),
+        other => panic!("expected a hit: {other:?}"),
     }
 }
 
@@ -174,7 +174,7 @@ async fn round_trip(db_bytes: usize, transfer: TransferOptions) -> (CacheServer,
             assert!(rejected.is_empty());
             assert_eq!(*size_bytes, receipt.size_bytes);
         }
-        RestoreOutcome::Miss => panic!("miss"),
+        other => panic!("expected a hit: {other:?}"),
     }
     let mut expected = before;
     expected.remove("auth.json");
@@ -555,8 +555,11 @@ async fn truncated_download_leaves_local_state_untouched() {
 
     // A short blob that claims to be complete: the archive check catches it.
     server.truncate_downloads(1, Truncation::Honest { keep: 100_000 });
-    let err = c.restore(&layout.restore_req("k", &[])).await.unwrap_err();
-    assert!(matches!(err, CacheError::Archive { .. }), "{err:?}");
+    let o = c.restore(&layout.restore_req("k", &[])).await.unwrap();
+    assert!(
+        matches!(&o, RestoreOutcome::Unrestorable { matched_key, .. } if matched_key == "k"),
+        "{o:?}"
+    );
     assert_eq!(layout.snapshot(), local);
     no_staging_left(&layout);
 
@@ -583,8 +586,11 @@ async fn truncated_download_leaves_local_state_untouched() {
     let local = write_local_state(&layout);
     let entry = server.entries()[0].clone();
     fs::write(server.blob_path(&entry), b"<html>oops</html>").unwrap();
-    let err = c.restore(&layout.restore_req("k", &[])).await.unwrap_err();
-    assert!(matches!(err, CacheError::Archive { .. }), "{err:?}");
+    let o = c.restore(&layout.restore_req("k", &[])).await.unwrap();
+    assert!(
+        matches!(&o, RestoreOutcome::Unrestorable { matched_key, .. } if matched_key == "k"),
+        "{o:?}"
+    );
     assert_eq!(layout.snapshot(), local);
     no_staging_left(&layout);
 }

@@ -626,6 +626,7 @@ async fn the_response_comment_has_the_answer_and_footer() {
             Some(&thread),
             "The crash comes from an empty cache dir.",
             &footer(),
+            None,
         )
         .await
         .unwrap();
@@ -646,12 +647,12 @@ async fn the_response_comment_has_the_answer_and_footer() {
     // response-mode: none posts nothing and makes no request.
     let before = fake.requests().len();
     let out = gh
-        .respond(ResponseMode::None, Some(&thread), "x", &footer())
+        .respond(ResponseMode::None, Some(&thread), "x", &footer(), None)
         .await
         .unwrap();
     assert_eq!(out, ResponseOutcome::Disabled);
     let out = gh
-        .respond(ResponseMode::Github, None, "x", &footer())
+        .respond(ResponseMode::Github, None, "x", &footer(), None)
         .await
         .unwrap();
     assert_eq!(out, ResponseOutcome::NoThread);
@@ -675,6 +676,7 @@ async fn discussion_response_goes_through_graphql() {
             Some(&thread),
             "Use s3-backup.",
             &footer(),
+            None,
         )
         .await
         .unwrap();
@@ -704,7 +706,7 @@ async fn discussion_response_goes_through_graphql() {
         .await
         .is_err());
     assert!(matches!(
-        gh.respond(ResponseMode::Github, Some(&missing), "x", &footer())
+        gh.respond(ResponseMode::Github, Some(&missing), "x", &footer(), None)
             .await,
         Err(ApiError::Graphql { .. })
     ));
@@ -814,6 +816,7 @@ async fn api_failures_are_error_values_and_calls_continue() {
             }),
             "answer",
             &footer(),
+            None,
         )
         .await
         .unwrap_err();
@@ -1154,4 +1157,56 @@ proptest! {
         }
         let _ = dedup::decide(&event, "1", None, 0, Some(Duration::from_secs(1)));
     }
+}
+
+#[tokio::test]
+async fn the_tokens_identity_is_looked_up_once_and_its_own_comments_are_skipped() {
+    let on_pr = plan(route_fixture(
+        "issue_comment.created.pr.json",
+        &fixture("issue_comment.created.pr.json"),
+        false,
+    ));
+    let author = on_pr.author.clone().unwrap();
+    // An installation token: GitHub refuses `GET /user`; it posts as the app bot.
+    let fake = FakeGitHub::start().await;
+    let gh = client(&fake);
+    assert_eq!(gh.own_login().await.unwrap(), "github-actions[bot]");
+    assert_eq!(gh.check_self_trigger(&on_pr).await.unwrap(), None);
+    // A personal token of the comment's author: its own comment does not start a run.
+    let fake = FakeGitHub::start().await;
+    fake.set_user(&author);
+    let gh = client(&fake);
+    assert_eq!(
+        gh.check_self_trigger(&on_pr).await.unwrap(),
+        Some(SkipReason::SelfAuthored {
+            login: author.clone()
+        })
+    );
+    assert_eq!(gh.own_login().await.unwrap(), author);
+    let lookups = fake.requests().iter().filter(|r| r.path == "/user").count();
+    assert_eq!(lookups, 1, "cached for the run");
+    // A failing lookup is an error the caller sees (and is not cached).
+    let fake = FakeGitHub::start().await;
+    fake.fail(None, "/user", 500, Some(1));
+    fake.set_user("someone-else");
+    let gh = client(&fake);
+    assert!(gh.check_self_trigger(&on_pr).await.is_err());
+    assert_eq!(gh.check_self_trigger(&on_pr).await.unwrap(), None);
+}
+
+#[test]
+fn a_comment_carrying_the_response_marker_is_skipped_but_a_quote_of_one_is_not() {
+    let mut payload = fixture("issue_comment.created.pr.json");
+    let reply = fro_bot::github::response::render("Ask @fro-bot again.", &footer(), None);
+    payload["comment"]["body"] = json!(format!("@fro-bot {reply}"));
+    assert_eq!(
+        route_fixture("issue_comment.created.pr.json", &payload, false),
+        Route::Skip(SkipReason::OwnResponse)
+    );
+    let quoted: String = reply.lines().map(|l| format!("> {l}\n")).collect();
+    payload["comment"]["body"] = json!(format!("{quoted}\n@fro-bot why?"));
+    assert!(matches!(
+        route_fixture("issue_comment.created.pr.json", &payload, false),
+        Route::Run(_)
+    ));
 }
