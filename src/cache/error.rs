@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use super::Rejection;
+
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     /// 409 `already_exists`: an entry with this key and version exists or is being written.
@@ -59,6 +61,10 @@ pub enum CacheError {
         #[source]
         source: std::io::Error,
     },
+    /// A restored entry refused as a whole: over a cap, holding a member that no clean entry for
+    /// these paths holds, or not valid tar. Nothing was moved into place.
+    #[error("cache entry refused: {rejection}")]
+    Rejected { rejection: Rejection },
     /// The archive was readable but could not be put in place.
     #[error("cannot extract to {}: {detail}", path.display())]
     Extraction {
@@ -111,6 +117,7 @@ impl CacheError {
             | CacheError::InvalidResponse { .. }
             | CacheError::Transport { .. }
             | CacheError::Archive { .. }
+            | CacheError::Rejected { .. }
             | CacheError::Extraction { .. }
             | CacheError::Io { .. }
             | CacheError::NothingToSave { .. }
@@ -119,6 +126,23 @@ impl CacheError {
             | CacheError::Disabled { .. }
             | CacheError::Task { .. } => false,
         }
+    }
+
+    /// The entry itself was refused as hostile or broken by design ([`CacheError::Rejected`]):
+    /// a restore should try an older entry and never let this one shadow good memory.
+    pub fn is_hostile(&self) -> bool {
+        matches!(self, CacheError::Rejected { .. })
+    }
+
+    /// The downloaded entry cannot be restored, whatever the cause: refused
+    /// ([`CacheError::Rejected`]) or a corrupt or truncated zstd/tar stream
+    /// ([`CacheError::Archive`], which a restore only reports about the downloaded archive).
+    /// Transport, service and local file-system errors are not the entry's fault and are false.
+    pub fn is_unusable_entry(&self) -> bool {
+        matches!(
+            self,
+            CacheError::Rejected { .. } | CacheError::Archive { .. }
+        )
     }
 
     pub(crate) fn io(

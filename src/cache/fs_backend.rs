@@ -106,7 +106,7 @@ impl FsBackend {
 
     pub async fn restore(&self, req: &RestoreRequest<'_>) -> Result<RestoreOutcome, CacheError> {
         validate_keys(req.key, req.restore_keys)?;
-        let Some(entry) = self.find(req.key, req.restore_keys, &version(req.paths))? else {
+        let Some(entry) = self.find(req.key, req.restore_keys, &req.version())? else {
             return Ok(RestoreOutcome::Miss);
         };
         let archive = self.dir.join(&entry.archive);
@@ -114,7 +114,6 @@ impl FsBackend {
         Ok(RestoreOutcome::Hit {
             matched_key: entry.key,
             restored: report.restored,
-            rejected: report.rejected,
             size_bytes: entry.size_bytes,
         })
     }

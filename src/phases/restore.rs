@@ -98,21 +98,11 @@ pub async fn restore(
     let request = cache::RestoreRequest {
         key: inputs.key,
         restore_keys: inputs.restore_keys,
-        paths: inputs.paths.cache_paths(),
+        paths: inputs.paths.restore_targets(),
         workspace: inputs.workspace,
     };
     match cache.restore(&request).await {
-        Ok(RestoreOutcome::Hit {
-            matched_key,
-            rejected,
-            ..
-        }) => {
-            for member in &rejected {
-                warn(
-                    &mut report.notes,
-                    format!("refused archive member {member:?}"),
-                );
-            }
+        Ok(RestoreOutcome::Hit { matched_key, .. }) => {
             // The entry's database is complete on its own; a WAL left beside it from an older
             // database would be replayed into the new one and corrupt it.
             if let Err(e) = checkpoint::remove_stale_sidecars(&inputs.paths.db()) {

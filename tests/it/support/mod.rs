@@ -5,5 +5,6 @@ pub mod action;
 pub mod cache_server;
 pub mod fake_github;
 pub mod fake_llm;
+pub mod hostile;
 pub mod s3;
 pub mod services;
