@@ -27,6 +27,8 @@ pub use extract::{
 };
 pub use fs_backend::{FsBackend, FsEntry};
 pub use limits::{Cap, Limits};
+#[cfg(feature = "fuzzing")]
+pub(crate) use twirp::{create_reply, finalize_reply, judge, lookup_reply, Judged};
 pub use twirp::{LookupHit, RetryPolicy, Rpc, TwirpClient};
 pub use version::version;
 
