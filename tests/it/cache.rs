@@ -879,6 +879,41 @@ fn kinds_are_what_the_paths_say() {
 }
 
 #[test]
+fn invalid_tar_is_refused_as_malformed() {
+    use fro_bot::cache::extract_tar;
+    let limits = fro_bot::cache::Limits::fixed(u64::MAX);
+    let good = raw_tar(|t| {
+        t.file(&format!("{}/opencode.db", hostile::D), b"db");
+    });
+    let mut bad_checksum = good.clone();
+    bad_checksum[10] ^= 1;
+    let bad_pax = raw_tar(|t| {
+        t.header(b"pax", tar::EntryType::XHeader, 8, b"")
+            .bytes(b"9 path=x")
+            .pad(8)
+            .file(&format!("{}/opencode.db", hostile::D), b"db");
+    });
+    for tar in [bad_checksum, bad_pax] {
+        let layout = Layout::new();
+        let err = extract_tar(&tar[..], &layout.targets, &layout.workspace, limits).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                CacheError::Rejected {
+                    rejection: Rejection::Malformed { .. }
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(layout.snapshot().is_empty());
+    }
+    // The unmodified stream restores.
+    let layout = Layout::new();
+    extract_tar(&good[..], &layout.targets, &layout.workspace, limits).unwrap();
+    assert_eq!(fs::read(layout.data.join("opencode.db")).unwrap(), b"db");
+}
+
+#[test]
 fn a_corrupt_tail_moves_nothing_into_place() {
     let layout = Layout::new();
     layout.populate(10, 1);
