@@ -31,7 +31,7 @@ use support::cache_server::CacheServer;
 use support::fake_github::FakeGitHub;
 use support::fake_llm::{FakeLlm, Reply};
 
-/// The budget REQUIREMENTS §15 / issue 8 set for everything but OpenCode start-up and LLM time.
+/// The budget for everything but OpenCode start-up and LLM time (docs/benchmarks.md).
 const TARGET: Duration = Duration::from_secs(2);
 /// Exchanges (cloned turns) per synthetic session: a long-ish conversation.
 const EXCHANGES_PER_SESSION: usize = 12;

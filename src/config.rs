@@ -1,20 +1,20 @@
-//! Every action input parsed and validated once into typed settings. Invalid configuration is one
-//! clear error naming the input, the bad value (unless secret) and what is accepted.
+//! Every action input parsed and validated once into typed settings, as [`inputs::INPUTS`]
+//! declares them (defaults, secrecy, syntax). Invalid configuration is one clear error naming the
+//! input, the bad value (unless secret) and what is accepted.
+
+pub mod inputs;
 
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use crate::runner::env::input;
+pub use inputs::DEFAULT_OPENCODE_VERSION;
+use inputs::{InputSpec, INPUTS};
+
 use crate::runner::{log, Env};
 
-/// The OpenCode version the action pins (also installed by the test command and the Dockerfile).
-pub const DEFAULT_OPENCODE_VERSION: &str = "1.18.33";
-pub const DEFAULT_TIMEOUT_MS: u64 = 1_800_000;
-pub const DEFAULT_SESSION_RETENTION: u32 = 50;
-pub const DEFAULT_DEDUP_WINDOW_MS: u64 = 600_000;
-pub const DEFAULT_S3_PREFIX: &str = "fro-bot-state";
-pub const DEFAULT_MENTION: &str = "@fro-bot";
+/// Call sites read `input::TIMEOUT` like the other names in `runner::env`.
+use inputs as input;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -32,20 +32,29 @@ pub enum ConfigError {
     },
 }
 
-fn invalid(input: &'static str, value: &str, expected: impl Into<String>) -> ConfigError {
+fn invalid(spec: &InputSpec, value: &str, expected: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
-        input,
-        shown: format!("{value:?}"),
+        input: spec.name,
+        shown: if spec.secret {
+            "(hidden)".into()
+        } else {
+            format!("{value:?}")
+        },
         expected: expected.into(),
     }
 }
 
-fn invalid_secret(input: &'static str, expected: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        input,
-        shown: "(hidden)".into(),
-        expected: expected.into(),
-    }
+/// The input's value, else the table's default; `None` when it has neither.
+fn optional<'e>(env: &'e Env, spec: &InputSpec) -> Option<&'e str> {
+    env.input(spec.name).or(spec.default.value())
+}
+
+/// The input's value, else the table's default (every input read this way has one).
+fn with_default<'e>(env: &'e Env, spec: &InputSpec) -> Result<&'e str, ConfigError> {
+    optional(env, spec).ok_or(ConfigError::Missing {
+        input: spec.name,
+        hint: "it has no default, so a value must be given",
+    })
 }
 
 /// A value that must never be printed. `Debug` shows `***`.
@@ -144,58 +153,48 @@ pub enum AuthRequirement {
 impl Settings {
     pub fn from_env(env: &Env, auth: AuthRequirement) -> Result<Self, ConfigError> {
         // Secrets first: masked before any other parsing could echo them in an error.
-        for var in [
+        let secret_inputs = INPUTS
+            .iter()
+            .filter(|spec| spec.secret)
+            .filter_map(|spec| env.input(spec.name));
+        let secret_vars = [
             crate::runner::env::AWS_SECRET_ACCESS_KEY,
             crate::runner::env::AWS_SESSION_TOKEN,
-        ] {
-            if let Some(secret) = env.get(var) {
-                log::add_mask(secret);
-            }
-        }
-        let github_token = env.input(input::GITHUB_TOKEN).map(Secret::new);
-        let auth = parse_auth_json(env.input(input::AUTH_JSON), auth)?;
+        ]
+        .into_iter()
+        .filter_map(|var| env.get(var));
+        secret_inputs.chain(secret_vars).for_each(log::add_mask);
+
+        let github_token = optional(env, &input::GITHUB_TOKEN).map(Secret::new);
+        let auth = parse_auth_json(optional(env, &input::AUTH_JSON), auth)?;
 
         // Every input's format is checked, even those a disabled feature would not use.
-        let s3_backup = parse_bool(env, input::S3_BACKUP, false)?;
+        let s3_backup = parse_bool(env, &input::S3_BACKUP)?;
         let s3 = parse_s3(env)?;
         let s3 = if s3_backup {
             Some(s3.ok_or(ConfigError::Missing {
-                input: input::S3_BUCKET,
+                input: input::S3_BUCKET.name,
                 hint: "'s3-backup: true' needs the bucket that holds the session database",
             })?)
         } else {
             None
         };
+        let text = |spec: &InputSpec| optional(env, spec).map(str::to_string);
         Ok(Settings {
             github_token,
             auth,
-            prompt: env.input(input::PROMPT).map(str::to_string),
-            agent: env.input(input::AGENT).map(str::to_string),
-            model: env.input(input::MODEL).map(parse_model).transpose()?,
-            timeout: non_zero_ms(parse_u64(env, input::TIMEOUT, DEFAULT_TIMEOUT_MS)?),
-            session_retention: parse_u32(env, input::SESSION_RETENTION, DEFAULT_SESSION_RETENTION)?,
-            skip_cache: parse_bool(env, input::SKIP_CACHE, false)?,
-            dedup_window: non_zero_ms(parse_u64(
-                env,
-                input::DEDUP_WINDOW,
-                DEFAULT_DEDUP_WINDOW_MS,
-            )?),
-            response_mode: match env.input(input::RESPONSE_MODE) {
-                None => ResponseMode::Github,
-                Some(v) if v.eq_ignore_ascii_case("github") => ResponseMode::Github,
-                Some(v) if v.eq_ignore_ascii_case("none") => ResponseMode::None,
-                Some(v) => {
-                    return Err(invalid(
-                        input::RESPONSE_MODE,
-                        v,
-                        "expected 'github' or 'none'",
-                    ))
-                }
-            },
+            prompt: text(&input::PROMPT),
+            agent: text(&input::AGENT),
+            model: optional(env, &input::MODEL).map(parse_model).transpose()?,
+            timeout: non_zero_ms(parse_u64(env, &input::TIMEOUT)?),
+            session_retention: parse_u32(env, &input::SESSION_RETENTION)?,
+            skip_cache: parse_bool(env, &input::SKIP_CACHE)?,
+            dedup_window: non_zero_ms(parse_u64(env, &input::DEDUP_WINDOW)?),
+            response_mode: parse_response_mode(env)?,
             opencode_version: parse_version(env)?,
-            opencode_config: parse_opencode_config(env.input(input::OPENCODE_CONFIG))?,
-            matrix_context: env.input(input::MATRIX_CONTEXT).map(str::to_string),
-            mention: parse_mention(env.input(input::MENTION))?,
+            opencode_config: parse_opencode_config(optional(env, &input::OPENCODE_CONFIG))?,
+            matrix_context: text(&input::MATRIX_CONTEXT),
+            mention: parse_mention(with_default(env, &input::MENTION)?)?,
             s3,
         })
     }
@@ -205,33 +204,46 @@ fn non_zero_ms(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
 }
 
-pub fn parse_bool(env: &Env, name: &'static str, default: bool) -> Result<bool, ConfigError> {
-    match env.input(name) {
-        None => Ok(default),
-        Some(v) if v.eq_ignore_ascii_case("true") => Ok(true),
-        Some(v) if v.eq_ignore_ascii_case("false") => Ok(false),
-        Some(v) => Err(invalid(name, v, "expected 'true' or 'false'")),
+/// A [`Parser::Bool`](inputs::Parser::Bool) input.
+pub fn parse_bool(env: &Env, spec: &InputSpec) -> Result<bool, ConfigError> {
+    match with_default(env, spec)? {
+        v if v.eq_ignore_ascii_case("true") => Ok(true),
+        v if v.eq_ignore_ascii_case("false") => Ok(false),
+        v => Err(invalid(spec, v, "expected 'true' or 'false'")),
     }
 }
 
-fn parse_u64(env: &Env, name: &'static str, default: u64) -> Result<u64, ConfigError> {
-    match env.input(name) {
-        None => Ok(default),
-        // `u64::from_str` accepts a leading '+'; the spec wants plain decimal digits.
-        Some(v) if v.bytes().all(|b| b.is_ascii_digit()) => v
+/// A [`Parser::Millis`](inputs::Parser::Millis) or [`Parser::Count`](inputs::Parser::Count) input.
+fn parse_u64(env: &Env, spec: &InputSpec) -> Result<u64, ConfigError> {
+    match with_default(env, spec)? {
+        // `u64::from_str` accepts a leading '+'; inputs take plain decimal digits
+        // (docs/design.md#inputs-and-configuration).
+        v if v.bytes().all(|b| b.is_ascii_digit()) => v
             .parse()
-            .map_err(|_| invalid(name, v, "the number is too large")),
-        Some(v) => Err(invalid(
-            name,
+            .map_err(|_| invalid(spec, v, "the number is too large")),
+        v => Err(invalid(
+            spec,
             v,
             "expected a non-negative whole number (decimal digits only)",
         )),
     }
 }
 
-fn parse_u32(env: &Env, name: &'static str, default: u32) -> Result<u32, ConfigError> {
-    let value = parse_u64(env, name, u64::from(default))?;
-    u32::try_from(value).map_err(|_| invalid(name, &value.to_string(), "the number is too large"))
+fn parse_u32(env: &Env, spec: &InputSpec) -> Result<u32, ConfigError> {
+    let value = parse_u64(env, spec)?;
+    u32::try_from(value).map_err(|_| invalid(spec, &value.to_string(), "the number is too large"))
+}
+
+fn parse_response_mode(env: &Env) -> Result<ResponseMode, ConfigError> {
+    match with_default(env, &input::RESPONSE_MODE)? {
+        v if v.eq_ignore_ascii_case("github") => Ok(ResponseMode::Github),
+        v if v.eq_ignore_ascii_case("none") => Ok(ResponseMode::None),
+        v => Err(invalid(
+            &input::RESPONSE_MODE,
+            v,
+            "expected 'github' or 'none'",
+        )),
+    }
 }
 
 fn parse_model(value: &str) -> Result<ModelRef, ConfigError> {
@@ -243,7 +255,7 @@ fn parse_model(value: &str) -> Result<ModelRef, ConfigError> {
             })
         }
         _ => Err(invalid(
-            input::MODEL,
+            &input::MODEL,
             value,
             "expected 'provider/model', e.g. 'anthropic/claude-sonnet-4'",
         )),
@@ -251,9 +263,7 @@ fn parse_model(value: &str) -> Result<ModelRef, ConfigError> {
 }
 
 fn parse_version(env: &Env) -> Result<String, ConfigError> {
-    let Some(v) = env.input(input::OPENCODE_VERSION) else {
-        return Ok(DEFAULT_OPENCODE_VERSION.to_string());
-    };
+    let v = with_default(env, &input::OPENCODE_VERSION)?;
     let ok = v.eq_ignore_ascii_case("latest")
         || v.split('.').count() == 3
             && v.split(['.', '-']).all(|p| !p.is_empty())
@@ -263,7 +273,7 @@ fn parse_version(env: &Env) -> Result<String, ConfigError> {
         Ok(v.to_string())
     } else {
         Err(invalid(
-            input::OPENCODE_VERSION,
+            &input::OPENCODE_VERSION,
             v,
             "expected a version such as '1.18.33' or 'latest'",
         ))
@@ -277,30 +287,32 @@ fn parse_auth_json(
     let Some(raw) = raw else {
         return match req {
             AuthRequirement::Required => Err(ConfigError::Missing {
-                input: input::AUTH_JSON,
+                input: input::AUTH_JSON.name,
                 hint: "pass a JSON object of provider credentials, e.g. '${{ secrets.OPENCODE_AUTH_JSON }}' ('{}' when providers are configured elsewhere)",
             }),
             AuthRequirement::Optional => Ok(Map::new()),
         };
     };
-    // Mask the whole value before parsing: a parse error must not echo any of it.
-    log::add_mask(raw);
+    // The whole value is masked already (a secret input): a parse error must not echo any of it.
     let value: Value = serde_json::from_str(raw).map_err(|e| {
-        invalid_secret(
-            input::AUTH_JSON,
+        invalid(
+            &input::AUTH_JSON,
+            raw,
             format!("not valid JSON (line {}, column {})", e.line(), e.column()),
         )
     })?;
     let Value::Object(map) = value else {
-        return Err(invalid_secret(
-            input::AUTH_JSON,
+        return Err(invalid(
+            &input::AUTH_JSON,
+            raw,
             "expected a JSON object: provider id → auth entry",
         ));
     };
     for (provider, entry) in &map {
         if !entry.is_object() {
-            return Err(invalid_secret(
-                input::AUTH_JSON,
+            return Err(invalid(
+                &input::AUTH_JSON,
+                raw,
                 format!("the entry for provider {provider:?} must be an object, e.g. {{\"type\":\"api\",\"key\":\"...\"}}"),
             ));
         }
@@ -357,23 +369,20 @@ fn parse_opencode_config(raw: Option<&str>) -> Result<Option<Map<String, Value>>
             Ok(Some(map))
         }
         Ok(_) => Err(ConfigError::Invalid {
-            input: input::OPENCODE_CONFIG,
+            input: input::OPENCODE_CONFIG.name,
             shown: "(JSON value)".into(),
             expected: "expected a JSON object (it is merged over the baseline OpenCode config)"
                 .into(),
         }),
         Err(e) => Err(ConfigError::Invalid {
-            input: input::OPENCODE_CONFIG,
+            input: input::OPENCODE_CONFIG.name,
             shown: "(not JSON)".into(),
             expected: format!("not valid JSON: {e}"),
         }),
     }
 }
 
-fn parse_mention(raw: Option<&str>) -> Result<String, ConfigError> {
-    let Some(raw) = raw else {
-        return Ok(DEFAULT_MENTION.to_string());
-    };
+fn parse_mention(raw: &str) -> Result<String, ConfigError> {
     let name = raw.trim_start_matches('@');
     if !name.is_empty()
         && name
@@ -383,7 +392,7 @@ fn parse_mention(raw: Option<&str>) -> Result<String, ConfigError> {
         Ok(format!("@{name}"))
     } else {
         Err(invalid(
-            input::MENTION,
+            &input::MENTION,
             raw,
             "expected a handle such as '@fro-bot'",
         ))
@@ -392,36 +401,33 @@ fn parse_mention(raw: Option<&str>) -> Result<String, ConfigError> {
 
 /// The `s3-*` inputs, validated for format; `None` when no bucket is given.
 fn parse_s3(env: &Env) -> Result<Option<S3Input>, ConfigError> {
-    let allow_insecure_endpoint = parse_bool(env, input::S3_ALLOW_INSECURE_ENDPOINT, false)?;
-    let sse_encryption = match env.input(input::S3_SSE_ENCRYPTION) {
+    let allow_insecure_endpoint = parse_bool(env, &input::S3_ALLOW_INSECURE_ENDPOINT)?;
+    let sse_encryption = match optional(env, &input::S3_SSE_ENCRYPTION) {
         None => None,
         Some("aws:kms") => Some(SseMode::AwsKms),
         Some("AES256") => Some(SseMode::Aes256),
         Some(v) => {
             return Err(invalid(
-                input::S3_SSE_ENCRYPTION,
+                &input::S3_SSE_ENCRYPTION,
                 v,
                 "expected 'aws:kms' or 'AES256'",
             ))
         }
     };
-    let Some(bucket) = env.input(input::S3_BUCKET) else {
+    let prefix = with_default(env, &input::S3_PREFIX)?;
+    let Some(bucket) = optional(env, &input::S3_BUCKET) else {
         return Ok(None);
     };
+    let text = |spec: &InputSpec| optional(env, spec).map(str::to_string);
     Ok(Some(S3Input {
         bucket: bucket.to_string(),
-        region: env.input(input::AWS_REGION).map(str::to_string),
-        endpoint: env.input(input::S3_ENDPOINT).map(str::to_string),
-        prefix: env
-            .input(input::S3_PREFIX)
-            .unwrap_or(DEFAULT_S3_PREFIX)
-            .to_string(),
-        expected_bucket_owner: env
-            .input(input::S3_EXPECTED_BUCKET_OWNER)
-            .map(str::to_string),
+        region: text(&input::AWS_REGION),
+        endpoint: text(&input::S3_ENDPOINT),
+        prefix: prefix.to_string(),
+        expected_bucket_owner: text(&input::S3_EXPECTED_BUCKET_OWNER),
         allow_insecure_endpoint,
         sse_encryption,
-        sse_kms_key_id: env.input(input::S3_SSE_KMS_KEY_ID).map(str::to_string),
+        sse_kms_key_id: text(&input::S3_SSE_KMS_KEY_ID),
     }))
 }
 
@@ -450,7 +456,7 @@ mod tests {
     #[test]
     fn defaults() {
         let s = parse(&[]).unwrap();
-        assert_eq!(s.timeout, Some(Duration::from_millis(DEFAULT_TIMEOUT_MS)));
+        assert_eq!(s.timeout, Some(Duration::from_millis(1_800_000)));
         assert_eq!(s.session_retention, 50);
         assert!(!s.skip_cache);
         assert_eq!(s.dedup_window, Some(Duration::from_millis(600_000)));
@@ -521,7 +527,7 @@ mod tests {
         .s3
         .unwrap();
         assert_eq!(s.bucket, "b");
-        assert_eq!(s.prefix, DEFAULT_S3_PREFIX);
+        assert_eq!(s.prefix, "fro-bot-state");
         assert_eq!(s.sse_encryption, Some(SseMode::AwsKms));
     }
 
@@ -580,6 +586,72 @@ mod tests {
             "sk-inside-config-1 hdr-secret-value https://llm.example dark-mode-theme",
         );
         assert_eq!(text, "*** *** https://llm.example dark-mode-theme");
+    }
+
+    /// A value each parser refuses (`None`: it takes any text) and one it accepts.
+    fn samples(parser: inputs::Parser) -> (Option<&'static str>, &'static str) {
+        use inputs::Parser;
+        match parser {
+            Parser::Text => (None, "x"),
+            Parser::Bool => (Some("yes"), "TRUE"),
+            Parser::Millis => (Some("+5"), "0"),
+            Parser::Count => (Some("4294967296"), "7"),
+            Parser::Model => (Some("no-slash"), "a/b"),
+            Parser::Version => (Some("1.18"), "1.2.3-rc1"),
+            Parser::ResponseMode => (Some("slack"), "None"),
+            Parser::AuthJson => (Some("{\"p\":\"not-an-object\"}"), "{}"),
+            Parser::JsonObject => (Some("[1]"), "{}"),
+            Parser::Handle => (Some("two words"), "bot"),
+            Parser::SseMode => (Some("aes256"), "AES256"),
+        }
+    }
+
+    #[test]
+    fn every_input_is_read_with_the_parser_the_table_declares() {
+        for spec in INPUTS {
+            let (bad, good) = samples(spec.parser);
+            // A bucket, so that `s3-backup: true` alone is valid.
+            let with = |value: &str| parse(&[("s3-bucket", "b"), (spec.name, value)]);
+            assert!(with(good).is_ok(), "{} refused {good:?}", spec.name);
+            if let Some(bad) = bad {
+                match with(bad) {
+                    Err(ConfigError::Invalid { input, shown, .. }) => {
+                        assert_eq!(input, spec.name, "{bad:?}");
+                        assert_eq!(shown == "(hidden)", spec.secret, "{}: {shown}", spec.name);
+                    }
+                    other => panic!("{} took {bad:?}: {other:?}", spec.name),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_absent_input_means_the_tables_default() {
+        let absent = format!("{:?}", parse(&[("s3-bucket", "b")]).unwrap());
+        for spec in INPUTS {
+            if let Some(default) = spec.default.value() {
+                let given = parse(&[("s3-bucket", "b"), (spec.name, default)]).unwrap();
+                assert_eq!(format!("{given:?}"), absent, "{}", spec.name);
+            }
+        }
+    }
+
+    #[test]
+    fn every_secret_input_is_masked_whole() {
+        let value = |spec: &InputSpec| match spec.parser {
+            inputs::Parser::AuthJson => {
+                "{\"zz\":{\"type\":\"api\",\"key\":\"k-secret-in-auth-json\"}}".to_string()
+            }
+            _ => format!("secret-value-of-{}", spec.name),
+        };
+        let secrets: Vec<_> = INPUTS.iter().filter(|s| s.secret).collect();
+        assert!(!secrets.is_empty());
+        let pairs: Vec<(&str, String)> = secrets.iter().map(|s| (s.name, value(s))).collect();
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        parse(&pairs).unwrap();
+        for (name, v) in pairs {
+            assert_eq!(crate::runner::log::redact(v), "***", "{name}");
+        }
     }
 
     #[test]

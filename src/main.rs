@@ -5,8 +5,9 @@ use std::process::ExitCode;
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
-use fro_bot::phases::run::Mode;
+use clap::{Arg, ArgMatches, Args, Parser, Subcommand};
+use fro_bot::config::inputs::{self, InputSpec};
+use fro_bot::phases::context::Mode;
 use fro_bot::runner::{Cancellation, Env};
 
 #[derive(Debug, Parser)]
@@ -42,56 +43,61 @@ enum Command {
 /// Flags mirror the action's inputs (same names); `INPUT_*` variables are read too, flags win.
 #[derive(Debug, Args)]
 struct LocalArgs {
-    /// What the agent should do.
-    #[arg(long)]
-    prompt: Option<String>,
     /// Conversation thread: runs with the same thread continue the same OpenCode session.
     #[arg(long, default_value = "default")]
     thread: String,
     /// Where memory and the local cache live (default: .fro-bot/ in the repository).
     #[arg(long)]
     state_dir: Option<std::path::PathBuf>,
-    /// Model as provider/model.
-    #[arg(long)]
-    model: Option<String>,
-    /// OpenCode agent to use.
-    #[arg(long)]
-    agent: Option<String>,
-    /// Provider credentials: a JSON object, provider id → OpenCode auth entry.
-    #[arg(long = "auth-json")]
-    auth_json: Option<String>,
-    /// JSON merged over the baseline OpenCode config.
-    #[arg(long = "opencode-config")]
-    opencode_config: Option<String>,
-    /// Turn deadline in milliseconds (0 = none).
-    #[arg(long)]
-    timeout: Option<String>,
-    /// Root sessions kept beyond those updated in the last 30 days.
-    #[arg(long = "session-retention")]
-    session_retention: Option<String>,
-    /// Neither restore nor save memory (true/false).
-    #[arg(long = "skip-cache")]
-    skip_cache: Option<String>,
-    /// Also keep memory in an S3-compatible store, under the lease (true/false).
-    #[arg(long = "s3-backup")]
-    s3_backup: Option<String>,
-    #[arg(long = "s3-bucket")]
-    s3_bucket: Option<String>,
-    #[arg(long = "aws-region")]
-    aws_region: Option<String>,
-    #[arg(long = "s3-endpoint")]
-    s3_endpoint: Option<String>,
-    #[arg(long = "s3-prefix")]
-    s3_prefix: Option<String>,
-    #[arg(long = "s3-expected-bucket-owner")]
-    s3_expected_bucket_owner: Option<String>,
-    /// Allow http and private endpoints such as a local MinIO (true/false).
-    #[arg(long = "s3-allow-insecure-endpoint")]
-    s3_allow_insecure_endpoint: Option<String>,
-    #[arg(long = "s3-sse-encryption")]
-    s3_sse_encryption: Option<String>,
-    #[arg(long = "s3-sse-kms-key-id")]
-    s3_sse_kms_key_id: Option<String>,
+    #[command(flatten)]
+    inputs: InputFlags,
+}
+
+/// One `--<input>` flag for each input the table marks as a `local` flag, with the input's
+/// description as its help.
+#[derive(Debug, Default)]
+struct InputFlags(Vec<(&'static InputSpec, String)>);
+
+impl InputFlags {
+    fn specs() -> impl Iterator<Item = &'static InputSpec> {
+        inputs::INPUTS.iter().filter(|spec| spec.local_flag)
+    }
+
+    fn flag(spec: &'static InputSpec) -> Arg {
+        let help = match spec.default.value() {
+            Some(default) => format!("{} [default: {default}]", spec.description),
+            None => spec.description.to_string(),
+        };
+        // No clap default: an absent flag must leave an `INPUT_*` variable in charge.
+        Arg::new(spec.name)
+            .long(spec.name)
+            .value_name(spec.parser.value_name())
+            .help(help)
+    }
+}
+
+impl clap::FromArgMatches for InputFlags {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        let given = Self::specs()
+            .filter_map(|spec| Some((spec, matches.get_one::<String>(spec.name)?.clone())))
+            .collect();
+        Ok(Self(given))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl Args for InputFlags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        cmd.args(Self::specs().map(Self::flag))
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 fn main() -> ExitCode {
@@ -193,7 +199,7 @@ async fn run(env: Env, mode: Mode) -> ExitCode {
             None => println!("\n(the agent gave no answer)\n"),
         }
     }
-    ExitCode::from(exit.code)
+    ExitCode::from(exit.status.code())
 }
 
 /// `fro-bot local`: the action's inputs from flags (which win) and `INPUT_*`, and a synthesized
@@ -223,40 +229,15 @@ fn local_env(mut env: Env, args: &LocalArgs) -> Result<(Env, Mode), String> {
     };
     std::fs::create_dir_all(&state_dir)
         .map_err(|e| format!("cannot create the state dir {}: {e}", state_dir.display()))?;
-    let flags = [
-        (names::input::PROMPT, &args.prompt),
-        (names::input::MODEL, &args.model),
-        (names::input::AGENT, &args.agent),
-        (names::input::AUTH_JSON, &args.auth_json),
-        (names::input::OPENCODE_CONFIG, &args.opencode_config),
-        (names::input::TIMEOUT, &args.timeout),
-        (names::input::SESSION_RETENTION, &args.session_retention),
-        (names::input::SKIP_CACHE, &args.skip_cache),
-        (names::input::S3_BACKUP, &args.s3_backup),
-        (names::input::S3_BUCKET, &args.s3_bucket),
-        (names::input::AWS_REGION, &args.aws_region),
-        (names::input::S3_ENDPOINT, &args.s3_endpoint),
-        (names::input::S3_PREFIX, &args.s3_prefix),
-        (
-            names::input::S3_EXPECTED_BUCKET_OWNER,
-            &args.s3_expected_bucket_owner,
-        ),
-        (
-            names::input::S3_ALLOW_INSECURE_ENDPOINT,
-            &args.s3_allow_insecure_endpoint,
-        ),
-        (names::input::S3_SSE_ENCRYPTION, &args.s3_sse_encryption),
-        (names::input::S3_SSE_KMS_KEY_ID, &args.s3_sse_kms_key_id),
-    ];
-    for (name, value) in flags {
-        if let Some(v) = value {
-            env.set(fro_bot::runner::input_var(name), v.clone());
-        }
+    for (spec, value) in &args.inputs.0 {
+        env.set(spec.var(), value.clone());
     }
-    if env.input(names::input::PROMPT).is_none() {
-        return Err(
-            "fro-bot local needs a task: pass --prompt \"...\" (or set INPUT_PROMPT)".into(),
-        );
+    if env.input(inputs::PROMPT.name).is_none() {
+        return Err(format!(
+            "fro-bot local needs a task: pass --{} \"...\" (or set {})",
+            inputs::PROMPT.name,
+            inputs::PROMPT.var()
+        ));
     }
     let name = root
         .file_name()

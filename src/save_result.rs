@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-/// Why the save ended the way it did (REQUIREMENTS §11).
+/// Why the save ended the way it did (docs/design.md#save-outcomes-and-state-values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SaveOutcome {
     /// `skip-cache: true`.
@@ -106,7 +106,7 @@ impl CacheSaveResult {
         self.cache_persisted || self.store_persisted
     }
 
-    /// The state value, by the table of REQUIREMENTS §11.
+    /// The state value, by the table in `docs/design.md#save-outcomes-and-state-values`.
     pub fn state_value(&self) -> StateValue {
         match self.outcome {
             SaveOutcome::SkippedByConfiguration | SaveOutcome::SkippedEmpty => StateValue::Skipped,
@@ -203,7 +203,7 @@ impl StorePublish {
     }
 }
 
-/// What the post step does with main's state value (REQUIREMENTS §12).
+/// What the post step does with main's state value (docs/design.md#the-post-decision).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PostDecision {
     /// Main's save stands; post only logs why it does nothing.

@@ -168,7 +168,8 @@ impl ActionsCacheClient {
         if !self.mode.can_restore() {
             return Err(CacheError::Disabled {
                 reason: format!(
-                    "restore is disabled by ACTIONS_CACHE_MODE ({:?})",
+                    "restore is disabled by {} ({:?})",
+                    env::ACTIONS_CACHE_MODE,
                     self.mode
                 ),
             });
@@ -196,7 +197,11 @@ impl ActionsCacheClient {
     pub async fn save(&self, req: &SaveRequest<'_>) -> Result<SaveReceipt, CacheError> {
         if !self.mode.can_save() {
             return Err(CacheError::Disabled {
-                reason: format!("save is disabled by ACTIONS_CACHE_MODE ({:?})", self.mode),
+                reason: format!(
+                    "save is disabled by {} ({:?})",
+                    env::ACTIONS_CACHE_MODE,
+                    self.mode
+                ),
             });
         }
         validate_keys(req.key, &[])?;

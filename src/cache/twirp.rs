@@ -91,13 +91,13 @@ impl TwirpClient {
     pub fn new(http: reqwest::Client, results_url: &str, token: &str) -> Result<Self, CacheError> {
         log::add_mask(token);
         let parsed = url::Url::parse(results_url).map_err(|e| CacheError::InvalidResponse {
-            operation: "ACTIONS_RESULTS_URL",
+            operation: crate::runner::env::ACTIONS_RESULTS_URL,
             detail: format!("not a URL: {e}"),
         })?;
         let service = parsed
             .join(SERVICE_PATH)
             .map_err(|e| CacheError::InvalidResponse {
-                operation: "ACTIONS_RESULTS_URL",
+                operation: crate::runner::env::ACTIONS_RESULTS_URL,
                 detail: format!("cannot build the service URL: {e}"),
             })?;
         Ok(Self {

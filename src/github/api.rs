@@ -22,7 +22,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    #[error("GITHUB_REPOSITORY {value:?} is not 'owner/name'")]
+    #[error("{var} {value:?} is not 'owner/name'", var = env::GITHUB_REPOSITORY)]
     Repository { value: String },
     #[error("cannot build the GitHub client for {api_url}")]
     Client {

@@ -1,5 +1,6 @@
-//! Deduplication of issues/pull_request runs (REQUIREMENTS §13): a sentinel in the Actions cache
-//! records when the agent last ran for an entity; a new event within the window is skipped.
+//! Deduplication of issues/pull_request runs (docs/design.md#the-github-surface): a sentinel in the
+//! Actions cache records when the agent last ran for an entity; a new event within the window is
+//! skipped.
 //!
 //! The store is a trait the caller implements over its cache backend; the decision is a pure
 //! function of the event, the last sentinel, the injected clock and the window.

@@ -1,5 +1,5 @@
-//! Every key and identity derived from the environment (REQUIREMENTS §4). All of it is a pure
-//! function of env values, so the main step and the post step derive the same keys.
+//! Every key and identity derived from the environment (docs/design.md#keys-and-identities). All of
+//! it is a pure function of env values, so the main step and the post step derive the same keys.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -30,7 +30,7 @@ pub fn short_hash(data: &[u8]) -> String {
     hex::encode(&digest[..4])
 }
 
-/// The job-level component run id and attempt lack (§4): sanitized `GITHUB_JOB`, plus `-m` and a
+/// The job-level component run id and attempt lack: sanitized `GITHUB_JOB`, plus `-m` and a
 /// hash of the canonical matrix context for a matrix leg. `None` outside a runner.
 pub fn invocation_identity(env: &Env, matrix_context: Option<&str>) -> Option<String> {
     let job = env.get(env::GITHUB_JOB)?;
@@ -245,7 +245,7 @@ impl LogicalKey {
         Self(with_identity(format!("dispatch-{run_id}"), identity))
     }
 
-    /// For `fro-bot local` (§14).
+    /// For `fro-bot local` (docs/design.md#local-runs).
     pub fn local(thread: &str) -> Self {
         Self(format!("local-{thread}"))
     }

@@ -1,7 +1,7 @@
-//! The GitHub surface (REQUIREMENTS §4, §13): the triggering event normalized once (`event`),
-//! routing and gating (`route`), every key derived from the environment (`keys`), deduplication
-//! of issue/PR runs (`dedup`), and the API calls the harness makes (`api`: reactions and
-//! pull-request flags, `context`: the conversation for the prompt, `response`: the one reply).
+//! The GitHub surface (docs/design.md#the-github-surface): the triggering event normalized once
+//! (`event`), routing and gating (`route`), every key derived from the environment (`keys`),
+//! deduplication of issue/PR runs (`dedup`), and the API calls the harness makes (`api`: reactions
+//! and pull-request flags, `context`: the conversation for the prompt, `response`: the one reply).
 
 pub mod api;
 pub mod context;

@@ -1,4 +1,5 @@
-//! Routing and gating: does this event start a run, and with what plan (REQUIREMENTS §13).
+//! Routing and gating: does this event start a run, and with what plan
+//! (docs/design.md#the-github-surface).
 
 use super::dedup::dedup_entity;
 use super::event::{CommentSource, Event, Flag, IssuesAction, Target, TargetKind};

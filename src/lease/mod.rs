@@ -1,6 +1,7 @@
-//! The coordination lease (REQUIREMENTS §7): at most one run at a time may publish a repository's
-//! shared session database. Acquired with a create-only put, taken over only after expiry with a
-//! compare-and-swap on the ETag, renewed in the background, released with a conditional delete.
+//! The coordination lease (docs/design.md#the-coordination-lease): at most one run at a time may
+//! publish a repository's shared session database. Acquired with a create-only put, taken over only
+//! after expiry with a compare-and-swap on the ETag, renewed in the background, released with a
+//! conditional delete.
 
 pub mod clock;
 pub mod record;
@@ -152,7 +153,8 @@ pub enum LostReason {
     RenewalFailed(String),
 }
 
-/// Whether the session database may be published now (REQUIREMENTS §7 publish gate).
+/// Whether the session database may be published now (the publish gate of
+/// docs/design.md#the-coordination-lease).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PublishGate {
     Open {

@@ -1,4 +1,5 @@
-//! The lease record stored at `.../locks/repo.json` (REQUIREMENTS §7). Times are epoch ms.
+//! The lease record stored at `.../locks/repo.json` (docs/design.md#the-coordination-lease). Times
+//! are epoch ms.
 
 use serde::{Deserialize, Serialize};
 
@@ -11,7 +12,7 @@ pub struct Holder {
     pub repo: String,
     pub run_id: u64,
     pub run_attempt: u32,
-    /// The invocation identity (§4), if any.
+    /// The invocation identity (docs/design.md#keys-and-identities), if any.
     pub identity: Option<String>,
 }
 

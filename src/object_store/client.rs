@@ -291,8 +291,9 @@ pub struct Listing {
     pub capped: bool,
 }
 
-/// How a failed conditional request is read (REQUIREMENTS §7: 412, 409 ConditionalRequestConflict,
-/// and — AWS — 404 for If-Match on a missing key all mean "someone else won").
+/// How a failed conditional request is read (docs/design.md#object-store): 412, 409
+/// ConditionalRequestConflict, and — AWS — 404 for If-Match on a missing key all mean "someone else
+/// won".
 pub fn is_precondition_failure(
     status: Option<u16>,
     code: Option<&str>,

@@ -1,4 +1,4 @@
-//! The object key layout (REQUIREMENTS §6). Every component is sanitized once, here.
+//! The object key layout (docs/design.md#object-store). Every component is sanitized once, here.
 
 use super::validate::{sanitize_key_component, validate_prefix, ValidationError};
 

@@ -1,5 +1,5 @@
-//! The S3-compatible object store (REQUIREMENTS §6): input validation, key layout, the aws-sdk-s3
-//! adapter, and syncing the session database and run records.
+//! The S3-compatible object store (docs/design.md#object-store): input validation, key layout, the
+//! aws-sdk-s3 adapter, and syncing the session database and run records.
 
 pub mod client;
 pub mod keys;

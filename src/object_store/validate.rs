@@ -1,13 +1,14 @@
 //! Validation of every `s3-*` input and of every key component and local path the store touches.
-//! One module so the rules (REQUIREMENTS §6) can be read, and table-tested, in one place.
+//! One module so the rules (docs/design.md#object-store) can be read, and table-tested, in one
+//! place.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Component, Path, PathBuf};
 
 use url::{Host, Url};
 
+use crate::config::inputs as input;
 use crate::config::{S3Input, SseMode};
-use crate::runner::env::input;
 
 /// An invalid `s3-*` input, a bad key component or an escaping local path. `input` names the
 /// action input (or `key`/`path` for internal values); `reason` says what is wrong and never
@@ -90,8 +91,12 @@ impl StoreSettings {
             (None, None, Some(_)) => "us-east-1".to_string(),
             (None, None, None) => {
                 return Err(invalid(
-                    input::AWS_REGION,
-                    "no region: set 'aws-region' or AWS_REGION for AWS S3",
+                    input::AWS_REGION.name,
+                    format!(
+                        "no region: set '{}' or {} for AWS S3",
+                        input::AWS_REGION.name,
+                        crate::runner::env::AWS_REGION
+                    ),
                 ))
             }
         };
@@ -114,14 +119,14 @@ fn non_empty(v: Option<&str>) -> Option<&str> {
 fn validate_bucket(bucket: &str) -> Result<String, ValidationError> {
     let b = bucket.trim();
     if b.is_empty() {
-        return Err(invalid(input::S3_BUCKET, "must not be empty"));
+        return Err(invalid(input::S3_BUCKET.name, "must not be empty"));
     }
     let ok = b.len() <= 255
         && b.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
     if !ok {
         return Err(invalid(
-            input::S3_BUCKET,
+            input::S3_BUCKET.name,
             format!("{b:?} is not a bucket name (letters, digits, '.', '-', '_')"),
         ));
     }
@@ -137,7 +142,7 @@ fn validate_region(region: &str) -> Result<String, ValidationError> {
         Ok(region.to_string())
     } else {
         Err(invalid(
-            input::AWS_REGION,
+            input::AWS_REGION.name,
             format!("{region:?} is not a region name"),
         ))
     }
@@ -151,13 +156,16 @@ pub fn validate_prefix(prefix: &str) -> Result<String, ValidationError> {
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
     let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
     if p.is_empty() {
-        return Err(invalid(input::S3_PREFIX, "must not be empty"));
+        return Err(invalid(input::S3_PREFIX.name, "must not be empty"));
     }
     if !first_ok || !rest_ok || p.len() > 64 {
-        return Err(invalid(input::S3_PREFIX, format!("{p:?}: {expected}")));
+        return Err(invalid(input::S3_PREFIX.name, format!("{p:?}: {expected}")));
     }
     if p.contains("..") {
-        return Err(invalid(input::S3_PREFIX, format!("{p:?} contains '..'")));
+        return Err(invalid(
+            input::S3_PREFIX.name,
+            format!("{p:?} contains '..'"),
+        ));
     }
     Ok(p.to_string())
 }
@@ -219,7 +227,7 @@ pub fn validate_bucket_owner(owner: &str) -> Result<String, ValidationError> {
         Ok(o.to_string())
     } else {
         Err(invalid(
-            input::S3_EXPECTED_BUCKET_OWNER,
+            input::S3_EXPECTED_BUCKET_OWNER.name,
             format!("{o:?} is not a 12-digit AWS account id"),
         ))
     }
@@ -234,7 +242,7 @@ pub fn validate_kms_key_id(
         (None, _) => Ok(None),
         (Some(k), SseMode::AwsKms) => Ok(Some(k.to_string())),
         (Some(_), SseMode::Aes256) => Err(invalid(
-            input::S3_SSE_KMS_KEY_ID,
+            input::S3_SSE_KMS_KEY_ID.name,
             "a KMS key id requires s3-sse-encryption 'aws:kms' (the effective value is 'AES256')",
         )),
     }
@@ -251,9 +259,9 @@ pub enum HostClass {
     Blocked(&'static str),
 }
 
-/// Parses and classifies an endpoint URL (REQUIREMENTS §6).
+/// Parses and classifies an endpoint URL (docs/design.md#object-store).
 pub fn validate_endpoint(raw: &str, allow_insecure: bool) -> Result<Url, ValidationError> {
-    let e = |reason: String| invalid(input::S3_ENDPOINT, reason);
+    let e = |reason: String| invalid(input::S3_ENDPOINT.name, reason);
     let url = Url::parse(raw.trim()).map_err(|err| e(format!("does not parse as a URL: {err}")))?;
     // Checked before anything echoes the URL: it may carry a password.
     if !url.username().is_empty() || url.password().is_some() {

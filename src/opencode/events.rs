@@ -6,22 +6,231 @@ use bytes::BytesMut;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::client::ApiError;
+use super::error::{ApiError, NamedError};
 
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-pub struct Event {
-    #[serde(rename = "type")]
-    pub kind: String,
+/// One event of OpenCode's bus, parsed into what fro-bot acts on; everything else is `Other`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The first frame of every subscription.
+    ServerConnected,
+    SessionIdle {
+        session_id: String,
+    },
+    /// A session's turn failed; `error` is absent when OpenCode sent one we cannot read.
+    SessionError {
+        session_id: Option<String>,
+        error: Option<NamedError>,
+    },
+    SessionStatus {
+        session_id: String,
+        status: SessionStatus,
+    },
+    /// A message was created or changed; its role tells the user's prompt from the agent's answer.
+    MessageUpdated {
+        session_id: String,
+        message_id: String,
+        role: String,
+    },
+    /// A part of a message was created or changed (text, a tool call, a step boundary).
+    PartUpdated {
+        session_id: String,
+        message_id: String,
+        part: Part,
+    },
+    /// The session's todo list, whole, after the agent changed it.
+    TodoUpdated {
+        session_id: String,
+        todos: Vec<Todo>,
+    },
+    /// Any other type, kept by name (and session, when it names one) for logging and new uses.
+    Other {
+        kind: String,
+        session_id: Option<String>,
+    },
+}
+
+/// `session.status`'s `status`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionStatus {
+    Idle,
+    Busy,
+    /// OpenCode is waiting to retry a failed model call; `message` says why (quota, rate limit...).
+    Retry {
+        message: String,
+    },
+    Other {
+        kind: String,
+    },
+}
+
+/// One part of a message, as far as progress reporting reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Text {
+        id: String,
+        text: String,
+        /// OpenCode stamps `time.end` when the text is complete.
+        done: bool,
+    },
+    Tool {
+        call_id: String,
+        tool: String,
+        status: ToolStatus,
+        /// What the tool call does, in OpenCode's words (`state.title`, else the input's
+        /// `description`).
+        title: Option<String>,
+    },
+    StepStart,
+    StepFinish,
+    Other {
+        kind: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolStatus {
+    Pending,
+    Running,
+    Completed,
+    Error { message: String },
+    Other { kind: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Todo {
     #[serde(default)]
-    pub properties: Value,
+    pub content: String,
+    #[serde(default)]
+    pub status: String,
+}
+
+/// The wire form: `{"type": ..., "properties": {...}}`.
+#[derive(Deserialize)]
+struct RawEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    properties: Value,
 }
 
 impl Event {
     /// The `sessionID` the event is about, when it names one.
     pub fn session_id(&self) -> Option<&str> {
-        self.properties["sessionID"]
+        match self {
+            Event::ServerConnected => None,
+            Event::SessionIdle { session_id }
+            | Event::SessionStatus { session_id, .. }
+            | Event::MessageUpdated { session_id, .. }
+            | Event::PartUpdated { session_id, .. }
+            | Event::TodoUpdated { session_id, .. } => Some(session_id),
+            Event::SessionError { session_id, .. } | Event::Other { session_id, .. } => {
+                session_id.as_deref()
+            }
+        }
+    }
+
+    fn from_raw(raw: RawEvent) -> Self {
+        let p = &raw.properties;
+        let session_id = p["sessionID"]
             .as_str()
-            .or_else(|| self.properties["info"]["sessionID"].as_str())
+            .or_else(|| p["info"]["sessionID"].as_str())
+            .map(str::to_string);
+        match (raw.kind.as_str(), session_id) {
+            ("server.connected", _) => Event::ServerConnected,
+            ("session.idle", Some(session_id)) => Event::SessionIdle { session_id },
+            ("session.error", session_id) => Event::SessionError {
+                session_id,
+                error: serde_json::from_value(p["error"].clone()).ok(),
+            },
+            ("session.status", Some(session_id)) => Event::SessionStatus {
+                session_id,
+                status: SessionStatus::from_value(&p["status"]),
+            },
+            ("message.updated", Some(session_id)) => Event::MessageUpdated {
+                session_id,
+                message_id: str_at(&p["info"]["id"]),
+                role: str_at(&p["info"]["role"]),
+            },
+            ("message.part.updated", Some(session_id)) => Event::PartUpdated {
+                session_id,
+                message_id: str_at(&p["part"]["messageID"]),
+                part: Part::from_value(&p["part"]),
+            },
+            ("todo.updated", Some(session_id)) => Event::TodoUpdated {
+                session_id,
+                todos: serde_json::from_value(p["todos"].clone()).unwrap_or_default(),
+            },
+            (_, session_id) => Event::Other {
+                kind: raw.kind,
+                session_id,
+            },
+        }
+    }
+}
+
+fn str_at(v: &Value) -> String {
+    v.as_str().unwrap_or("").to_string()
+}
+
+impl Part {
+    fn from_value(v: &Value) -> Self {
+        match v["type"].as_str().unwrap_or("") {
+            "text" => Part::Text {
+                id: str_at(&v["id"]),
+                text: str_at(&v["text"]),
+                done: !v["time"]["end"].is_null(),
+            },
+            "tool" => {
+                let state = &v["state"];
+                let title = state["title"]
+                    .as_str()
+                    .or_else(|| state["input"]["description"].as_str())
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string);
+                Part::Tool {
+                    call_id: str_at(&v["callID"]),
+                    tool: str_at(&v["tool"]),
+                    status: ToolStatus::from_value(state),
+                    title,
+                }
+            }
+            "step-start" => Part::StepStart,
+            "step-finish" => Part::StepFinish,
+            other => Part::Other {
+                kind: other.to_string(),
+            },
+        }
+    }
+}
+
+impl ToolStatus {
+    fn from_value(state: &Value) -> Self {
+        match state["status"].as_str().unwrap_or("") {
+            "pending" => ToolStatus::Pending,
+            "running" => ToolStatus::Running,
+            "completed" => ToolStatus::Completed,
+            "error" => ToolStatus::Error {
+                message: str_at(&state["error"]),
+            },
+            other => ToolStatus::Other {
+                kind: other.to_string(),
+            },
+        }
+    }
+}
+
+impl SessionStatus {
+    fn from_value(v: &Value) -> Self {
+        match v["type"].as_str().unwrap_or("") {
+            "idle" => SessionStatus::Idle,
+            "busy" => SessionStatus::Busy,
+            "retry" => SessionStatus::Retry {
+                message: v["message"].as_str().unwrap_or("").to_string(),
+            },
+            other => SessionStatus::Other {
+                kind: other.to_string(),
+            },
+        }
     }
 }
 
@@ -108,7 +317,9 @@ fn parse_frame(data: &str) -> Option<Event> {
     if data.trim().is_empty() {
         return None;
     }
-    serde_json::from_str(data).ok()
+    serde_json::from_str::<RawEvent>(data)
+        .ok()
+        .map(Event::from_raw)
 }
 
 /// Removes and returns one line (without its `\n` / `\r\n`) from the buffer, when complete.
@@ -140,6 +351,62 @@ mod tests {
     }
 
     #[test]
+    fn parts_and_messages_as_opencode_sends_them() {
+        // Frames as OpenCode 1.18.33 sent them during a bash tool call, trimmed.
+        let evs = feed(concat!(
+            r#"data: {"type":"message.updated","properties":{"sessionID":"ses_1","info":{"id":"msg_1","role":"assistant"}}}"#,
+            "\n\n",
+            r#"data: {"type":"message.part.updated","properties":{"sessionID":"ses_1","part":{"type":"tool","tool":"bash","callID":"call_1","state":{"status":"running","input":{"command":"ls","description":"List files"}},"id":"prt_1","messageID":"msg_1"}}}"#,
+            "\n\n",
+            r#"data: {"type":"message.part.updated","properties":{"sessionID":"ses_1","part":{"type":"tool","tool":"bash","callID":"call_1","state":{"status":"completed","title":"ls","output":"a"},"id":"prt_1","messageID":"msg_1"}}}"#,
+            "\n\n",
+            r#"data: {"type":"message.part.updated","properties":{"sessionID":"ses_1","part":{"type":"text","text":"Done","time":{"start":1,"end":2},"id":"prt_2","messageID":"msg_1"}}}"#,
+            "\n\n",
+            r#"data: {"type":"todo.updated","properties":{"sessionID":"ses_1","todos":[{"content":"Read","status":"completed","id":"1"}]}}"#,
+            "\n\n",
+        ));
+        let part = |part| Event::PartUpdated {
+            session_id: "ses_1".into(),
+            message_id: "msg_1".into(),
+            part,
+        };
+        assert_eq!(
+            evs,
+            [
+                Event::MessageUpdated {
+                    session_id: "ses_1".into(),
+                    message_id: "msg_1".into(),
+                    role: "assistant".into()
+                },
+                part(Part::Tool {
+                    call_id: "call_1".into(),
+                    tool: "bash".into(),
+                    status: ToolStatus::Running,
+                    title: Some("List files".into()),
+                }),
+                part(Part::Tool {
+                    call_id: "call_1".into(),
+                    tool: "bash".into(),
+                    status: ToolStatus::Completed,
+                    title: Some("ls".into()),
+                }),
+                part(Part::Text {
+                    id: "prt_2".into(),
+                    text: "Done".into(),
+                    done: true
+                }),
+                Event::TodoUpdated {
+                    session_id: "ses_1".into(),
+                    todos: vec![Todo {
+                        content: "Read".into(),
+                        status: "completed".into()
+                    }]
+                },
+            ]
+        );
+    }
+
+    #[test]
     fn frames_comments_crlf_and_garbage() {
         let evs = feed(concat!(
             ": keepalive\n\n",
@@ -150,8 +417,19 @@ mod tests {
             "data: {\"type\":\"brand.new\",\"properties\":{\"x\":1}}\n\n",
             "data: {\"type\":\"partial\"",
         ));
-        let kinds: Vec<&str> = evs.iter().map(|e| e.kind.as_str()).collect();
-        assert_eq!(kinds, ["server.connected", "session.idle", "brand.new"]);
+        assert_eq!(
+            evs,
+            [
+                Event::ServerConnected,
+                Event::SessionIdle {
+                    session_id: "ses_1".into()
+                },
+                Event::Other {
+                    kind: "brand.new".into(),
+                    session_id: None
+                },
+            ]
+        );
         assert_eq!(evs[1].session_id(), Some("ses_1"));
     }
 }

@@ -8,11 +8,13 @@ use crate::runner::Env;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocateError {
-    #[error("OPENCODE_PATH points at {}, which is not an executable file", path.display())]
+    #[error("{var} points at {}, which is not an executable file", path.display(), var = OPENCODE_PATH)]
     BadOverride { path: PathBuf },
     #[error(
-        "opencode was not found on PATH and npm is not available to install it; install it with \
-         `npm install -g opencode-ai@{version}` (or set OPENCODE_PATH to the binary)"
+        "opencode was not found on {path_var} and npm is not available to install it; install it \
+         with `npm install -g opencode-ai@{version}` (or set {override_var} to the binary)",
+        path_var = PATH,
+        override_var = OPENCODE_PATH
     )]
     NotFound { version: String },
     #[error("installing opencode-ai@{version} with npm into {} failed: {detail}", dir.display())]

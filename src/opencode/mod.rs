@@ -7,9 +7,11 @@
 
 pub mod client;
 pub mod config;
+pub mod error;
 pub mod events;
 pub mod locate;
 pub mod prep;
+pub mod progress;
 pub mod prune;
 pub mod server;
 pub mod session;

@@ -106,10 +106,10 @@ impl std::fmt::Debug for Server {
 /// inputs, saved state, the Actions runtime and GitHub tokens), plus `extra` (HOME, XDG_*, and e.g.
 /// `GH_TOKEN` where the agent is meant to have it).
 pub fn child_env(base: &Env, extra: &[(String, String)]) -> Vec<(String, String)> {
-    const HIDDEN_PREFIXES: &[&str] = &[env::INPUT_PREFIX, env::STATE_PREFIX, "ACTIONS_"];
+    const HIDDEN_PREFIXES: &[&str] = &[env::INPUT_PREFIX, env::STATE_PREFIX, env::ACTIONS_PREFIX];
     const HIDDEN: &[&str] = &[
-        "GITHUB_TOKEN",
-        "GH_TOKEN",
+        env::GITHUB_TOKEN,
+        env::GH_TOKEN,
         env::OPENCODE_SERVER_PASSWORD,
         env::OPENCODE_AUTH_CONTENT,
         env::OPENCODE_CONFIG_CONTENT,

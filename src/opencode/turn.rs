@@ -16,7 +16,8 @@ use tokio::time::Instant;
 use super::client::{
     ApiError, Client, Message, ModelSpec, NamedError, PromptBody, Session, Tokens,
 };
-use super::events::EventStream;
+use super::events::{Event, EventStream, SessionStatus};
+use super::progress::ProgressSink;
 use crate::runner::{log, Cancellation};
 
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
@@ -180,6 +181,8 @@ pub struct TurnOptions {
     pub max_attempts: u32,
     /// Milliseconds since the epoch (archiving stamps it).
     pub now_ms: fn() -> i64,
+    /// Where the turn's live progress goes; `None` prints nothing.
+    pub progress: Option<ProgressSink>,
 }
 
 impl Default for TurnOptions {
@@ -190,6 +193,7 @@ impl Default for TurnOptions {
             model: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             now_ms: super::system_now_ms,
+            progress: None,
         }
     }
 }
@@ -396,31 +400,39 @@ async fn attempt(
                 if ev.session_id() != Some(session_id) {
                     continue;
                 }
-                match ev.kind.as_str() {
-                    "session.idle" => break,
-                    "session.error" => {
-                        if let Ok(e) =
-                            serde_json::from_value::<NamedError>(ev.properties["error"].clone())
-                        {
-                            observed = Some(e);
+                if let Some(progress) = &opts.progress {
+                    progress.observe(&ev);
+                }
+                match ev {
+                    Event::SessionIdle { .. }
+                    | Event::SessionStatus {
+                        status: SessionStatus::Idle,
+                        ..
+                    } => break,
+                    Event::SessionError { error, .. } => {
+                        if error.is_some() {
+                            observed = error;
                         }
                     }
-                    "session.status" => {
-                        let status = &ev.properties["status"];
-                        match status["type"].as_str() {
-                            Some("idle") => break,
-                            Some("retry") => {
-                                let msg = status["message"].as_str().unwrap_or("");
-                                if is_quota_text(msg) {
-                                    return Ok(AttemptEnd::QuotaRetry {
-                                        message: log::redact(msg),
-                                    });
-                                }
-                            }
-                            _ => {}
+                    Event::SessionStatus {
+                        status: SessionStatus::Retry { message },
+                        ..
+                    } => {
+                        if is_quota_text(&message) {
+                            return Ok(AttemptEnd::QuotaRetry {
+                                message: log::redact(&message),
+                            });
                         }
                     }
-                    _ => {}
+                    Event::SessionStatus {
+                        status: SessionStatus::Busy | SessionStatus::Other { .. },
+                        ..
+                    }
+                    | Event::ServerConnected
+                    | Event::MessageUpdated { .. }
+                    | Event::PartUpdated { .. }
+                    | Event::TodoUpdated { .. }
+                    | Event::Other { .. } => {}
                 }
             }
             Ok(None) | Err(_) => {
@@ -465,7 +477,7 @@ async fn subscribe(client: &Client) -> Result<EventStream, ApiError> {
     let connected = tokio::time::timeout(CONNECT_WAIT, async {
         loop {
             match events.next().await? {
-                Some(ev) if ev.kind == "server.connected" => return Ok(true),
+                Some(Event::ServerConnected) => return Ok(true),
                 Some(_) => continue,
                 None => return Ok(false),
             }

@@ -1,15 +1,18 @@
-//! Session prep and the agent (REQUIREMENTS §10): start OpenCode, resolve the conversation's
-//! session, gather context and prior work into the prompt, run the turn, write the run back.
+//! Session prep and the agent (`docs/design.md#session-prep-and-the-agent`): start OpenCode,
+//! resolve the conversation's session, gather context and prior work into the prompt, run the
+//! turn, write the run back.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::config::{ResponseMode, Settings};
 use crate::github::{self, RunPlan};
-use crate::opencode::{self, prep, Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome};
-use crate::phases::paths::StatePaths;
-use crate::phases::report::{PersistenceReport, RestoreReport};
-use crate::phases::run::Mode;
+use crate::opencode::progress::ProgressSink;
+use crate::opencode::{
+    self, prep, Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome, TurnReport,
+};
+use crate::phases::context::{Mode, RunContext};
+use crate::phases::report::RestoreReport;
 use crate::runner::env;
 use crate::runner::{log, Cancellation, Env};
 
@@ -43,16 +46,17 @@ impl AgentRun {
     }
 }
 
-pub(crate) async fn start_agent(
-    env: &Env,
-    settings: &Settings,
-    mode: &Mode,
-    plan: &RunPlan,
-    workspace: &Path,
-    paths: &StatePaths,
-    report: &mut PersistenceReport,
-) -> Result<Agent, String> {
+pub(crate) async fn start_agent(ctx: &mut RunContext) -> Result<Agent, String> {
     let t = Instant::now();
+    let RunContext {
+        env,
+        settings,
+        mode,
+        plan,
+        workspace,
+        paths,
+        ..
+    } = &*ctx;
     let home = PathBuf::from(env.get(env::HOME).unwrap_or("/github/home"));
     let cache_dir = match mode {
         Mode::Local { state_dir, .. } => state_dir.join("opencode-install"),
@@ -87,17 +91,20 @@ pub(crate) async fn start_agent(
         // The runner mounts the workspace owned by its own user while the container runs as root:
         // git would refuse the repository ("dubious ownership"), and OpenCode's project detection
         // and snapshots with it. Only the child's git sees this setting.
-        if !env.iter().any(|(k, _)| k == "GIT_CONFIG_COUNT") {
+        if !env.iter().any(|(k, _)| k == env::GIT_CONFIG_COUNT) {
             extra_env.extend([
-                ("GIT_CONFIG_COUNT".to_string(), "1".to_string()),
-                ("GIT_CONFIG_KEY_0".to_string(), "safe.directory".to_string()),
-                ("GIT_CONFIG_VALUE_0".to_string(), "*".to_string()),
+                (env::GIT_CONFIG_COUNT.to_string(), "1".to_string()),
+                (
+                    env::GIT_CONFIG_KEY_0.to_string(),
+                    "safe.directory".to_string(),
+                ),
+                (env::GIT_CONFIG_VALUE_0.to_string(), "*".to_string()),
             ]);
         }
     }
     if plan.agent_gets_token {
         if let Some(token) = &settings.github_token {
-            extra_env.push(("GH_TOKEN".to_string(), token.expose().to_string()));
+            extra_env.push((env::GH_TOKEN.to_string(), token.expose().to_string()));
         }
     }
     let log_dir = env
@@ -130,7 +137,7 @@ pub(crate) async fn start_agent(
         }
         text
     })?;
-    report.record_phase("opencode-start", t.elapsed());
+    ctx.report.record_phase("opencode-start", t.elapsed());
     Ok(agent)
 }
 
@@ -148,16 +155,8 @@ pub(crate) struct AgentInputs<'a> {
 /// Resolves the session, prepares the prompt (context, prior work), runs the turn and writes the
 /// run summary back into the session.
 pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
-    let AgentInputs {
-        settings,
-        env,
-        plan,
-        restored,
-        gh,
-        cancel,
-        started,
-    } = *inputs;
     let started_prep = Instant::now();
+    let plan = inputs.plan;
     let resolved = match agent.resolve_session(plan.logical_key.as_str()).await {
         Ok(r) => r,
         Err(e) => {
@@ -176,8 +175,35 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
         plan.logical_key.as_str()
     );
     out.session_id = Some(resolved.session.id.clone());
+    let prompt = prepare_prompt(agent, inputs, &resolved.session.id).await;
+    out.prep_time = started_prep.elapsed();
 
-    // Context from GitHub (bounded), then prior work from other sessions.
+    let settings = inputs.settings;
+    let opts = TurnOptions {
+        timeout: settings.timeout,
+        agent: settings.agent.clone(),
+        model: settings.model.as_ref().map(Into::into),
+        progress: Some(ProgressSink::log()),
+        ..TurnOptions::default()
+    };
+    let report = agent
+        .run_turn(resolved.session, &prompt, &opts, inputs.cancel)
+        .await;
+    record_turn(&report, out);
+    if !inputs.cancel.is_cancelled() {
+        writeback(agent, inputs, report, &out.errors).await;
+    }
+}
+
+/// The prompt: GitHub context (bounded), prior work from other sessions, the directive and rules.
+async fn prepare_prompt(agent: &Agent, inputs: &AgentInputs<'_>, session_id: &str) -> String {
+    let AgentInputs {
+        settings,
+        env,
+        plan,
+        gh,
+        ..
+    } = *inputs;
     let context = match (gh, &plan.thread) {
         (Some(gh), Some(thread)) => match gh
             .fetch_context(thread, github::context::ContextLimits::default())
@@ -193,10 +219,7 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
     };
     let title = context.as_ref().map(|c| c.title.clone());
     let terms = prep::search_terms(plan.logical_key.as_str(), title.as_deref());
-    let prior = match agent
-        .prior_work(&terms, &[resolved.session.id.as_str()])
-        .await
-    {
+    let prior = match agent.prior_work(&terms, &[session_id]).await {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!("prior-work search failed: {e}");
@@ -220,17 +243,7 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
         trigger: None,
     });
     let schedule_like = plan.thread.is_none();
-    let rules = match (
-        settings.response_mode,
-        plan.thread.is_some(),
-        plan.agent_gets_token,
-    ) {
-        (ResponseMode::None, _, _) => prep::ResponseRules::NoPosting,
-        (ResponseMode::Github, true, _) => prep::ResponseRules::HarnessPosts,
-        (ResponseMode::Github, false, true) => prep::ResponseRules::AgentActs,
-        (ResponseMode::Github, false, false) => prep::ResponseRules::NoPosting,
-    };
-    let prompt = prep::build_prompt(&prep::PromptInput {
+    prep::build_prompt(&prep::PromptInput {
         repo: env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string(),
         event: plan.trigger_summary.clone(),
         actor: plan
@@ -244,20 +257,23 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
         directive: plan.directive.clone(),
         prompt: settings.prompt.clone(),
         prompt_replaces_directive: schedule_like,
-        rules,
+        rules: response_rules(settings.response_mode, plan),
         budget: 0,
-    });
+    })
+}
 
-    out.prep_time = started_prep.elapsed();
-    let opts = TurnOptions {
-        timeout: settings.timeout,
-        agent: settings.agent.clone(),
-        model: settings.model.as_ref().map(Into::into),
-        ..TurnOptions::default()
-    };
-    let report = agent
-        .run_turn(resolved.session, &prompt, &opts, cancel)
-        .await;
+/// Who posts the answer: the harness for a thread, the agent itself on token-holding runs.
+fn response_rules(mode: ResponseMode, plan: &RunPlan) -> prep::ResponseRules {
+    match (mode, plan.thread.is_some(), plan.agent_gets_token) {
+        (ResponseMode::None, _, _) => prep::ResponseRules::NoPosting,
+        (ResponseMode::Github, true, _) => prep::ResponseRules::HarnessPosts,
+        (ResponseMode::Github, false, true) => prep::ResponseRules::AgentActs,
+        (ResponseMode::Github, false, false) => prep::ResponseRules::NoPosting,
+    }
+}
+
+/// The turn's report into what the run produced, with the outcome in the log.
+fn record_turn(report: &TurnReport, out: &mut AgentRun) {
     out.session_id = Some(report.session.id.clone());
     out.replaced = report.replaced.clone();
     out.errors.extend(report.errors.iter().cloned());
@@ -276,25 +292,26 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
         TurnOutcome::Cancelled => log::warning("the agent's turn was cancelled"),
         TurnOutcome::Failed(f) => log::error(&format!("the agent's turn failed: {f}")),
     }
-    out.outcome = Some(report.outcome);
+    out.outcome = Some(report.outcome.clone());
+}
 
-    // Writeback: the run recorded in the session itself, so later runs find it by search.
+/// The run recorded in the session itself, so later runs find it by search.
+async fn writeback(agent: &Agent, inputs: &AgentInputs<'_>, report: TurnReport, errors: &[String]) {
+    let env = inputs.env;
     let summary = opencode::writeback::RunSummary {
-        event: plan.trigger_summary.clone(),
+        event: inputs.plan.trigger_summary.clone(),
         repo: env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string(),
         git_ref: env.get(env::GITHUB_REF_NAME).unwrap_or("").to_string(),
         run_id: env.get(env::GITHUB_RUN_ID).unwrap_or("").to_string(),
-        cache_status: restored.status.as_str().to_string(),
+        cache_status: inputs.restored.status.as_str().to_string(),
         session_id: report.session.id.clone(),
-        logical_key: plan.logical_key.as_str().to_string(),
-        duration: started.elapsed(),
+        logical_key: inputs.plan.logical_key.as_str().to_string(),
+        duration: inputs.started.elapsed(),
         tokens: report.tokens,
         cost: report.cost,
-        errors: out.errors.clone(),
+        errors: errors.to_vec(),
     };
-    if !cancel.is_cancelled() {
-        if let Err(e) = agent.writeback(&summary).await {
-            tracing::warn!("cannot write the run summary into the session: {e}");
-        }
+    if let Err(e) = agent.writeback(&summary).await {
+        tracing::warn!("cannot write the run summary into the session: {e}");
     }
 }

@@ -1,5 +1,5 @@
-//! Dedup sentinels kept in the Actions cache (REQUIREMENTS §13): a tiny entry per successful
-//! issue/PR run, found again by key prefix.
+//! Dedup sentinels kept in the Actions cache (docs/design.md#the-github-surface): a tiny entry per
+//! successful issue/PR run, found again by key prefix.
 
 use std::path::PathBuf;
 

@@ -9,9 +9,9 @@ use crate::github::{self, CacheKeys, RunPlan};
 use crate::object_store as store;
 use crate::opencode::TurnOutcome;
 use crate::phases::agent::AgentRun;
+use crate::phases::context::StoreContext;
 use crate::phases::paths::StatePaths;
 use crate::phases::report::{PersistenceReport, RestoreReport};
-use crate::phases::run::StoreContext;
 use crate::runner::{log, now_ms, Env, FileCommands};
 
 pub(crate) async fn finalize_github(

@@ -4,16 +4,17 @@
 use std::fmt::Write as _;
 
 use crate::cache;
+use crate::config::inputs as input;
 use crate::config::{AuthRequirement, Settings};
 use crate::github::keys::{invocation_identity, CacheKeys};
 use crate::object_store::StoreKeys;
 use crate::phases::paths::StatePaths;
-use crate::runner::env::{self, input};
+use crate::runner::env;
 use crate::runner::Env;
 
 pub fn describe(env: &Env) -> Result<String, String> {
     let paths = StatePaths::from_env(env).map_err(|e| e.to_string())?;
-    let identity = invocation_identity(env, env.input(input::MATRIX_CONTEXT));
+    let identity = invocation_identity(env, env.input(input::MATRIX_CONTEXT.name));
     let keys = CacheKeys::from_env(env, identity.as_deref()).map_err(|e| e.to_string())?;
     let mut out = String::new();
     // Writing into a String cannot fail.
@@ -40,7 +41,11 @@ pub fn describe(env: &Env) -> Result<String, String> {
     let mode = cache::CacheMode::parse(env.get(env::ACTIONS_CACHE_MODE));
     let service = match cache::Backend::from_env(env) {
         Some(_) => format!("Actions cache v2 ({mode:?})"),
-        None => "none (ACTIONS_RESULTS_URL/ACTIONS_RUNTIME_TOKEN not set)".into(),
+        None => format!(
+            "none ({}/{} not set)",
+            env::ACTIONS_RESULTS_URL,
+            env::ACTIONS_RUNTIME_TOKEN
+        ),
     };
     let _ = writeln!(out, "cache service:   {service}");
     match Settings::from_env(env, AuthRequirement::Optional) {

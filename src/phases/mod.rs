@@ -4,7 +4,10 @@
 //! summary), `save`, and `post`, its own entry. Beside them: the state `paths` and marker,
 //! `project_identity`, `dedup` sentinels, the `report` the summary is made of, and `inspect`.
 
+pub mod admit;
 pub mod agent;
+pub mod cleanup;
+pub mod context;
 pub mod dedup;
 pub mod finalize;
 pub mod inspect;

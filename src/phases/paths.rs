@@ -29,7 +29,11 @@ pub struct StatePaths {
 
 #[derive(Debug, thiserror::Error)]
 pub enum PathsError {
-    #[error("neither XDG_DATA_HOME nor HOME is set: cannot tell where OpenCode keeps its data")]
+    #[error(
+        "neither {data} nor {home} is set: cannot tell where OpenCode keeps its data",
+        data = env::XDG_DATA_HOME,
+        home = env::HOME
+    )]
     NoHome,
 }
 

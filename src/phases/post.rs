@@ -1,16 +1,17 @@
-//! The post step (REQUIREMENTS §12): decide from main's `cacheSaved` state; retry only a save that
-//! did not persist, Actions cache only, with the same keys and path list as main; release a lease
-//! main left behind. Time-boxed; never fails the job.
+//! The post step (docs/design.md#the-post-decision): decide from main's `cacheSaved` state; retry
+//! only a save that did not persist, Actions cache only, with the same keys and path list as main;
+//! release a lease main left behind. Time-boxed; never fails the job.
 
 use std::future::Future;
 use std::time::Duration;
 
 use crate::cache;
 use crate::config;
+use crate::config::inputs as input;
 use crate::github::keys::{invocation_identity, CacheKeys};
 use crate::phases::paths::StatePaths;
 use crate::phases::save::{save, SaveInputs};
-use crate::runner::env::{input, state};
+use crate::runner::env::state;
 use crate::runner::{log, Env, FileCommands};
 use crate::save_result::{post_decision, GateInputs, PostDecision, StateValue, StorePublish};
 
@@ -89,7 +90,7 @@ async fn decide_and_retry(env: &Env) -> PostOutcome {
 
 async fn retry(env: &Env) -> PostOutcome {
     // Only the inputs the retry needs; a bad value elsewhere was main's to report.
-    if config::parse_bool(env, input::SKIP_CACHE, false).unwrap_or(false) {
+    if config::parse_bool(env, &input::SKIP_CACHE).unwrap_or(false) {
         return PostOutcome::NothingToDo {
             why: "skip-cache is set",
         };
@@ -98,14 +99,14 @@ async fn retry(env: &Env) -> PostOutcome {
         Ok(p) => p,
         Err(e) => return PostOutcome::CouldNotRetry { why: e.to_string() },
     };
-    let identity = invocation_identity(env, env.input(input::MATRIX_CONTEXT));
+    let identity = invocation_identity(env, env.input(input::MATRIX_CONTEXT.name));
     let keys = match CacheKeys::from_env(env, identity.as_deref()) {
         Ok(k) => k,
         Err(e) => return PostOutcome::CouldNotRetry { why: e.to_string() },
     };
     let Some(workspace) = env.get(crate::runner::env::GITHUB_WORKSPACE) else {
         return PostOutcome::CouldNotRetry {
-            why: "GITHUB_WORKSPACE is not set".into(),
+            why: format!("{} is not set", crate::runner::env::GITHUB_WORKSPACE),
         };
     };
     let backend = cache::Backend::from_env(env);

@@ -1,10 +1,13 @@
-//! Restore phase (REQUIREMENTS §9): object store first when enabled, else the Actions cache; then
-//! validation. It never fails the run: every failure degrades to an empty state with a warning.
+//! Restore phase (docs/design.md#the-restore-order): object store first when enabled, else the
+//! Actions cache; then validation. It never fails the run: every failure degrades to an empty state
+//! with a warning.
 
 use std::path::Path;
 
 use crate::cache::{self, CacheError, RestoreOutcome};
 use crate::checkpoint::{self, CheckpointOutcome, ProbeOutcome};
+use crate::object_store as store;
+use crate::phases::context::StoreContext;
 use crate::phases::paths::{check_marker, MarkerCheck, StatePaths};
 use crate::phases::report::{CacheStatus, RestoreReport, RestoreSource};
 
@@ -253,5 +256,24 @@ async fn validate(paths: &StatePaths, notes: &mut Vec<String>) -> Validation {
             Validation::Valid
         }
         (CheckpointOutcome::NothingToCheckpoint, _) => Validation::Valid,
+    }
+}
+
+/// The store side of the restore: `sessions/opencode.db` into the data dir.
+pub(crate) async fn store_attempt(ctx: Option<&StoreContext>, paths: &StatePaths) -> StoreAttempt {
+    let Some(ctx) = ctx else {
+        return StoreAttempt::Disabled;
+    };
+    if let Err(e) = std::fs::create_dir_all(&paths.data_dir) {
+        return StoreAttempt::Failed {
+            message: format!("cannot create {}: {e}", paths.data_dir.display()),
+        };
+    }
+    match store::sync::restore_session_db(&ctx.store, &ctx.keys, &paths.data_dir).await {
+        store::StoreRestore::Hit { etag, .. } => StoreAttempt::Hit { etag },
+        store::StoreRestore::Miss => StoreAttempt::Miss,
+        store::StoreRestore::Failed { error } => StoreAttempt::Failed {
+            message: error.to_string(),
+        },
     }
 }

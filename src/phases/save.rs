@@ -1,14 +1,22 @@
-//! Save phase (REQUIREMENTS §11): safety gate, checkpoint, marker, object-store publish (first),
-//! then the Actions cache. Each step's failure is reported in the result, never raised.
+//! Save phase (docs/design.md#the-save-order): safety gate, checkpoint, marker, object-store
+//! publish (first), then the Actions cache. Each step's failure is reported in the result, never
+//! raised.
 
 use std::future::Future;
 use std::path::Path;
+use std::time::Duration;
 
 use crate::cache::{self, CacheError};
 use crate::checkpoint::{self, CheckpointOutcome};
+use crate::lease::{self, LeaseHandle};
+use crate::object_store as store;
+use crate::phases::context::StoreContext;
 use crate::phases::paths::{write_marker, StatePaths};
-use crate::runner::failpoint;
+use crate::runner::{env, failpoint, log};
 use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
+
+/// The lease must have at least this long left when the session database is published.
+const PUBLISH_MIN_REMAINING: Duration = Duration::from_secs(30);
 
 pub struct SaveInputs<'a> {
     pub paths: &'a StatePaths,
@@ -38,16 +46,47 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = StorePublish>,
 {
-    let not_attempted = |result, checkpoint| SaveReport {
-        result,
-        checkpoint,
-        store_publish: StorePublish::NotAttempted,
-        key_taken: false,
+    let cp = match prepare(&inputs).await {
+        Ok(cp) => cp,
+        Err((result, checkpoint)) => {
+            return SaveReport {
+                result,
+                checkpoint,
+                store_publish: StorePublish::NotAttempted,
+                key_taken: false,
+            }
+        }
     };
+    if let Err(e) = write_marker(inputs.paths, inputs.run_id, inputs.now_ms) {
+        // The marker is advisory (a missing one reads as compatible): save without it.
+        tracing::warn!("cannot write the memory marker: {e}");
+        let _ = std::fs::remove_file(inputs.paths.marker());
+    }
+
+    failpoint::hit("save:after-marker");
+    let store_publish = publish().await;
+    let store_persisted = store_publish == StorePublish::Published;
+    let (result, key_taken) = save_to_cache(&inputs, store_persisted).await;
+    SaveReport {
+        result,
+        checkpoint: Some(cp),
+        store_publish,
+        key_taken,
+    }
+}
+
+/// Why nothing is saved: the result, and the checkpoint when it ran.
+type NotSaved = (CacheSaveResult, Option<CheckpointOutcome>);
+
+/// Everything before anything is written: the safety gate, `skip-cache`, credentials off the saved
+/// paths, the WAL checkpoint, and a database worth saving (not empty, not corrupt).
+async fn prepare(inputs: &SaveInputs<'_>) -> Result<CheckpointOutcome, NotSaved> {
+    let declined =
+        |detail: String| CacheSaveResult::new(SaveOutcome::CheckpointDeclined, false, detail);
     if let Some(refusal) = safety_gate(inputs.gate) {
         let result =
             CacheSaveResult::new(SaveOutcome::OwnershipDeclined, false, refusal.describe());
-        return not_attempted(result, None);
+        return Err((result, None));
     }
     if inputs.skip_cache {
         let result = CacheSaveResult::new(
@@ -55,16 +94,14 @@ where
             false,
             "skip-cache is set",
         );
-        return not_attempted(result, None);
+        return Err((result, None));
     }
     // Credentials never reach a saved path.
     if let Err(e) = inputs.paths.remove_auth_file() {
-        let result = CacheSaveResult::new(
-            SaveOutcome::CheckpointDeclined,
-            false,
-            format!("cannot remove auth.json before saving: {e}"),
-        );
-        return not_attempted(result, None);
+        return Err((
+            declined(format!("cannot remove auth.json before saving: {e}")),
+            None,
+        ));
     }
     let db = inputs.paths.db();
     let cp = {
@@ -78,24 +115,16 @@ where
     };
     failpoint::hit("save:after-checkpoint");
     if let CheckpointOutcome::Failed { message, .. } = &cp {
-        let result = CacheSaveResult::new(
-            SaveOutcome::CheckpointDeclined,
-            false,
-            format!("the WAL could not be folded into the database: {message}"),
-        );
-        return not_attempted(result, Some(cp));
+        let detail = format!("the WAL could not be folded into the database: {message}");
+        return Err((declined(detail), Some(cp)));
     }
     let size = match std::fs::metadata(&db) {
         Ok(m) => m.len(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
         // Unreadable is not empty: declining keeps the state not-persisted, so post retries.
         Err(e) => {
-            let result = CacheSaveResult::new(
-                SaveOutcome::CheckpointDeclined,
-                false,
-                format!("cannot read the session database: {e}"),
-            );
-            return not_attempted(result, Some(cp));
+            let detail = format!("cannot read the session database: {e}");
+            return Err((declined(detail), Some(cp)));
         }
     };
     if size == 0 {
@@ -104,79 +133,70 @@ where
             false,
             "no session database to save",
         );
-        return not_attempted(result, Some(cp));
+        return Err((result, Some(cp)));
     }
     if cp == CheckpointOutcome::NothingToCheckpoint {
         // Nothing opened the file yet: a corrupt database must not become the newest entry,
         // which restore would then discard in favour of nothing.
-        let probe = {
-            let db = db.clone();
-            tokio::task::spawn_blocking(move || checkpoint::probe(&db)).await
-        };
+        let probe = tokio::task::spawn_blocking(move || checkpoint::probe(&db)).await;
         if let Ok(checkpoint::ProbeOutcome::Failed {
             structural: true,
             message,
         }) = probe
         {
-            let result = CacheSaveResult::new(
-                SaveOutcome::CheckpointDeclined,
-                false,
-                format!(
-                    "the session database is corrupt; not saving it over good memory: {message}"
-                ),
+            let detail = format!(
+                "the session database is corrupt; not saving it over good memory: {message}"
             );
-            return not_attempted(result, Some(cp));
+            return Err((declined(detail), Some(cp)));
         }
     }
-    if let Err(e) = write_marker(inputs.paths, inputs.run_id, inputs.now_ms) {
-        // The marker is advisory (a missing one reads as compatible): save without it.
-        tracing::warn!("cannot write the memory marker: {e}");
-        let _ = std::fs::remove_file(inputs.paths.marker());
-    }
+    Ok(cp)
+}
 
-    failpoint::hit("save:after-marker");
-    let store_publish = publish().await;
-    let store_persisted = store_publish == StorePublish::Published;
-
-    let mut key_taken = false;
-    let result = match inputs.cache {
-        None => CacheSaveResult::new(
-            SaveOutcome::CacheError,
-            store_persisted,
-            "no cache service available (ACTIONS_RESULTS_URL/ACTIONS_RUNTIME_TOKEN not set)",
-        ),
-        Some(cache) if !cache.can_save() => CacheSaveResult::new(
-            SaveOutcome::CacheRejected,
-            store_persisted,
-            "the runner's cache mode does not allow saving (ACTIONS_CACHE_MODE)",
-        ),
-        Some(cache) => {
-            let request = cache::SaveRequest {
-                key: inputs.save_key,
-                paths: inputs.paths.cache_paths(),
-                workspace: inputs.workspace,
-            };
-            match cache.save(&request).await {
-                Ok(receipt) => CacheSaveResult::new(
-                    SaveOutcome::Persisted,
-                    store_persisted,
-                    format!(
-                        "saved as `{}` ({} bytes)",
-                        inputs.save_key, receipt.size_bytes
-                    ),
-                ),
-                Err(e) => {
-                    key_taken = matches!(e, CacheError::AlreadyExists { .. });
-                    classify(e, store_persisted)
-                }
-            }
+/// The Actions cache write; also whether the key was already taken (post's fallback key).
+async fn save_to_cache(inputs: &SaveInputs<'_>, store_persisted: bool) -> (CacheSaveResult, bool) {
+    let cache = match inputs.cache {
+        None => {
+            let detail = format!(
+                "no cache service available ({}/{} not set)",
+                env::ACTIONS_RESULTS_URL,
+                env::ACTIONS_RUNTIME_TOKEN
+            );
+            return (
+                CacheSaveResult::new(SaveOutcome::CacheError, store_persisted, detail),
+                false,
+            );
         }
+        Some(cache) if !cache.can_save() => {
+            let detail = format!(
+                "the runner's cache mode does not allow saving ({})",
+                env::ACTIONS_CACHE_MODE
+            );
+            return (
+                CacheSaveResult::new(SaveOutcome::CacheRejected, store_persisted, detail),
+                false,
+            );
+        }
+        Some(cache) => cache,
     };
-    SaveReport {
-        result,
-        checkpoint: Some(cp),
-        store_publish,
-        key_taken,
+    let request = cache::SaveRequest {
+        key: inputs.save_key,
+        paths: inputs.paths.cache_paths(),
+        workspace: inputs.workspace,
+    };
+    match cache.save(&request).await {
+        Ok(receipt) => {
+            let detail = format!(
+                "saved as `{}` ({} bytes)",
+                inputs.save_key, receipt.size_bytes
+            );
+            let result = CacheSaveResult::new(SaveOutcome::Persisted, store_persisted, detail);
+            (result, false)
+        }
+        Err(e) => {
+            let key_taken = matches!(e, CacheError::AlreadyExists { .. });
+            (classify(e, store_persisted), key_taken)
+        }
     }
 }
 
@@ -187,4 +207,58 @@ fn classify(error: CacheError, store_persisted: bool) -> CacheSaveResult {
         SaveOutcome::CacheError
     };
     CacheSaveResult::new(outcome, store_persisted, error.to_string())
+}
+
+/// Publishes the session database if this run may: store enabled, lease held and not lost with
+/// time to spare; conditional on the ETag seen at restore.
+pub(crate) async fn publish(
+    ctx: Option<&StoreContext>,
+    lease: Option<&LeaseHandle>,
+    paths: &StatePaths,
+    expected_etag: Option<&str>,
+) -> StorePublish {
+    let Some(ctx) = ctx else {
+        return StorePublish::Disabled;
+    };
+    let Some(lease) = lease else {
+        return StorePublish::WithheldNoLease;
+    };
+    let mut gate = lease.publish_gate(PUBLISH_MIN_REMAINING);
+    if let lease::PublishGate::TooLittleTime { .. } = gate {
+        // A renewal may buy the time; it never revives a lease that already expired.
+        lease.renew_now().await;
+        gate = lease.publish_gate(PUBLISH_MIN_REMAINING);
+    }
+    let reason = match gate {
+        lease::PublishGate::Open { .. } => None,
+        lease::PublishGate::Lost(why) => Some(format!("the lease was lost: {why:?}")),
+        lease::PublishGate::Released => Some("the lease was already released".to_string()),
+        lease::PublishGate::TooLittleTime { remaining_ms } => Some(format!(
+            "the lease has only {remaining_ms} ms left, too little to upload"
+        )),
+    };
+    if let Some(reason) = reason {
+        log::warning(&format!(
+            "memory not published to the object store: {reason}"
+        ));
+        return StorePublish::Withheld { reason };
+    }
+    failpoint::hit("save:before-publish");
+    match store::sync::publish_session_db(&ctx.store, &ctx.keys, &paths.db(), expected_etag).await {
+        store::PublishOutcome::Published { .. } => StorePublish::Published,
+        store::PublishOutcome::Conflict => {
+            log::warning(
+                "another run published newer memory to the object store; not overwriting it",
+            );
+            StorePublish::Conflict
+        }
+        store::PublishOutcome::Failed { error } => {
+            log::warning(&format!(
+                "publishing memory to the object store failed: {error}"
+            ));
+            StorePublish::Failed {
+                message: error.to_string(),
+            }
+        }
+    }
 }

@@ -1,4 +1,5 @@
-//! Every environment variable, input and state name the action reads or writes, in one place.
+//! Every environment variable, output and state name the action reads or writes, in one place
+//! (the inputs have their own table, `crate::config::inputs`).
 
 // Runner-provided environment.
 pub const GITHUB_ACTIONS: &str = "GITHUB_ACTIONS";
@@ -40,9 +41,25 @@ pub const ACTIONS_CACHE_MODE: &str = "ACTIONS_CACHE_MODE";
 pub const AWS_SECRET_ACCESS_KEY: &str = "AWS_SECRET_ACCESS_KEY";
 pub const AWS_SESSION_TOKEN: &str = "AWS_SESSION_TOKEN";
 
-// Prefixes the runner uses to hand inputs and saved state to a step.
+// Prefixes the runner uses to hand inputs and saved state to a step, and its runtime's variables.
 pub const INPUT_PREFIX: &str = "INPUT_";
 pub const STATE_PREFIX: &str = "STATE_";
+pub const ACTIONS_PREFIX: &str = "ACTIONS_";
+
+// Tokens the agent's environment must not inherit (it gets `GH_TOKEN` only where meant to).
+pub const GITHUB_TOKEN: &str = "GITHUB_TOKEN";
+pub const GH_TOKEN: &str = "GH_TOKEN";
+
+// git's per-process configuration (`git config` keys from the environment, numbered from 0).
+pub const GIT_CONFIG_COUNT: &str = "GIT_CONFIG_COUNT";
+pub const GIT_CONFIG_KEY_0: &str = "GIT_CONFIG_KEY_0";
+pub const GIT_CONFIG_VALUE_0: &str = "GIT_CONFIG_VALUE_0";
+
+// fro-bot's own switches.
+/// A level name (`debug`, `trace`...) that raises log verbosity.
+pub const FRO_BOT_LOG: &str = "FRO_BOT_LOG";
+/// Crash tests: the named kill point (`runner::failpoint`).
+pub const FRO_BOT_FAILPOINT: &str = "FRO_BOT_FAILPOINT";
 
 // OpenCode and the session-tools MCP server.
 pub const OPENCODE_CONFIG_CONTENT: &str = "OPENCODE_CONFIG_CONTENT";
@@ -56,32 +73,8 @@ pub const FRO_BOT_OPENCODE_URL: &str = "FRO_BOT_OPENCODE_URL";
 pub const FRO_BOT_OPENCODE_PASSWORD: &str = "FRO_BOT_OPENCODE_PASSWORD";
 pub const FRO_BOT_WORKSPACE: &str = "FRO_BOT_WORKSPACE";
 
-/// Action inputs (`action.yaml`), as the user spells them.
-pub mod input {
-    pub const GITHUB_TOKEN: &str = "github-token";
-    pub const AUTH_JSON: &str = "auth-json";
-    pub const PROMPT: &str = "prompt";
-    pub const AGENT: &str = "agent";
-    pub const MODEL: &str = "model";
-    pub const TIMEOUT: &str = "timeout";
-    pub const SESSION_RETENTION: &str = "session-retention";
-    pub const SKIP_CACHE: &str = "skip-cache";
-    pub const DEDUP_WINDOW: &str = "dedup-window";
-    pub const RESPONSE_MODE: &str = "response-mode";
-    pub const OPENCODE_VERSION: &str = "opencode-version";
-    pub const OPENCODE_CONFIG: &str = "opencode-config";
-    pub const MATRIX_CONTEXT: &str = "matrix-context";
-    pub const MENTION: &str = "mention";
-    pub const S3_BACKUP: &str = "s3-backup";
-    pub const S3_BUCKET: &str = "s3-bucket";
-    pub const AWS_REGION: &str = "aws-region";
-    pub const S3_ENDPOINT: &str = "s3-endpoint";
-    pub const S3_PREFIX: &str = "s3-prefix";
-    pub const S3_EXPECTED_BUCKET_OWNER: &str = "s3-expected-bucket-owner";
-    pub const S3_ALLOW_INSECURE_ENDPOINT: &str = "s3-allow-insecure-endpoint";
-    pub const S3_SSE_ENCRYPTION: &str = "s3-sse-encryption";
-    pub const S3_SSE_KMS_KEY_ID: &str = "s3-sse-kms-key-id";
-}
+// Action inputs (`INPUT_<NAME>`) are declared, with their defaults and syntax, in the table at
+// `crate::config::inputs`.
 
 /// Action outputs.
 pub mod output {
@@ -90,6 +83,15 @@ pub mod output {
     pub const CACHE_SAVE_RESULT: &str = "cache-save-result";
     pub const DURATION: &str = "duration";
     pub const LOGICAL_KEY: &str = "logical-key";
+
+    /// Every output, in `action.yaml`'s order.
+    pub const ALL: &[&str] = &[
+        SESSION_ID,
+        CACHE_STATUS,
+        CACHE_SAVE_RESULT,
+        DURATION,
+        LOGICAL_KEY,
+    ];
 }
 
 /// State keys main writes for post (read back as `STATE_<name>`, case preserved).

@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-pub const FRO_BOT_FAILPOINT: &str = "FRO_BOT_FAILPOINT";
+use super::env::FRO_BOT_FAILPOINT;
 
 fn armed() -> Option<&'static str> {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();

@@ -191,7 +191,7 @@ where
 /// `FRO_BOT_LOG` (an `EnvFilter`-free level name) raises verbosity; default is INFO.
 pub fn init_tracing(github_actions: bool) {
     EMIT_MASKS.store(github_actions, std::sync::atomic::Ordering::Relaxed);
-    let level = std::env::var("FRO_BOT_LOG")
+    let level = std::env::var(super::env::FRO_BOT_LOG)
         .ok()
         .and_then(|v| v.parse::<Level>().ok())
         .unwrap_or(Level::INFO);

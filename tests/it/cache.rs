@@ -22,7 +22,8 @@ use crate::support::hostile;
 const MIB: usize = 1024 * 1024;
 
 /// A runner-like layout in a temp dir: workspace `<root>/github/workspace`, data dir
-/// `<root>/github/home/.local/share/opencode`, and the three cache paths of §9.
+/// `<root>/github/home/.local/share/opencode`, and the three cache paths
+/// (docs/design.md#keys-and-identities).
 struct Layout {
     _root: tempfile::TempDir,
     root: PathBuf,

@@ -183,7 +183,7 @@ mod post {
     }
 }
 
-mod scenarios {
+pub(crate) mod scenarios {
     use serde_json::json;
 
     use super::*;
@@ -900,9 +900,9 @@ mod scenarios {
     }
 }
 
-/// REQUIREMENTS §8/§11/§12: SIGKILL at every step of the save (named kill points in the main step,
-/// then timed kills of the post step's save), then the next restore: the restored database is the
-/// previous durable state or the new one, never corrupt.
+/// `docs/design.md#the-save-order` and `#the-post-decision`: SIGKILL at every step of the save
+/// (named kill points in the main step, then timed kills of the post step's save), then the next
+/// restore: the restored database is the previous durable state or the new one, never corrupt.
 mod kill_points {
     use std::path::Path;
     use std::time::Duration;
@@ -1101,7 +1101,7 @@ mod kill_points {
     }
 }
 
-/// `fro-bot local` (REQUIREMENTS §14): the README's "run it" command.
+/// `fro-bot local` (docs/design.md#local-runs): the README's "run it" command.
 mod local {
     use std::process::{Command, Stdio};
 

@@ -1,4 +1,5 @@
-//! Integration tests: the coordination lease on real SeaweedFS (REQUIREMENTS §7 invariants).
+//! Integration tests: the coordination lease on real SeaweedFS (the invariants of
+//! docs/design.md#the-coordination-lease).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -485,10 +486,10 @@ async fn race_on_key(store: ObjectStore, key: String, rounds: usize) -> RaceResu
     }
 }
 
-/// REQUIREMENTS §7: never two holders at once under many concurrent contenders. 16 contenders per
-/// lease key × 100 rounds in total. SeaweedFS makes each loser wait 1–5 s (in 1 s steps) for its
-/// 412, so one key manages ~4.5 s/round; four keys race side by side (25 rounds each, 64 clients
-/// at once) to fit 100 rounds in about two minutes.
+/// docs/design.md#the-coordination-lease: never two holders at once under many concurrent
+/// contenders. 16 contenders per lease key × 100 rounds in total. SeaweedFS makes each loser wait
+/// 1–5 s (in 1 s steps) for its 412, so one key manages ~4.5 s/round; four keys race side by side
+/// (25 rounds each, 64 clients at once) to fit 100 rounds in about two minutes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lease_race_16_contenders_100_rounds_never_two_holders() {
     const KEYS: usize = 4;

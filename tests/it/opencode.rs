@@ -355,8 +355,9 @@ async fn quota_exhaustion_is_terminal_at_once() {
         "{r:?}"
     );
     assert_eq!(r.attempts, 1);
-    // Not OpenCode's minute of backoff: the first retry status ends it.
-    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    // Not OpenCode's minute of backoff: the first retry status ends it. (Half that minute as the
+    // bound: on a loaded 2-core machine the turn's own start-up alone has taken over 10 s.)
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
     assert!(h.llm.requests().len() <= 2);
     assert!(!agent.is_busy(Some(&s.session.id)).await.unwrap());
     agent.shutdown(Duration::from_secs(5)).await;

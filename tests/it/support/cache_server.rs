@@ -1,7 +1,7 @@
 //! An in-process stand-in for the Actions cache service v2 (the three Twirp RPCs) and the Azure
 //! block-blob subset behind its signed URLs, written to the measured protocol
-//! (`reference/actions-cache-v2.md`), with switches for every fault the client must tell apart.
-//! Blobs live on disk in a temp dir (tests go beyond 128 MiB).
+//! (`docs/design.md#actions-cache-protocol`), with switches for every fault the client must tell
+//! apart. Blobs live on disk in a temp dir (tests go beyond 128 MiB).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;

@@ -1,0 +1,328 @@
+//! The action's inputs, in one table: `action.yaml`, the README's inputs table, `Settings::from_env`
+//! and the `fro-bot local` flags (with their `--help` texts) all follow [`INPUTS`]. A test fails
+//! when `action.yaml` or the README disagrees with it (tests/it/inputs.rs).
+
+use InputDefault::{Derived, Expression, Value};
+
+/// The OpenCode version the action pins (also installed by the test command and the Dockerfile).
+pub const DEFAULT_OPENCODE_VERSION: &str = "1.18.33";
+
+/// One action input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputSpec {
+    /// As the user spells it in `with:`; read from `INPUT_<NAME>`; the `local` flag's long name.
+    pub name: &'static str,
+    /// `action.yaml`'s description, also the flag's `--help` text.
+    pub description: &'static str,
+    pub default: InputDefault,
+    /// `required: true` in `action.yaml` (the runner checks nothing; config enforces it).
+    pub required: bool,
+    /// The whole value is masked as soon as the configuration is read, and never shown in an error.
+    pub secret: bool,
+    pub parser: Parser,
+    /// Whether `fro-bot local` takes it as a flag (inputs meaningless on a laptop are left out).
+    pub local_flag: bool,
+}
+
+/// What an absent input means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputDefault {
+    /// Unset.
+    None,
+    /// This value, as if given (`action.yaml`'s `default:`).
+    Value(&'static str),
+    /// A workflow expression the runner evaluates (`action.yaml`'s `default:`). Outside a runner
+    /// (`fro-bot local`) nothing evaluates it: the input is unset.
+    Expression(&'static str),
+    /// No `default:` in `action.yaml`; chosen at run time as described (the README's column).
+    Derived(&'static str),
+}
+
+impl InputDefault {
+    /// The value config uses when the input is absent.
+    pub fn value(self) -> Option<&'static str> {
+        match self {
+            InputDefault::Value(v) => Some(v),
+            InputDefault::None | InputDefault::Expression(_) | InputDefault::Derived(_) => None,
+        }
+    }
+
+    /// `action.yaml`'s `default:`.
+    pub fn in_action_yaml(self) -> Option<&'static str> {
+        match self {
+            InputDefault::Value(v) | InputDefault::Expression(v) => Some(v),
+            InputDefault::None | InputDefault::Derived(_) => None,
+        }
+    }
+}
+
+/// How config reads an input's value (after trimming; empty counts as absent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parser {
+    /// Any text, passed on as given (the object store validates the `s3-*` ones).
+    Text,
+    /// `true` or `false`, any case.
+    Bool,
+    /// Milliseconds as plain decimal digits; `0` turns the feature off.
+    Millis,
+    /// A count as plain decimal digits, at most `u32::MAX`.
+    Count,
+    /// `provider/model`.
+    Model,
+    /// `x.y.z` (optionally `-suffix`) or `latest`.
+    Version,
+    /// `github` or `none`, any case.
+    ResponseMode,
+    /// A JSON object of objects: provider id → OpenCode auth entry.
+    AuthJson,
+    /// A JSON object.
+    JsonObject,
+    /// A handle such as `@fro-bot` (the `@` is optional).
+    Handle,
+    /// `aws:kms` or `AES256`, exactly.
+    SseMode,
+}
+
+impl Parser {
+    /// The placeholder in `--help`.
+    pub fn value_name(self) -> &'static str {
+        match self {
+            Parser::Text => "TEXT",
+            Parser::Bool => "true|false",
+            Parser::Millis => "MS",
+            Parser::Count => "N",
+            Parser::Model => "PROVIDER/MODEL",
+            Parser::Version => "VERSION",
+            Parser::ResponseMode => "github|none",
+            Parser::AuthJson | Parser::JsonObject => "JSON",
+            Parser::Handle => "@HANDLE",
+            Parser::SseMode => "aws:kms|AES256",
+        }
+    }
+}
+
+const fn spec(name: &'static str, description: &'static str) -> InputSpec {
+    InputSpec {
+        name,
+        description,
+        default: InputDefault::None,
+        required: false,
+        secret: false,
+        parser: Parser::Text,
+        local_flag: true,
+    }
+}
+
+impl InputSpec {
+    const fn default(self, default: InputDefault) -> Self {
+        Self { default, ..self }
+    }
+    const fn parser(self, parser: Parser) -> Self {
+        Self { parser, ..self }
+    }
+    const fn required(self) -> Self {
+        Self {
+            required: true,
+            ..self
+        }
+    }
+    const fn secret(self) -> Self {
+        Self {
+            secret: true,
+            ..self
+        }
+    }
+    const fn not_local(self) -> Self {
+        Self {
+            local_flag: false,
+            ..self
+        }
+    }
+
+    /// The `INPUT_*` variable the runner sets for it.
+    pub fn var(&self) -> String {
+        crate::runner::input_var(self.name)
+    }
+}
+
+// Not a `local` flag: a token on the command line lands in the shell history (set
+// `INPUT_GITHUB-TOKEN` instead).
+pub const GITHUB_TOKEN: InputSpec = spec(
+    "github-token",
+    "Token for reactions, context and the response comment (and, for schedule/dispatch runs, given to the agent as GH_TOKEN).",
+)
+.default(Expression("${{ github.token }}"))
+.secret()
+.not_local();
+pub const AUTH_JSON: InputSpec = spec(
+    "auth-json",
+    "JSON object of provider credentials, provider id -> OpenCode auth entry, e.g. {\"anthropic\":{\"type\":\"api\",\"key\":\"...\"}}. Pass it from a secret. '{}' is valid when providers are configured through opencode-config or the environment. Never written to a cached path.",
+)
+.required()
+.secret()
+.parser(Parser::AuthJson);
+pub const PROMPT: InputSpec = spec(
+    "prompt",
+    "Task for the agent. Required for schedule and workflow_dispatch runs; for comment and issue events it is added to the event's directive.",
+);
+pub const AGENT: InputSpec = spec("agent", "OpenCode agent to use (e.g. build, plan).");
+pub const MODEL: InputSpec = spec(
+    "model",
+    "Model as provider/model, e.g. anthropic/claude-sonnet-4.",
+)
+.parser(Parser::Model);
+pub const TIMEOUT: InputSpec = spec(
+    "timeout",
+    "Deadline for the agent's turn in milliseconds; 0 means no deadline.",
+)
+.default(Value("1800000"))
+.parser(Parser::Millis);
+pub const SESSION_RETENTION: InputSpec = spec(
+    "session-retention",
+    "Root sessions kept beyond those updated in the last 30 days (the newest N are always kept).",
+)
+.default(Value("50"))
+.parser(Parser::Count);
+pub const SKIP_CACHE: InputSpec = spec(
+    "skip-cache",
+    "When true, memory is neither restored nor saved.",
+)
+.default(Value("false"))
+.parser(Parser::Bool);
+// Not a `local` flag (nor the next three): a local run is a manual dispatch of this checkout, which
+// is never deduplicated, mentions no one, and posts nothing unless pointed at an API on purpose.
+pub const DEDUP_WINDOW: InputSpec = spec(
+    "dedup-window",
+    "Skip an issue/pull_request event if a run for the same entity succeeded within this many milliseconds; 0 turns it off.",
+)
+.default(Value("600000"))
+.parser(Parser::Millis)
+.not_local();
+pub const RESPONSE_MODE: InputSpec = spec(
+    "response-mode",
+    "'github' posts one comment with the agent's answer; 'none' posts nothing.",
+)
+.default(Value("github"))
+.parser(Parser::ResponseMode)
+.not_local();
+pub const OPENCODE_VERSION: InputSpec = spec(
+    "opencode-version",
+    "OpenCode version to install when none is on PATH (local runs). The container image ships this version on PATH, which is used as is.",
+)
+.default(Value(DEFAULT_OPENCODE_VERSION))
+.parser(Parser::Version)
+.not_local();
+pub const OPENCODE_CONFIG: InputSpec = spec(
+    "opencode-config",
+    "JSON object merged over the baseline OpenCode configuration (user values win).",
+)
+.parser(Parser::JsonObject);
+pub const MATRIX_CONTEXT: InputSpec = spec(
+    "matrix-context",
+    "The job's matrix, so matrix legs keep distinct cache keys and sessions. Leave the default.",
+)
+.default(Expression("${{ toJSON(matrix) }}"))
+.not_local();
+pub const MENTION: InputSpec = spec(
+    "mention",
+    "The handle a comment must mention to trigger the agent.",
+)
+.default(Value("@fro-bot"))
+.parser(Parser::Handle)
+.not_local();
+pub const S3_BACKUP: InputSpec = spec(
+    "s3-backup",
+    "Also keep memory in an S3-compatible object store, guarded by a coordination lease.",
+)
+.default(Value("false"))
+.parser(Parser::Bool);
+pub const S3_BUCKET: InputSpec = spec(
+    "s3-bucket",
+    "Bucket for the object store (required when s3-backup is true).",
+);
+pub const AWS_REGION: InputSpec = spec(
+    "aws-region",
+    "AWS region of the bucket (defaults to AWS_REGION; us-east-1 for custom endpoints).",
+);
+pub const S3_ENDPOINT: InputSpec = spec(
+    "s3-endpoint",
+    "Custom S3-compatible endpoint (R2, B2, MinIO, SeaweedFS). https only unless s3-allow-insecure-endpoint.",
+);
+pub const S3_PREFIX: InputSpec = spec(
+    "s3-prefix",
+    "Key prefix inside the bucket (one path segment).",
+)
+.default(Value("fro-bot-state"));
+pub const S3_EXPECTED_BUCKET_OWNER: InputSpec = spec(
+    "s3-expected-bucket-owner",
+    "12-digit AWS account id that must own the bucket (sent as ExpectedBucketOwner on every request).",
+);
+pub const S3_ALLOW_INSECURE_ENDPOINT: InputSpec = spec(
+    "s3-allow-insecure-endpoint",
+    "Allow http and private/loopback endpoints (never cloud metadata addresses).",
+)
+.default(Value("false"))
+.parser(Parser::Bool);
+pub const S3_SSE_ENCRYPTION: InputSpec = spec(
+    "s3-sse-encryption",
+    "Server-side encryption: aws:kms or AES256 (default aws:kms on AWS, AES256 on custom endpoints).",
+)
+.default(Derived("`aws:kms` on AWS, `AES256` elsewhere"))
+.parser(Parser::SseMode);
+pub const S3_SSE_KMS_KEY_ID: InputSpec =
+    spec("s3-sse-kms-key-id", "KMS key id for aws:kms encryption.");
+
+/// Every input, in `action.yaml`'s order.
+pub const INPUTS: &[InputSpec] = &[
+    GITHUB_TOKEN,
+    AUTH_JSON,
+    PROMPT,
+    AGENT,
+    MODEL,
+    TIMEOUT,
+    SESSION_RETENTION,
+    SKIP_CACHE,
+    DEDUP_WINDOW,
+    RESPONSE_MODE,
+    OPENCODE_VERSION,
+    OPENCODE_CONFIG,
+    MATRIX_CONTEXT,
+    MENTION,
+    S3_BACKUP,
+    S3_BUCKET,
+    AWS_REGION,
+    S3_ENDPOINT,
+    S3_PREFIX,
+    S3_EXPECTED_BUCKET_OWNER,
+    S3_ALLOW_INSECURE_ENDPOINT,
+    S3_SSE_ENCRYPTION,
+    S3_SSE_KMS_KEY_ID,
+];
+
+/// The input of that name.
+pub fn find(name: &str) -> Option<&'static InputSpec> {
+    INPUTS.iter().find(|s| s.name == name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_runner_safe() {
+        for (i, a) in INPUTS.iter().enumerate() {
+            assert!(
+                a.name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "{}",
+                a.name
+            );
+            assert!(
+                INPUTS[i + 1..].iter().all(|b| b.name != a.name),
+                "{} is listed twice",
+                a.name
+            );
+        }
+    }
+}

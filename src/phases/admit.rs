@@ -1,0 +1,337 @@
+//! Admission: configuration → routing → dedup → lease. Either a run is admitted with its
+//! `RunContext`, or it is skipped with a reason, or the setup is invalid (`SetupError`, exit 1
+//! before anything is touched). See `docs/design.md` for the routing and lease rules.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cache;
+use crate::config::{AuthRequirement, ConfigError, Settings};
+use crate::github::{self, dedup, keys, route::RouteSettings, CacheKeys, Event, Route, RunPlan};
+use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig};
+use crate::object_store::{ObjectStore, StoreKeys, StoreSettings, ValidationError};
+use crate::phases::context::{set_state, HeldLease, Mode, RunContext, StoreContext};
+use crate::phases::paths::{PathsError, StatePaths};
+use crate::phases::report::{LeaseReport, PersistenceReport};
+use crate::runner::env::{self, state};
+use crate::runner::{log, now_ms, Cancellation, Env, FileCommands};
+use crate::save_result::StorePublish;
+
+/// Why a run could not even be set up: each names what is wrong.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SetupError {
+    #[error("invalid configuration: {source}")]
+    Config {
+        #[source]
+        source: ConfigError,
+    },
+    #[error("invalid configuration: {source}")]
+    Store {
+        #[source]
+        source: ValidationError,
+    },
+    #[error(
+        "{var} is not set; the action must run inside a GitHub Actions workflow",
+        var = env::GITHUB_WORKSPACE
+    )]
+    NoWorkspace,
+    #[error("{source}")]
+    Paths {
+        #[source]
+        source: PathsError,
+    },
+    #[error("{source}")]
+    Event {
+        #[source]
+        source: github::event::EventError,
+    },
+    #[error("{source}")]
+    Keys {
+        #[source]
+        source: keys::KeyError,
+    },
+}
+
+pub(crate) enum Admission {
+    Run(Box<RunContext>),
+    Skip { reason: String },
+}
+
+/// What the environment and inputs say, before anything is asked of GitHub or a store.
+struct Setup {
+    settings: Settings,
+    store: Option<(StoreSettings, StoreKeys)>,
+    workspace: PathBuf,
+    paths: StatePaths,
+    event: Event,
+    repository: String,
+    run_id: String,
+    identity: Option<String>,
+}
+
+pub(crate) async fn admit(
+    env: Env,
+    mode: Mode,
+    files: FileCommands,
+    cancel: Cancellation,
+) -> Result<Admission, SetupError> {
+    let started = std::time::Instant::now();
+    let setup = configure(&env, &mode)?;
+    let plan = match route_event(&setup, &mode) {
+        Route::Run(plan) => plan,
+        Route::Skip(reason) => return Ok(skip(reason.describe())),
+    };
+    let gh = github_client(&env, &setup.settings, &mode);
+    if let Some(reason) = check_pull_request(gh.as_ref(), &plan).await {
+        return Ok(skip(reason));
+    }
+    let fork = setup
+        .event
+        .target()
+        .is_some_and(|t| t.fork == github::event::Flag::Yes);
+    let store_settings = match setup.store {
+        Some(_) if fork => {
+            log::warning("the object store is disabled for pull requests from forks");
+            None
+        }
+        other => other,
+    };
+    let keys = CacheKeys::from_env(&env, setup.identity.as_deref())
+        .map_err(|source| SetupError::Keys { source })?;
+    // Deliberately not cancelled by a signal: saving memory is what the cancel budget is for.
+    let cache = match &mode {
+        Mode::Action => cache::Backend::from_env(&env),
+        Mode::Local { state_dir, .. } => Some(cache::Backend::Filesystem(cache::FsBackend::new(
+            state_dir.join("cache"),
+        ))),
+    };
+    let mut ctx = RunContext {
+        env,
+        mode,
+        settings: setup.settings,
+        files,
+        cancel,
+        started,
+        workspace: setup.workspace,
+        paths: setup.paths,
+        repository: setup.repository,
+        run_id: setup.run_id,
+        event: setup.event,
+        plan,
+        keys,
+        gh,
+        cache,
+        store: None,
+        lease: None,
+        report: PersistenceReport::default(),
+    };
+    if let Some(reason) = check_dedup(&ctx).await {
+        return Ok(skip(reason));
+    }
+    if let Some((settings, keys)) = store_settings {
+        ctx.store = Some(StoreContext {
+            store: ObjectStore::connect(&settings).await,
+            keys,
+        });
+        if let Some(reason) = acquire_lease(&mut ctx, setup.identity).await {
+            return Ok(skip(reason));
+        }
+    }
+    Ok(Admission::Run(Box::new(ctx)))
+}
+
+fn skip(reason: String) -> Admission {
+    Admission::Skip { reason }
+}
+
+/// Every input, the store's settings and key layout, the workspace, the state paths and the event:
+/// all checked before anything runs.
+fn configure(env: &Env, mode: &Mode) -> Result<Setup, SetupError> {
+    let auth = match mode {
+        Mode::Action => AuthRequirement::Required,
+        Mode::Local { .. } => AuthRequirement::Optional,
+    };
+    let settings = Settings::from_env(env, auth).map_err(|source| SetupError::Config { source })?;
+    let repository = env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string();
+    let store = settings
+        .s3
+        .as_ref()
+        .map(|s3| {
+            let validated = StoreSettings::from_input(s3, env)?;
+            let keys = StoreKeys::for_repository(&validated.prefix, &repository)?;
+            Ok((validated, keys))
+        })
+        .transpose()
+        .map_err(|source| SetupError::Store { source })?;
+    let workspace = env
+        .get(env::GITHUB_WORKSPACE)
+        .map(PathBuf::from)
+        .ok_or(SetupError::NoWorkspace)?;
+    let paths = StatePaths::from_env(env).map_err(|source| SetupError::Paths { source })?;
+    let event = match mode {
+        Mode::Action => Event::from_env(env).map_err(|source| SetupError::Event { source })?,
+        Mode::Local { .. } => Event::WorkflowDispatch { sender: None },
+    };
+    let identity = keys::invocation_identity(env, settings.matrix_context.as_deref());
+    Ok(Setup {
+        run_id: env.get(env::GITHUB_RUN_ID).unwrap_or("0").to_string(),
+        settings,
+        store,
+        workspace,
+        paths,
+        event,
+        repository,
+        identity,
+    })
+}
+
+fn route_event(setup: &Setup, mode: &Mode) -> Route {
+    let route = github::route(
+        &setup.event,
+        &RouteSettings {
+            mention: &setup.settings.mention,
+            prompt_given: setup.settings.prompt.is_some(),
+            run_id: &setup.run_id,
+            identity: setup.identity.as_deref(),
+        },
+    );
+    match (route, mode) {
+        (Route::Run(mut plan), Mode::Local { thread, .. }) => {
+            plan.logical_key = keys::LogicalKey::local(thread);
+            Route::Run(plan)
+        }
+        (route, _) => route,
+    }
+}
+
+fn github_client(env: &Env, settings: &Settings, mode: &Mode) -> Option<github::GitHub> {
+    let token = settings.github_token.as_ref()?;
+    if matches!(mode, Mode::Local { .. }) && env.get(env::GITHUB_API_URL).is_none() {
+        // Local runs make no GitHub calls unless pointed at an API on purpose.
+        return None;
+    }
+    match github::GitHub::from_env(env, token) {
+        Ok(gh) => Some(gh),
+        Err(e) => {
+            tracing::warn!("GitHub API unavailable: {e}");
+            None
+        }
+    }
+}
+
+/// A comment on a pull request: the payload does not say whether it is a fork or a draft.
+async fn check_pull_request(gh: Option<&github::GitHub>, plan: &RunPlan) -> Option<String> {
+    if !plan.pull_request_unchecked {
+        return None;
+    }
+    match gh?.check_pull_request(plan).await {
+        Ok(Some(reason)) => Some(reason.describe()),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!("cannot check the pull request (proceeding): {e}");
+            None
+        }
+    }
+}
+
+/// A skip reason when a run for the same entity already succeeded within the window.
+async fn check_dedup(ctx: &RunContext) -> Option<String> {
+    ctx.plan.dedup?;
+    let sentinels = ctx.sentinels()?;
+    let decision = dedup::check(
+        &sentinels,
+        &ctx.event,
+        &ctx.repository,
+        &ctx.run_id,
+        now_ms(),
+        ctx.settings.dedup_window,
+    )
+    .await;
+    match decision {
+        Ok(dedup::DedupDecision::Skip { ran_at_ms, .. }) => Some(format!(
+            "a run for this {} already succeeded {} s ago (dedup-window)",
+            ctx.plan.logical_key.as_str(),
+            now_ms().saturating_sub(ran_at_ms) / 1000
+        )),
+        Ok(dedup::DedupDecision::Proceed(_)) => None,
+        Err(e) => {
+            tracing::warn!("dedup check failed (proceeding): {e}");
+            None
+        }
+    }
+}
+
+/// Takes the repository's memory lease; a skip reason when another run holds it. A lease that
+/// cannot be asked for lets the run go on without publishing to the store.
+async fn acquire_lease(ctx: &mut RunContext, identity: Option<String>) -> Option<String> {
+    let store = ctx.store.as_ref()?;
+    let holder = Holder {
+        repo: ctx.repository.clone(),
+        run_id: ctx.run_id.parse().unwrap_or(0),
+        run_attempt: ctx
+            .env
+            .get(env::GITHUB_RUN_ATTEMPT)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(1),
+        identity,
+    };
+    let outcome = Lease::acquire(
+        &store.store,
+        store.keys.lease(),
+        &holder,
+        LeaseConfig::default(),
+        Arc::new(lease::SystemClock),
+    )
+    .await;
+    ctx.report.store_publish = StorePublish::NotAttempted;
+    match outcome {
+        AcquireOutcome::Acquired(handle) => {
+            ctx.report.lease = LeaseReport::Acquired {
+                generation: handle.generation(),
+            };
+            save_lease_state(&ctx.files, &handle);
+            let etag_watch = watch_lease_etag(ctx.files.clone(), handle.etag_source());
+            ctx.lease = Some(HeldLease { handle, etag_watch });
+            None
+        }
+        AcquireOutcome::HeldByOther {
+            holder_id,
+            expires_at,
+        } => Some(format!(
+            "the repository's memory lease is held by {holder_id} (it expires in {} s unless renewed); another run is working on this repository's memory",
+            expires_at.saturating_sub(now_ms()) / 1000
+        )),
+        AcquireOutcome::Error { error } => {
+            log::warning(&format!(
+                "cannot acquire the memory lease ({error}); running without it: memory will not be published to the object store"
+            ));
+            ctx.report.lease = LeaseReport::Error {
+                message: error.to_string(),
+            };
+            None
+        }
+    }
+}
+
+/// Post releases a lease a killed main step left behind: it needs the key and current ETag.
+pub(crate) fn save_lease_state(files: &FileCommands, handle: &lease::LeaseHandle) {
+    let (key, etag) = handle.state_for_post();
+    set_state(files, state::LEASE_KEY, &key);
+    set_state(files, state::LEASE_ETAG, &etag);
+}
+
+/// Keeps post's copy of the lease ETag current while the run goes on.
+fn watch_lease_etag(files: FileCommands, source: lease::EtagSource) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut seen = source.current();
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = source.current();
+            if now != seen {
+                set_state(&files, state::LEASE_ETAG, &now);
+                seen = now;
+            }
+        }
+    })
+}

@@ -1,0 +1,170 @@
+//! What a run knows once it is admitted (`RunContext`), the types the phases share (`Mode`,
+//! `StoreContext`), and how the main step ends (`ExitStatus`, `RunExit`).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::cache;
+use crate::config::Settings;
+use crate::github::{self, CacheKeys, Event, RunPlan};
+use crate::lease::LeaseHandle;
+use crate::object_store::{ObjectStore, StoreKeys};
+use crate::phases::dedup::CacheSentinels;
+use crate::phases::paths::StatePaths;
+use crate::phases::report::PersistenceReport;
+use crate::runner::{Cancellation, Env, FileCommands};
+
+#[derive(Debug, Clone)]
+pub enum Mode {
+    /// The container action's main step.
+    Action,
+    /// `fro-bot local`: a developer machine; `env` already carries the synthesized run.
+    Local { thread: String, state_dir: PathBuf },
+}
+
+/// How the main step ends. A skipped run is a success for the workflow (exit 0), but it is its own
+/// outcome so callers and tests can tell the two apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitStatus {
+    /// The agent's turn completed.
+    Success,
+    /// Routing, dedup or a held lease said this run has nothing to do.
+    Skipped,
+    /// Invalid configuration, or the agent did not complete its turn (memory is still saved).
+    Failed,
+}
+
+impl ExitStatus {
+    pub fn code(self) -> u8 {
+        match self {
+            ExitStatus::Success | ExitStatus::Skipped => 0,
+            ExitStatus::Failed => 1,
+        }
+    }
+}
+
+/// What `run` hands back to `main`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunExit {
+    pub status: ExitStatus,
+    /// The agent's final answer, when there is one (printed by `fro-bot local`).
+    pub answer: Option<String>,
+}
+
+impl RunExit {
+    pub(crate) fn status(status: ExitStatus) -> Self {
+        Self {
+            status,
+            answer: None,
+        }
+    }
+}
+
+/// The store side of a run: client and key layout.
+pub(crate) struct StoreContext {
+    pub(crate) store: ObjectStore,
+    pub(crate) keys: StoreKeys,
+}
+
+/// The repository's memory lease while this run holds it, and the task that keeps post's copy of
+/// its ETag current (renewals replace it; a main step killed mid-run must leave post the ETag that
+/// releases the lease).
+pub(crate) struct HeldLease {
+    pub(crate) handle: LeaseHandle,
+    pub(crate) etag_watch: tokio::task::JoinHandle<()>,
+}
+
+/// Everything an admitted run works with, built once by `admit`.
+pub(crate) struct RunContext {
+    pub(crate) env: Env,
+    pub(crate) mode: Mode,
+    pub(crate) settings: Settings,
+    pub(crate) files: FileCommands,
+    pub(crate) cancel: Cancellation,
+    pub(crate) started: Instant,
+    pub(crate) workspace: PathBuf,
+    pub(crate) paths: StatePaths,
+    pub(crate) repository: String,
+    pub(crate) run_id: String,
+    pub(crate) event: Event,
+    pub(crate) plan: RunPlan,
+    pub(crate) keys: CacheKeys,
+    pub(crate) gh: Option<github::GitHub>,
+    /// The Actions cache (or the local filesystem cache); `None` outside a runner.
+    pub(crate) cache: Option<cache::Backend>,
+    pub(crate) store: Option<StoreContext>,
+    pub(crate) lease: Option<HeldLease>,
+    /// The summary's Session Persistence section, filled as the phases go.
+    pub(crate) report: PersistenceReport,
+}
+
+impl RunContext {
+    /// The dedup sentinels, kept in the same cache as memory.
+    pub(crate) fn sentinels(&self) -> Option<CacheSentinels<'_>> {
+        self.cache.as_ref().map(|backend| CacheSentinels {
+            backend,
+            file: sentinel_file(&self.paths),
+            workspace: self.workspace.clone(),
+        })
+    }
+
+    pub(crate) fn set_state(&self, name: &str, value: &str) {
+        set_state(&self.files, name, value);
+    }
+
+    pub(crate) fn set_output(&self, name: &str, value: &str) {
+        set_output(&self.files, name, value);
+    }
+
+    /// `fut`, unless the run is cancelled and the runner's kill deadline passes first (`None`).
+    pub(crate) async fn within_budget<T>(
+        &self,
+        fut: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
+        within_budget(&self.cancel, fut).await
+    }
+}
+
+/// The sentinel lives at one fixed path beside OpenCode's data dir (see `phases::dedup`).
+pub(crate) fn sentinel_file(paths: &StatePaths) -> PathBuf {
+    paths
+        .data_dir
+        .parent()
+        .unwrap_or(&paths.data_dir)
+        .join("fro-bot-dedup/sentinel.json")
+}
+
+/// Runs `fut` to completion, unless the run is cancelled and the runner's kill deadline passes
+/// first (then `None`): a signal must not abort the save, but the save must not outlive the kill.
+pub(crate) async fn within_budget<T>(
+    cancel: &Cancellation,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    let deadline = async {
+        cancel.cancelled().await;
+        // Re-read every 100 ms: a SIGTERM after the SIGINT shortens what is left.
+        while let Some(d) = cancel.deadline() {
+            if Instant::now() >= d {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::select! {
+        out = fut => Some(out),
+        () = deadline => None,
+    }
+}
+
+/// A state or output the runner could not take is worth a warning, never a failed run.
+pub(crate) fn set_state(files: &FileCommands, name: &str, value: &str) {
+    if let Err(e) = files.save_state(name, value) {
+        tracing::warn!("{e}");
+    }
+}
+
+pub(crate) fn set_output(files: &FileCommands, name: &str, value: &str) {
+    if let Err(e) = files.set_output(name, value) {
+        tracing::warn!("{e}");
+    }
+}
