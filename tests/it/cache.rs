@@ -914,6 +914,18 @@ fn invalid_tar_is_refused_as_malformed() {
     assert_eq!(fs::read(layout.data.join("opencode.db")).unwrap(), b"db");
 }
 
+/// From the archive fuzz target's only finding (a harness bug, kept as a regression test): an
+/// empty stream is an empty archive, restoring nothing and creating nothing.
+#[test]
+fn an_empty_stream_restores_nothing() {
+    let layout = Layout::new();
+    let limits = fro_bot::cache::Limits::fixed(u64::MAX);
+    let report =
+        fro_bot::cache::extract_tar(&[][..], &layout.targets, &layout.workspace, limits).unwrap();
+    assert!(report.restored.is_empty() && report.files == 0);
+    assert!(!layout.data.exists());
+}
+
 #[test]
 fn a_corrupt_tail_moves_nothing_into_place() {
     let layout = Layout::new();
