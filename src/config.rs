@@ -86,6 +86,15 @@ pub enum ResponseMode {
     None,
 }
 
+/// Whose comments enter the prompt as context (docs/security.md). Everything is fenced and
+/// labelled either way; `Trusted` also leaves out comments of authors without write access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ContextAuthors {
+    #[default]
+    Trusted,
+    All,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelRef {
     pub provider: String,
@@ -139,6 +148,9 @@ pub struct Settings {
     pub opencode_config: Option<Map<String, Value>>,
     pub matrix_context: Option<String>,
     pub mention: String,
+    pub context_authors: ContextAuthors,
+    /// The label whose addition starts a run; `None` = off.
+    pub trigger_label: Option<String>,
     /// Present when `s3-backup: true`.
     pub s3: Option<S3Input>,
 }
@@ -148,6 +160,25 @@ pub struct Settings {
 pub enum AuthRequirement {
     Required,
     Optional,
+}
+
+/// Registers every secret the inputs and environment hold, validating nothing else: for the post
+/// step, which saves (and so scrubs) memory but reads no other input.
+pub fn register_secrets(env: &Env) {
+    let secret_inputs = INPUTS
+        .iter()
+        .filter(|spec| spec.secret)
+        .filter_map(|spec| env.input(spec.name));
+    let secret_vars = [
+        crate::runner::env::AWS_SECRET_ACCESS_KEY,
+        crate::runner::env::AWS_SESSION_TOKEN,
+        crate::runner::env::ACTIONS_RUNTIME_TOKEN,
+    ]
+    .into_iter()
+    .filter_map(|var| env.get(var));
+    secret_inputs.chain(secret_vars).for_each(log::add_mask);
+    let _ = parse_auth_json(optional(env, &input::AUTH_JSON), AuthRequirement::Optional);
+    let _ = parse_opencode_config(optional(env, &input::OPENCODE_CONFIG));
 }
 
 impl Settings {
@@ -160,6 +191,7 @@ impl Settings {
         let secret_vars = [
             crate::runner::env::AWS_SECRET_ACCESS_KEY,
             crate::runner::env::AWS_SESSION_TOKEN,
+            crate::runner::env::ACTIONS_RUNTIME_TOKEN,
         ]
         .into_iter()
         .filter_map(|var| env.get(var));
@@ -195,6 +227,8 @@ impl Settings {
             opencode_config: parse_opencode_config(optional(env, &input::OPENCODE_CONFIG))?,
             matrix_context: text(&input::MATRIX_CONTEXT),
             mention: parse_mention(with_default(env, &input::MENTION)?)?,
+            context_authors: parse_context_authors(env)?,
+            trigger_label: text(&input::TRIGGER_LABEL),
             s3,
         })
     }
@@ -232,6 +266,18 @@ fn parse_u64(env: &Env, spec: &InputSpec) -> Result<u64, ConfigError> {
 fn parse_u32(env: &Env, spec: &InputSpec) -> Result<u32, ConfigError> {
     let value = parse_u64(env, spec)?;
     u32::try_from(value).map_err(|_| invalid(spec, &value.to_string(), "the number is too large"))
+}
+
+fn parse_context_authors(env: &Env) -> Result<ContextAuthors, ConfigError> {
+    match with_default(env, &input::CONTEXT_AUTHORS)? {
+        v if v.eq_ignore_ascii_case("trusted") => Ok(ContextAuthors::Trusted),
+        v if v.eq_ignore_ascii_case("all") => Ok(ContextAuthors::All),
+        v => Err(invalid(
+            &input::CONTEXT_AUTHORS,
+            v,
+            "expected 'trusted' or 'all'",
+        )),
+    }
 }
 
 fn parse_response_mode(env: &Env) -> Result<ResponseMode, ConfigError> {
@@ -603,6 +649,7 @@ mod tests {
             Parser::JsonObject => (Some("[1]"), "{}"),
             Parser::Handle => (Some("two words"), "bot"),
             Parser::SseMode => (Some("aes256"), "AES256"),
+            Parser::ContextAuthors => (Some("everyone"), "ALL"),
         }
     }
 

@@ -195,7 +195,7 @@ async fn run(env: Env, mode: Mode) -> ExitCode {
     let exit = fro_bot::phases::run::run(env, mode, cancel).await;
     if local {
         match &exit.answer {
-            Some(answer) => println!("\n{answer}\n"),
+            Some(answer) => println!("\n{}\n", fro_bot::redact::redact(answer)),
             None => println!("\n(the agent gave no answer)\n"),
         }
     }

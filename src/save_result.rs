@@ -16,12 +16,18 @@ pub enum SaveOutcome {
     CheckpointDeclined,
     /// The safety gate refused: something may still be writing, or the lease was lost.
     OwnershipDeclined,
+    /// The newest cache entry could not be restored and older memory may remain: a new entry
+    /// would hide it (docs/persistence.md, "Fall back, never shadow").
+    ShadowingDeclined,
     /// The cache service refused the entry (exists, not reserved, write denied, rate limit, quota).
     CacheRejected,
     /// Transport or unexpected errors talking to the cache service.
     CacheError,
     /// The Actions cache holds the new entry.
     Persisted,
+    /// The database is byte-for-byte what was restored: the entry (or store copy) it came from
+    /// already holds it, so nothing is uploaded again.
+    Unchanged,
 }
 
 impl SaveOutcome {
@@ -31,9 +37,11 @@ impl SaveOutcome {
             SaveOutcome::SkippedEmpty => "skipped-empty",
             SaveOutcome::CheckpointDeclined => "checkpoint-declined",
             SaveOutcome::OwnershipDeclined => "ownership-declined",
+            SaveOutcome::ShadowingDeclined => "shadowing-declined",
             SaveOutcome::CacheRejected => "cache-rejected",
             SaveOutcome::CacheError => "cache-error",
             SaveOutcome::Persisted => "persisted",
+            SaveOutcome::Unchanged => "unchanged",
         }
     }
 }
@@ -102,6 +110,16 @@ impl CacheSaveResult {
         }
     }
 
+    /// Nothing uploaded: the copy restored from the cache entry or the store still holds it all.
+    pub fn unchanged(held_by_cache: bool, detail: impl Into<String>) -> Self {
+        Self {
+            cache_persisted: held_by_cache,
+            store_persisted: !held_by_cache,
+            outcome: SaveOutcome::Unchanged,
+            detail: detail.into(),
+        }
+    }
+
     pub fn is_durable(&self) -> bool {
         self.cache_persisted || self.store_persisted
     }
@@ -111,7 +129,9 @@ impl CacheSaveResult {
         match self.outcome {
             SaveOutcome::SkippedByConfiguration | SaveOutcome::SkippedEmpty => StateValue::Skipped,
             SaveOutcome::CheckpointDeclined => StateValue::NotPersisted,
-            SaveOutcome::OwnershipDeclined => StateValue::DeclinedForSafety,
+            SaveOutcome::OwnershipDeclined | SaveOutcome::ShadowingDeclined => {
+                StateValue::DeclinedForSafety
+            }
             SaveOutcome::CacheRejected | SaveOutcome::CacheError => {
                 if self.store_persisted {
                     StateValue::StoreOnly
@@ -119,7 +139,7 @@ impl CacheSaveResult {
                     StateValue::NotPersisted
                 }
             }
-            SaveOutcome::Persisted => StateValue::Durable,
+            SaveOutcome::Persisted | SaveOutcome::Unchanged => StateValue::Durable,
         }
     }
 }
@@ -244,6 +264,7 @@ mod tests {
             (SkippedEmpty, false, V::Skipped),
             (CheckpointDeclined, false, V::NotPersisted),
             (OwnershipDeclined, false, V::DeclinedForSafety),
+            (ShadowingDeclined, false, V::DeclinedForSafety),
             (CacheRejected, false, V::NotPersisted),
             (CacheRejected, true, V::StoreOnly),
             (CacheError, false, V::NotPersisted),
@@ -255,6 +276,13 @@ mod tests {
             let r = CacheSaveResult::new(outcome, store, "");
             assert_eq!(r.state_value(), expected, "{outcome} store={store}");
             assert_eq!(r.is_durable(), outcome == Persisted || store);
+        }
+        // Unchanged memory is held by where it came from, either way durable.
+        for held_by_cache in [true, false] {
+            let r = CacheSaveResult::unchanged(held_by_cache, "");
+            assert_eq!(r.state_value(), V::Durable);
+            assert!(r.is_durable());
+            assert_eq!(r.cache_persisted, held_by_cache);
         }
     }
 

@@ -134,15 +134,34 @@ impl CacheError {
         matches!(self, CacheError::Rejected { .. })
     }
 
-    /// The downloaded entry cannot be restored, whatever the cause: refused
-    /// ([`CacheError::Rejected`]) or a corrupt or truncated zstd/tar stream
-    /// ([`CacheError::Archive`], which a restore only reports about the downloaded archive).
-    /// Transport, service and local file-system errors are not the entry's fault and are false.
-    pub fn is_unusable_entry(&self) -> bool {
-        matches!(
-            self,
-            CacheError::Rejected { .. } | CacheError::Archive { .. }
-        )
+    /// The entry's archive itself is at fault (unreadable, truncated, hostile): no retry of the
+    /// same entry can succeed, so restore falls back to an older one.
+    pub fn is_entry_fault(&self) -> bool {
+        match self {
+            CacheError::Archive { .. } | CacheError::Rejected { .. } => true,
+            // A member name no file system takes (a NUL byte, an over-long name) is the archive's
+            // doing; every other extraction failure is the local disk's.
+            CacheError::Extraction { source, .. } => matches!(
+                source.kind(),
+                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidFilename
+            ),
+            CacheError::AlreadyExists { .. }
+            | CacheError::NotReserved { .. }
+            | CacheError::WriteDenied { .. }
+            | CacheError::ReadDenied { .. }
+            | CacheError::RateLimited { .. }
+            | CacheError::Quota { .. }
+            | CacheError::Server { .. }
+            | CacheError::Http { .. }
+            | CacheError::InvalidResponse { .. }
+            | CacheError::Transport { .. }
+            | CacheError::Io { .. }
+            | CacheError::NothingToSave { .. }
+            | CacheError::InvalidKey { .. }
+            | CacheError::Cancelled
+            | CacheError::Disabled { .. }
+            | CacheError::Task { .. } => false,
+        }
     }
 
     pub(crate) fn io(

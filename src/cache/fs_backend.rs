@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{
-    archive_blocking, extract_blocking, validate_keys, version, CacheError, RestoreOutcome,
-    RestoreRequest, SaveReceipt, SaveRequest,
+    archive_blocking, extract_blocking, hit_or_unrestorable, validate_keys, version, CacheError,
+    RestoreOutcome, RestoreRequest, SaveReceipt, SaveRequest,
 };
 use crate::runner::Cancellation;
 
@@ -105,17 +105,50 @@ impl FsBackend {
     }
 
     pub async fn restore(&self, req: &RestoreRequest<'_>) -> Result<RestoreOutcome, CacheError> {
-        validate_keys(req.key, req.restore_keys)?;
-        let Some(entry) = self.find(req.key, req.restore_keys, &req.version())? else {
+        self.restore_matching(req, false).await
+    }
+
+    pub(crate) async fn restore_matching(
+        &self,
+        req: &RestoreRequest<'_>,
+        exact: bool,
+    ) -> Result<RestoreOutcome, CacheError> {
+        let restore_keys: &[String] = if exact { &[] } else { req.restore_keys };
+        validate_keys(req.key, restore_keys)?;
+        let Some(entry) = self
+            .find(req.key, restore_keys, &req.version())?
+            .filter(|e| !exact || e.key == req.key)
+        else {
             return Ok(RestoreOutcome::Miss);
         };
         let archive = self.dir.join(&entry.archive);
-        let report = extract_blocking(archive, req.paths, req.workspace).await?;
-        Ok(RestoreOutcome::Hit {
-            matched_key: entry.key,
-            restored: report.restored,
-            size_bytes: entry.size_bytes,
-        })
+        let extracted = extract_blocking(archive, req.paths, req.workspace).await;
+        hit_or_unrestorable(entry.key, extracted, entry.size_bytes)
+    }
+
+    /// Committed entries whose key starts with `prefix` and whose version is `version`, newest
+    /// first (what the REST listing gives for the Actions cache).
+    pub fn list(&self, prefix: &str, version: &str) -> Result<Vec<FsEntry>, CacheError> {
+        let mut out: Vec<FsEntry> = self
+            .entries()?
+            .into_iter()
+            .filter(|e| e.version == version && e.key.starts_with(prefix))
+            .collect();
+        out.sort_by(|a, b| (b.created_ns, &b.key).cmp(&(a.created_ns, &a.key)));
+        Ok(out)
+    }
+
+    /// Deletes every entry with exactly `key` (metadata first: that uncommits it). `Ok(false)`
+    /// when there was none.
+    pub fn delete(&self, key: &str) -> Result<bool, CacheError> {
+        let mut deleted = false;
+        for entry in self.entries()?.into_iter().filter(|e| e.key == key) {
+            let meta = self.meta_path(&entry.key, &entry.version);
+            fs::remove_file(&meta).map_err(|e| CacheError::io("cannot delete", &meta, e))?;
+            let _ = fs::remove_file(self.dir.join(&entry.archive));
+            deleted = true;
+        }
+        Ok(deleted)
     }
 
     pub async fn save(&self, req: &SaveRequest<'_>) -> Result<SaveReceipt, CacheError> {

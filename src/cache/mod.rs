@@ -103,6 +103,12 @@ pub enum RestoreOutcome {
         size_bytes: u64,
     },
     Miss,
+    /// An entry matched but its archive cannot be restored (unreadable, truncated, hostile):
+    /// nothing was moved into place. The restore phase falls back to older entries.
+    Unrestorable {
+        matched_key: String,
+        reason: String,
+    },
 }
 
 pub struct SaveRequest<'a> {
@@ -165,6 +171,16 @@ impl ActionsCacheClient {
     }
 
     pub async fn restore(&self, req: &RestoreRequest<'_>) -> Result<RestoreOutcome, CacheError> {
+        self.restore_matching(req, false).await
+    }
+
+    /// With `exact`, only an entry whose key is exactly `req.key` is downloaded (the service
+    /// would otherwise answer a missing key with the newest entry it prefixes).
+    async fn restore_matching(
+        &self,
+        req: &RestoreRequest<'_>,
+        exact: bool,
+    ) -> Result<RestoreOutcome, CacheError> {
         if !self.mode.can_restore() {
             return Err(CacheError::Disabled {
                 reason: format!(
@@ -176,22 +192,20 @@ impl ActionsCacheClient {
         }
         validate_keys(req.key, req.restore_keys)?;
         let version = req.version();
+        let restore_keys: &[String] = if exact { &[] } else { req.restore_keys };
         let Some(hit) = self
             .twirp
-            .lookup(req.key, req.restore_keys, &version)
+            .lookup(req.key, restore_keys, &version)
             .await?
+            .filter(|hit| !exact || hit.matched_key == req.key)
         else {
             return Ok(RestoreOutcome::Miss);
         };
         let tmp = scratch_dir(self.scratch.as_deref())?;
         let archive = tmp.path().join(ARCHIVE_NAME);
         let size_bytes = self.blob.download(&hit.download_url, &archive).await?;
-        let report = extract_blocking(archive, req.paths, req.workspace).await?;
-        Ok(RestoreOutcome::Hit {
-            matched_key: hit.matched_key,
-            restored: report.restored,
-            size_bytes,
-        })
+        let extracted = extract_blocking(archive, req.paths, req.workspace).await;
+        hit_or_unrestorable(hit.matched_key, extracted, size_bytes)
     }
 
     pub async fn save(&self, req: &SaveRequest<'_>) -> Result<SaveReceipt, CacheError> {
@@ -291,6 +305,22 @@ impl Backend {
         }
     }
 
+    /// Restores the entry with exactly `req.key` (restore keys ignored): a miss when there is
+    /// none, never another entry.
+    pub async fn restore_exact(
+        &self,
+        req: &RestoreRequest<'_>,
+    ) -> Result<RestoreOutcome, CacheError> {
+        match self {
+            Backend::Actions(c) => {
+                cancellable(c.cancel.as_ref(), c.restore_matching(req, true)).await
+            }
+            Backend::Filesystem(f) => {
+                cancellable(f.cancel.as_ref(), f.restore_matching(req, true)).await
+            }
+        }
+    }
+
     /// Whether a committed entry exists under exactly `key` for these paths (no download). The
     /// post step asks this before retrying: main may have finished its save just before it died.
     pub async fn has_entry(&self, key: &str, paths: &[String]) -> Result<bool, CacheError> {
@@ -374,6 +404,27 @@ fn scratch_dir(base: Option<&Path>) -> Result<tempfile::TempDir, CacheError> {
         None => builder
             .tempdir()
             .map_err(|e| CacheError::io("cannot create a temp dir in", std::env::temp_dir(), e)),
+    }
+}
+
+/// An extraction that failed because of the archive itself makes the entry unrestorable; any
+/// other failure (local disk, cancellation) stays an error.
+pub(crate) fn hit_or_unrestorable(
+    matched_key: String,
+    extracted: Result<ExtractReport, CacheError>,
+    size_bytes: u64,
+) -> Result<RestoreOutcome, CacheError> {
+    match extracted {
+        Ok(report) => Ok(RestoreOutcome::Hit {
+            matched_key,
+            restored: report.restored,
+            size_bytes,
+        }),
+        Err(e) if e.is_entry_fault() => Ok(RestoreOutcome::Unrestorable {
+            matched_key,
+            reason: e.to_string(),
+        }),
+        Err(e) => Err(e),
     }
 }
 

@@ -81,6 +81,8 @@ pub enum Parser {
     Handle,
     /// `aws:kms` or `AES256`, exactly.
     SseMode,
+    /// `trusted` or `all`, any case.
+    ContextAuthors,
 }
 
 impl Parser {
@@ -97,6 +99,7 @@ impl Parser {
             Parser::AuthJson | Parser::JsonObject => "JSON",
             Parser::Handle => "@HANDLE",
             Parser::SseMode => "aws:kms|AES256",
+            Parser::ContextAuthors => "trusted|all",
         }
     }
 }
@@ -230,6 +233,17 @@ pub const MENTION: InputSpec = spec(
 .default(Value("@fro-bot"))
 .parser(Parser::Handle)
 .not_local();
+pub const CONTEXT_AUTHORS: InputSpec = spec(
+    "context-authors",
+    "Whose comments enter the prompt as context: trusted (OWNER, MEMBER, COLLABORATOR and fro-bot itself) or all. Either way every quoted item is fenced and labelled as data, with hidden text stripped.",
+)
+.default(Value("trusted"))
+.parser(Parser::ContextAuthors);
+pub const TRIGGER_LABEL: InputSpec = spec(
+    "trigger-label",
+    "A label that starts a run when added to an issue or pull request (off when empty).",
+)
+.not_local();
 pub const S3_BACKUP: InputSpec = spec(
     "s3-backup",
     "Also keep memory in an S3-compatible object store, guarded by a coordination lease.",
@@ -288,6 +302,8 @@ pub const INPUTS: &[InputSpec] = &[
     OPENCODE_CONFIG,
     MATRIX_CONTEXT,
     MENTION,
+    CONTEXT_AUTHORS,
+    TRIGGER_LABEL,
     S3_BACKUP,
     S3_BUCKET,
     AWS_REGION,

@@ -138,7 +138,12 @@ pub struct GitHub {
     graphql_client: Octocrab,
     pub(crate) owner: String,
     pub(crate) repo: String,
+    /// The token's own login, looked up once per run (`own_login`).
+    own_login: std::sync::Arc<tokio::sync::OnceCell<String>>,
 }
+
+/// Who an Actions `GITHUB_TOKEN` (an installation token, which `GET /user` refuses) posts as.
+pub const APP_BOT_LOGIN: &str = "github-actions[bot]";
 
 #[derive(Debug, Deserialize)]
 struct Created {
@@ -199,6 +204,7 @@ impl GitHub {
             graphql_client,
             owner: owner.to_string(),
             repo: repo.to_string(),
+            own_login: Default::default(),
         })
     }
 
@@ -298,6 +304,31 @@ impl GitHub {
         })
     }
 
+    /// The login the token acts as (`GET /user`), looked up once and cached for the run. An
+    /// installation token (`GITHUB_TOKEN`) gets 403 there: it posts as [`APP_BOT_LOGIN`].
+    pub async fn own_login(&self) -> Result<String, ApiError> {
+        const OP: &str = "get authenticated user";
+        self.own_login
+            .get_or_try_init(|| async {
+                match self.client.get::<Value, _, _>("/user", None::<&()>).await {
+                    Ok(user) => user
+                        .get("login")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                        .ok_or(ApiError::Transport {
+                            operation: OP,
+                            message: "the answer has no login".into(),
+                        }),
+                    Err(e) => match ApiError::from_octocrab(OP, e) {
+                        e if e.status() == Some(403) => Ok(APP_BOT_LOGIN.to_string()),
+                        e => Err(e),
+                    },
+                }
+            })
+            .await
+            .cloned()
+    }
+
     /// Fork and draft state of a pull request (`GET /pulls/{n}`).
     pub async fn pull_request_flags(&self, number: u64) -> Result<PullRequestFlags, ApiError> {
         let pr: Value = self
@@ -363,9 +394,25 @@ impl GitHub {
         }
     }
 
+    /// Skips a comment the token's own identity wrote: with a personal token fro-bot's replies are
+    /// a `User`'s, and one that mentions the bot would start the next run (docs/security.md).
+    /// `Ok(None)` when the run was not triggered by a comment.
+    pub async fn check_self_trigger(
+        &self,
+        plan: &super::route::RunPlan,
+    ) -> Result<Option<super::route::SkipReason>, ApiError> {
+        let (Some(_), Some(author)) = (plan.trigger_comment_id, plan.author.as_deref()) else {
+            return Ok(None);
+        };
+        let me = self.own_login().await?;
+        Ok(author
+            .eq_ignore_ascii_case(&me)
+            .then_some(super::route::SkipReason::SelfAuthored { login: me }))
+    }
+
     /// Resolves the fork/draft gates a comment payload could not (`plan.pull_request_unchecked`).
-    /// `Ok(Some(reason))` means skip. On `Err` the caller decides; the comment author is already
-    /// trusted, so proceeding with a warning is reasonable.
+    /// `Ok(Some(reason))` means skip. On `Err` the caller skips too: unknown provenance fails
+    /// closed.
     pub async fn check_pull_request(
         &self,
         plan: &super::route::RunPlan,

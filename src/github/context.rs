@@ -33,6 +33,8 @@ impl Default for ContextLimits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContextComment {
     pub author: String,
+    /// `author_association` (`OWNER`, `NONE`...); empty when GitHub did not say.
+    pub association: String,
     pub created_at: String,
     pub body: String,
 }
@@ -43,6 +45,9 @@ pub struct Context {
     pub number: u64,
     pub title: String,
     pub body: String,
+    /// Who opened it, and their `author_association` (empty when unknown).
+    pub author: String,
+    pub author_association: String,
     /// Oldest first, the most recent `max_comments`.
     pub comments: Vec<ContextComment>,
     /// Total comments on the thread (more than `comments.len()` when older ones were left out).
@@ -57,6 +62,10 @@ struct IssueView {
     body: Option<String>,
     #[serde(default)]
     comments: Option<u64>,
+    #[serde(default)]
+    user: Option<UserView>,
+    #[serde(default)]
+    author_association: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -67,6 +76,8 @@ struct CommentView {
     body: Option<String>,
     #[serde(default)]
     created_at: Option<String>,
+    #[serde(default)]
+    author_association: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -122,6 +133,7 @@ impl GitHub {
                     .map_err(|e| ApiError::from_octocrab("list comments", e))?;
                 comments.extend(batch.into_iter().map(|c| ContextComment {
                     author: c.user.and_then(|u| u.login).unwrap_or_default(),
+                    association: c.author_association.unwrap_or_default(),
                     created_at: c.created_at.unwrap_or_default(),
                     body: c.body.unwrap_or_default(),
                 }));
@@ -134,6 +146,8 @@ impl GitHub {
             number: n,
             title: issue.title.unwrap_or_default(),
             body: issue.body.unwrap_or_default(),
+            author: issue.user.and_then(|u| u.login).unwrap_or_default(),
+            author_association: issue.author_association.unwrap_or_default(),
             total_comments: total.max(comments.len() as u64),
             comments,
         })
@@ -147,7 +161,8 @@ impl GitHub {
         const OP: &str = "get discussion";
         let query = "query($owner: String!, $name: String!, $number: Int!, $last: Int!) { \
              repository(owner: $owner, name: $name) { discussion(number: $number) { \
-             title body comments(last: $last) { totalCount nodes { author { login } body createdAt } } } } }";
+             title body author { login } authorAssociation \
+             comments(last: $last) { totalCount nodes { author { login } authorAssociation body createdAt } } } } }";
         let data = self
             .graphql(
                 OP,
@@ -177,6 +192,7 @@ impl GitHub {
                     .iter()
                     .map(|c| ContextComment {
                         author: text(c, "/author/login"),
+                        association: text(c, "/authorAssociation"),
                         created_at: text(c, "/createdAt"),
                         body: text(c, "/body"),
                     })
@@ -195,6 +211,8 @@ impl GitHub {
             number: thread.number,
             title: text(d, "/title"),
             body: text(d, "/body"),
+            author: text(d, "/author/login"),
+            author_association: text(d, "/authorAssociation"),
             total_comments: total.max(comments.len() as u64),
             comments,
         })
@@ -279,9 +297,12 @@ mod tests {
             number: 4,
             title: "Crash on start".into(),
             body: "b".repeat(body_len),
+            author: "mona".into(),
+            author_association: "OWNER".into(),
             comments: (0..comments)
                 .map(|i| ContextComment {
                     author: format!("user{i}"),
+                    association: "MEMBER".into(),
                     created_at: "2026-01-01T00:00:00Z".into(),
                     body: format!("comment number {i} {}", "x".repeat(500)),
                 })

@@ -99,7 +99,9 @@ pub fn dedup_entity(event: &Event) -> Result<DedupEntity, ProceedReason> {
             | PullRequestAction::ReadyForReview
             | PullRequestAction::ReviewRequested => Ok(DedupEntity::PullRequest(target.number)),
         },
+        // Labelling is a person asking for a run on purpose, like a comment.
         Event::Comment { .. }
+        | Event::Labeled { .. }
         | Event::Schedule { .. }
         | Event::WorkflowDispatch { .. }
         | Event::Unsupported { .. }

@@ -229,6 +229,12 @@ pub enum Event {
         target: Target,
         sender: Option<Actor>,
     },
+    /// `issues` or `pull_request` with action `labeled`: someone added `label` to the target.
+    Labeled {
+        label: String,
+        target: Target,
+        sender: Option<Actor>,
+    },
     /// `schedule`: the cron expression that fired (empty when the payload lacks it).
     Schedule {
         cron: String,
@@ -313,6 +319,24 @@ impl Event {
                     Err(missing) => malformed(missing),
                 }
             }
+            "issues" | "pull_request" if action.as_deref() == Some("labeled") => {
+                let target = match name {
+                    "issues" => issue_target(payload),
+                    _ => pull_request_target(payload),
+                };
+                let label = match str_at(payload, "/label/name") {
+                    Some(l) => l.to_string(),
+                    None => return malformed("label.name"),
+                };
+                match target {
+                    Ok(target) => Event::Labeled {
+                        label,
+                        target,
+                        sender,
+                    },
+                    Err(missing) => malformed(missing),
+                }
+            }
             "issues" => {
                 let action = match action.as_deref() {
                     Some("opened") => IssuesAction::Opened,
@@ -360,6 +384,10 @@ impl Event {
             Event::Comment { source, .. } => source.event_name(),
             Event::Issues { .. } => "issues",
             Event::PullRequest { .. } => "pull_request",
+            Event::Labeled { target, .. } => match target.kind {
+                TargetKind::PullRequest => "pull_request",
+                TargetKind::Issue | TargetKind::Discussion => "issues",
+            },
             Event::Schedule { .. } => "schedule",
             Event::WorkflowDispatch { .. } => "workflow_dispatch",
             Event::Unsupported { event, .. } | Event::Malformed { event, .. } => event,
@@ -370,7 +398,8 @@ impl Event {
         match self {
             Event::Comment { target, .. }
             | Event::Issues { target, .. }
-            | Event::PullRequest { target, .. } => Some(target),
+            | Event::PullRequest { target, .. }
+            | Event::Labeled { target, .. } => Some(target),
             Event::Schedule { .. }
             | Event::WorkflowDispatch { .. }
             | Event::Unsupported { .. }

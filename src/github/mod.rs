@@ -4,10 +4,12 @@
 //! and pull-request flags, `context`: the conversation for the prompt, `response`: the one reply).
 
 pub mod api;
+pub mod caches;
 pub mod context;
 pub mod dedup;
 pub mod event;
 pub mod keys;
+pub mod marker;
 pub mod response;
 pub mod route;
 
@@ -25,6 +27,7 @@ pub fn agent_gets_token(event: &Event) -> bool {
         Event::Comment { .. }
         | Event::Issues { .. }
         | Event::PullRequest { .. }
+        | Event::Labeled { .. }
         | Event::Unsupported { .. }
         | Event::Malformed { .. } => false,
     }

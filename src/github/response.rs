@@ -10,8 +10,7 @@ use crate::runner::Env;
 
 /// GitHub rejects comment bodies over 65536 characters; keep room for the footer.
 pub const MAX_BODY_CHARS: usize = 65_536;
-/// Marks the harness's own comments (and lets a later run find them).
-pub const MARKER: &str = "<!-- fro-bot:response -->";
+pub use super::marker::{carries_marker, MARKER};
 
 /// What the footer reports about the run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,8 +39,9 @@ pub fn run_url(env: &Env) -> Option<String> {
     })
 }
 
-/// The comment body: answer, then the footer in a `<details>` block.
-pub fn render(answer: &str, footer: &RunFooter) -> String {
+/// The comment body: answer, then the footer in a `<details>` block, then [`MARKER`]. The answer's
+/// mentions are made inert (except `requester`'s) and the whole body goes through the redactor.
+pub fn render(answer: &str, footer: &RunFooter, requester: Option<&str>) -> String {
     let mut rows = Vec::new();
     if let Some(url) = &footer.run_url {
         rows.push(format!("- Run: {url}"));
@@ -68,8 +68,12 @@ pub fn render(answer: &str, footer: &RunFooter) -> String {
     } else {
         answer
     };
+    let answer = crate::redact::neutralize_mentions(&crate::redact::redact(answer), requester);
     let room = MAX_BODY_CHARS.saturating_sub(details.chars().count());
-    format!("{}{details}", super::context::truncate_chars(answer, room))
+    let body = format!("{}{details}", super::context::truncate_chars(&answer, room));
+    // Once more whole: a cut may not leave half a token shape behind unredacted, and the footer
+    // is not exempt.
+    crate::redact::redact(&body)
 }
 
 /// Backticks would end the inline code span.
@@ -94,6 +98,7 @@ impl GitHub {
         thread: Option<&Thread>,
         answer: &str,
         footer: &RunFooter,
+        requester: Option<&str>,
     ) -> Result<ResponseOutcome, ApiError> {
         match mode {
             ResponseMode::None => return Ok(ResponseOutcome::Disabled),
@@ -102,7 +107,7 @@ impl GitHub {
         let Some(thread) = thread else {
             return Ok(ResponseOutcome::NoThread);
         };
-        let body = render(answer, footer);
+        let body = render(answer, footer, requester);
         let posted = match thread.kind {
             TargetKind::Issue | TargetKind::PullRequest => {
                 self.comment_on_issue(thread.number, &body).await?
@@ -155,7 +160,7 @@ mod tests {
             logical_key: Some("issue-4".into()),
             duration_secs: Some(12),
         };
-        let body = render("Fixed it.", &footer);
+        let body = render("Fixed it.", &footer, None);
         assert!(body.starts_with("Fixed it.\n\n<details>"));
         assert!(body.contains("- Run: https://github.com/o/r/actions/runs/42"));
         assert!(body.contains("- Session: `ses_abc`"));
@@ -163,7 +168,7 @@ mod tests {
         assert!(body.contains("</details>"));
 
         let huge = "y".repeat(100_000);
-        let body = render(&huge, &footer);
+        let body = render(&huge, &footer, None);
         assert!(body.chars().count() <= MAX_BODY_CHARS);
         assert!(body.contains(super::super::context::TRUNCATED));
         assert!(body.contains("- Session: `ses_abc`"), "footer survives");

@@ -16,6 +16,8 @@ pub struct RouteSettings<'a> {
     pub run_id: &'a str,
     /// The invocation identity (`keys::invocation_identity`).
     pub identity: Option<&'a str>,
+    /// The label whose addition starts a run (input `trigger-label`); `None` = labels start nothing.
+    pub trigger_label: Option<&'a str>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +94,17 @@ pub enum SkipReason {
     BotAuthor {
         login: String,
     },
+    /// The comment carries fro-bot's response marker: it is one of fro-bot's own answers.
+    OwnResponse,
+    /// The comment was written by the token's own identity (a personal token's user).
+    SelfAuthored {
+        login: String,
+    },
+    /// A pull request whose fork/draft state could not be verified.
+    UnverifiedPullRequest {
+        number: u64,
+        why: String,
+    },
     ForkPullRequest {
         number: u64,
     },
@@ -101,6 +114,11 @@ pub enum SkipReason {
     Locked {
         kind: TargetKind,
         number: u64,
+    },
+    /// A label was added that is not `trigger-label` (or none is set).
+    NotTheTriggerLabel {
+        label: String,
+        trigger: Option<String>,
     },
     NoPrompt {
         event: String,
@@ -127,6 +145,19 @@ impl SkipReason {
             SkipReason::BotAuthor { login } => {
                 format!("`{login}` is a bot; bots do not trigger runs.")
             }
+            SkipReason::OwnResponse => {
+                "The comment is one of fro-bot's own responses (it carries the response marker); \
+                 fro-bot does not answer itself."
+                    .to_string()
+            }
+            SkipReason::SelfAuthored { login } => format!(
+                "The comment was written by `{login}`, the identity of fro-bot's own token; \
+                 fro-bot does not answer itself."
+            ),
+            SkipReason::UnverifiedPullRequest { number, why } => format!(
+                "Pull request #{number} could not be verified as neither a fork nor a draft \
+                 ({why}); fro-bot does not run on a pull request of unknown provenance."
+            ),
             SkipReason::ForkPullRequest { number } => {
                 format!("Pull request #{number} comes from a fork.")
             }
@@ -139,11 +170,19 @@ impl SkipReason {
             SkipReason::NoPrompt { event } => {
                 format!("A `{event}` run needs the `prompt` input.")
             }
+            SkipReason::NotTheTriggerLabel { label, trigger } => match trigger {
+                Some(t) => format!("The label `{label}` is not the trigger label `{t}`."),
+                None => format!(
+                    "The label `{label}` was added, but no `trigger-label` is set: labels start no run."
+                ),
+            },
         }
     }
 }
 
-/// Routes an event. Gates apply in order: support, bot, trust, mention, lock, fork, draft.
+/// Routes an event. Gates apply in order: support, bot, own response, trust, mention, lock, fork,
+/// draft. The token's own identity and unverified pull requests are checked after routing
+/// (`GitHub::check_self_trigger`, `GitHub::check_pull_request`).
 pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
     match event {
         Event::Unsupported { event, action } => Route::Skip(SkipReason::UnsupportedEvent {
@@ -196,6 +235,9 @@ pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
                 return Route::Skip(SkipReason::BotAuthor {
                     login: bot.login.clone(),
                 });
+            }
+            if super::marker::carries_marker(&comment.body) {
+                return Route::Skip(SkipReason::OwnResponse);
             }
             if !comment.association.is_trusted() {
                 return Route::Skip(SkipReason::UntrustedAuthor {
@@ -259,7 +301,53 @@ pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
             target,
             sender,
         } => entity_route(event, target, sender.as_ref(), action.as_str()),
+        Event::Labeled {
+            label,
+            target,
+            sender,
+        } => label_route(event, label, target, sender.as_ref(), settings),
     }
+}
+
+/// A label added by a person is a request, like a mention: who can label (triage access or more)
+/// is trusted; the entity's author need not be. Bots never trigger (no loops).
+fn label_route(
+    event: &Event,
+    label: &str,
+    target: &Target,
+    sender: Option<&super::event::Actor>,
+    settings: &RouteSettings<'_>,
+) -> Route {
+    if settings.trigger_label != Some(label) {
+        return Route::Skip(SkipReason::NotTheTriggerLabel {
+            label: label.to_string(),
+            trigger: settings.trigger_label.map(str::to_string),
+        });
+    }
+    let Some(sender) = sender else {
+        return Route::Skip(SkipReason::MalformedPayload {
+            event: event.name().to_string(),
+            missing: "sender",
+        });
+    };
+    if sender.is_bot() {
+        return Route::Skip(SkipReason::BotAuthor {
+            login: sender.login.clone(),
+        });
+    }
+    if let Some(skip) = gate_target(target) {
+        return Route::Skip(skip);
+    }
+    let mut plan = entity_plan(target, None);
+    plan.author = Some(sender.login.clone());
+    plan.trigger_summary = format!(
+        "`{}` (labeled `{label}`) on {} #{} by @{}",
+        event.name(),
+        target.kind.as_str(),
+        target.number,
+        sender.login
+    );
+    Route::Run(plan)
 }
 
 /// Issues and pull_request events: gated on the entity's author (the only association the
@@ -291,7 +379,23 @@ fn entity_route(
     if let Some(skip) = gate_target(target) {
         return Route::Skip(skip);
     }
-    Route::Run(RunPlan {
+    let mut plan = entity_plan(target, dedup_entity(event).ok());
+    plan.trigger_summary = format!(
+        "`{}` ({action}) on {} #{}{}",
+        event.name(),
+        target.kind.as_str(),
+        target.number,
+        target
+            .author
+            .as_ref()
+            .map_or_else(String::new, |a| format!(" by @{}", a.login))
+    );
+    Route::Run(plan)
+}
+
+/// The plan for a run about an issue or pull request itself (not a comment on it).
+fn entity_plan(target: &Target, dedup: Option<DedupEntity>) -> RunPlan {
+    RunPlan {
         logical_key: entity_key(target),
         thread: Some(thread(target)),
         trigger: Some(Subject::Issue {
@@ -301,21 +405,12 @@ fn entity_route(
         // The issue or pull request itself is what the agent is asked about.
         directive: Some(format!("{}\n\n{}", target.title, target.body)),
         author: target.author.as_ref().map(|a| a.login.clone()),
-        dedup: dedup_entity(event).ok(),
-        trigger_summary: format!(
-            "`{}` ({action}) on {} #{}{}",
-            event.name(),
-            target.kind.as_str(),
-            target.number,
-            target
-                .author
-                .as_ref()
-                .map_or_else(String::new, |a| format!(" by @{}", a.login))
-        ),
+        dedup,
+        trigger_summary: String::new(),
         pull_request_unchecked: target.kind == TargetKind::PullRequest
             && (target.fork == Flag::Unknown || target.draft == Flag::Unknown),
         agent_gets_token: false,
-    })
+    }
 }
 
 /// Locked, fork and draft gates. `Flag::Unknown` passes here; see `RunPlan::pull_request_unchecked`.

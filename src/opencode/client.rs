@@ -98,6 +98,15 @@ pub struct MessageInfo {
     pub cost: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish: Option<String>,
+    /// Which model answered (assistant messages).
+    #[serde(
+        rename = "providerID",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub provider_id: Option<String>,
+    #[serde(rename = "modelID", default, skip_serializing_if = "Option::is_none")]
+    pub model_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -448,6 +457,11 @@ impl Client {
     /// Sessions that are not idle (idle ones are absent).
     pub async fn status(&self) -> Result<BTreeMap<String, SessionStatus>, ApiError> {
         self.json("GET", "/session/status", &[], None).await
+    }
+
+    /// The providers OpenCode can call, each with its models (`GET /config/providers`).
+    pub async fn config_providers(&self) -> Result<super::preflight::Providers, ApiError> {
+        self.json("GET", "/config/providers", &[], None).await
     }
 
     /// Subscribes to `/event` (SSE). No overall timeout: the stream lives as long as the turn.

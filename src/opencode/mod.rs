@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod locate;
+pub mod preflight;
 pub mod prep;
 pub mod progress;
 pub mod prune;
@@ -192,8 +193,18 @@ impl Agent {
         &self.server
     }
 
+    /// Resolution by title alone (legacy memory; tests).
     pub async fn resolve_session(&self, logical_key: &str) -> Result<ResolvedSession, ApiError> {
-        session::resolve(&self.client, logical_key).await
+        session::resolve(&self.client, logical_key, session::Ownership::ByTitle).await
+    }
+
+    /// Resolution as fro-bot's session map allows (`phases::session_map`).
+    pub async fn resolve_owned_session(
+        &self,
+        logical_key: &str,
+        ownership: session::Ownership<'_>,
+    ) -> Result<ResolvedSession, ApiError> {
+        session::resolve(&self.client, logical_key, ownership).await
     }
 
     /// Excerpts from other sessions (`exclude`: the current one and any it replaced).

@@ -174,13 +174,19 @@ fn elapsed(d: Duration) -> String {
 }
 
 fn one_line(text: &str) -> String {
-    let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    // Redacted whole first: flattening or cutting could split a secret the log would then miss.
+    let flat: String = crate::redact::redact(text)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     truncate(&neutralize(&flat), 200)
 }
 
 /// The agent's text as indented lines, so none can start a workflow command (`::name::`).
 fn text_lines(stamp: &str, text: &str) -> Vec<String> {
-    let shown = truncate(text.trim(), MAX_TEXT_CHARS);
+    // Redacted whole first: each line is logged on its own, and a PEM block or a multi-line secret
+    // is only recognizable whole.
+    let shown = truncate(crate::redact::redact(text).trim(), MAX_TEXT_CHARS);
     let mut out = vec![format!("{stamp} agent:")];
     out.extend(shown.lines().map(|l| format!("    {}", neutralize(l))));
     out
@@ -340,6 +346,14 @@ mod tests {
             ["[0:00] todo: [x] Read the issue · [~] Fix it"]
         );
         assert_eq!(p.todos(), todos.as_slice());
+    }
+
+    #[test]
+    fn a_multi_line_secret_is_redacted_whole_before_lines_are_split() {
+        let pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEAprogressKeyBody0\n-----END RSA PRIVATE KEY-----";
+        let lines = text_lines("[0:01]", &format!("Here:\n{pem}\ndone"));
+        assert_eq!(lines, ["[0:01] agent:", "    Here:", "    ***", "    done"]);
+        assert!(!one_line(pem).contains("progressKeyBody"));
     }
 
     #[test]

@@ -1,8 +1,10 @@
-//! Which OpenCode session a run continues: the newest live root session of this workspace titled
-//! `fro-bot: {logical key}`, or a new one with that title (a title also saves OpenCode's extra
-//! title-generator LLM call).
+//! Which OpenCode session a run continues: the one fro-bot's session map records for the logical
+//! key (`phases::session_map`), or — for memory written before the map existed — the newest live
+//! root session of this workspace titled `fro-bot: {logical key}`; else a new one with that title
+//! (a title also saves OpenCode's extra title-generator LLM call).
 
 use super::client::{ApiError, Client, Session};
+pub use crate::phases::session_map::Ownership;
 
 pub fn title_for(logical_key: &str) -> String {
     format!("fro-bot: {logical_key}")
@@ -44,10 +46,34 @@ pub fn pick<'a>(sessions: &'a [Session], directory: &str, title: &str) -> Option
         })
 }
 
-pub async fn resolve(client: &Client, logical_key: &str) -> Result<ResolvedSession, ApiError> {
+/// The session fro-bot recorded for the conversation, if it is still live: in this workspace,
+/// a root session, not archived or compacting. Its title does not matter (and no other session
+/// with that title is considered).
+pub fn pick_owned<'a>(sessions: &'a [Session], directory: &str, id: &str) -> Option<&'a Session> {
+    sessions.iter().find(|s| {
+        s.id == id
+            && s.directory == directory
+            && s.time.archived.is_none()
+            && s.time.compacting.is_none()
+            && s.parent_id.is_none()
+    })
+}
+
+/// Resumes the conversation's session — the one fro-bot's map names, or for legacy memory the
+/// newest with its title — or creates one.
+pub async fn resolve(
+    client: &Client,
+    logical_key: &str,
+    ownership: Ownership<'_>,
+) -> Result<ResolvedSession, ApiError> {
     let title = title_for(logical_key);
     let sessions = client.list_sessions().await?;
-    if let Some(s) = pick(&sessions, client.directory(), &title) {
+    let found = match ownership {
+        Ownership::Mapped(Some(id)) => pick_owned(&sessions, client.directory(), id),
+        Ownership::Mapped(None) => None,
+        Ownership::ByTitle => pick(&sessions, client.directory(), &title),
+    };
+    if let Some(s) = found {
         return Ok(ResolvedSession {
             session: s.clone(),
             resolution: Resolution::Resumed,
@@ -105,5 +131,25 @@ mod tests {
         assert_eq!(pick(&sessions, "/ws", t).unwrap().id, "ses_g");
         assert!(pick(&sessions, "/ws", "fro-bot: issue-2").is_none());
         assert_eq!(title_for("pr-7"), "fro-bot: pr-7");
+    }
+
+    #[test]
+    fn an_owned_session_is_found_by_id_alone_and_only_if_live() {
+        let t = "fro-bot: issue-1";
+        let mut archived = s("ses_a", t, 900);
+        archived.time.archived = Some(901);
+        let mut planted = s("ses_p", t, 9_999_999_999_999);
+        planted.time.created = 9_999_999_999_999;
+        let sessions = vec![archived, planted, s("ses_mine", "renamed", 100)];
+        assert_eq!(
+            pick_owned(&sessions, "/ws", "ses_mine").unwrap().id,
+            "ses_mine"
+        );
+        assert!(pick_owned(&sessions, "/ws", "ses_a").is_none(), "archived");
+        assert!(
+            pick_owned(&sessions, "/other", "ses_mine").is_none(),
+            "elsewhere"
+        );
+        assert!(pick_owned(&sessions, "/ws", "ses_gone").is_none());
     }
 }

@@ -111,6 +111,10 @@ pub enum TurnFailure {
     Api {
         message: String,
     },
+    /// No model can be called (no credentials, unknown model): found before the turn started.
+    NoUsableModel {
+        message: String,
+    },
 }
 
 impl std::fmt::Display for TurnFailure {
@@ -119,6 +123,7 @@ impl std::fmt::Display for TurnFailure {
             TurnFailure::Quota { message } => {
                 write!(f, "the provider's quota is exhausted ({message})")
             }
+            TurnFailure::NoUsableModel { message } => write!(f, "no usable model: {message}"),
             TurnFailure::ProviderAuth { message } => {
                 write!(f, "the provider rejected the credentials ({message})")
             }
@@ -148,6 +153,8 @@ pub enum TurnOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AssistantReply {
     pub message_id: String,
+    /// `provider/model` of the answering model, when OpenCode says.
+    pub model: Option<String>,
     pub text: String,
     pub tokens: Tokens,
     pub cost: f64,
@@ -344,6 +351,10 @@ fn account(report: &mut TurnReport, new: &[Message]) {
     }
     report.reply = last.map(|m| AssistantReply {
         message_id: m.info.id.clone(),
+        model: match (&m.info.provider_id, &m.info.model_id) {
+            (Some(p), Some(id)) => Some(format!("{p}/{id}")),
+            _ => None,
+        },
         text: m.plain_text(),
         tokens: m.info.tokens.clone().unwrap_or_default(),
         cost: m.info.cost.unwrap_or(0.0),

@@ -83,6 +83,9 @@ pub(crate) async fn admit(
         Route::Skip(reason) => return Ok(skip(reason.describe())),
     };
     let gh = github_client(&env, &setup.settings, &mode);
+    if let Some(reason) = check_self_trigger(gh.as_ref(), &plan).await {
+        return Ok(skip(reason));
+    }
     if let Some(reason) = check_pull_request(gh.as_ref(), &plan).await {
         return Ok(skip(reason));
     }
@@ -124,6 +127,7 @@ pub(crate) async fn admit(
         cache,
         store: None,
         lease: None,
+        restored_copy: None,
         report: PersistenceReport::default(),
     };
     if let Some(reason) = check_dedup(&ctx).await {
@@ -194,6 +198,7 @@ fn route_event(setup: &Setup, mode: &Mode) -> Route {
             prompt_given: setup.settings.prompt.is_some(),
             run_id: &setup.run_id,
             identity: setup.identity.as_deref(),
+            trigger_label: setup.settings.trigger_label.as_deref(),
         },
     );
     match (route, mode) {
@@ -220,18 +225,34 @@ fn github_client(env: &Env, settings: &Settings, mode: &Mode) -> Option<github::
     }
 }
 
-/// A comment on a pull request: the payload does not say whether it is a fork or a draft.
+/// A comment by the token's own identity (a personal token's user): fro-bot does not answer
+/// itself (docs/security.md). A failed lookup proceeds: the response marker still stops
+/// fro-bot's own comments in routing.
+async fn check_self_trigger(gh: Option<&github::GitHub>, plan: &RunPlan) -> Option<String> {
+    match gh?.check_self_trigger(plan).await {
+        Ok(reason) => reason.map(|r| r.describe()),
+        Err(e) => {
+            tracing::warn!("cannot look up the token's identity (proceeding): {e}");
+            None
+        }
+    }
+}
+
+/// A comment on a pull request: the payload does not say whether it is a fork or a draft. What
+/// the API cannot settle (no token, an error) is not run: unknown provenance fails closed.
 async fn check_pull_request(gh: Option<&github::GitHub>, plan: &RunPlan) -> Option<String> {
     if !plan.pull_request_unchecked {
         return None;
     }
-    match gh?.check_pull_request(plan).await {
-        Ok(Some(reason)) => Some(reason.describe()),
-        Ok(None) => None,
-        Err(e) => {
-            tracing::warn!("cannot check the pull request (proceeding): {e}");
-            None
-        }
+    let number = plan.thread.as_ref().map_or(0, |t| t.number);
+    let unverified =
+        |why: String| Some(github::SkipReason::UnverifiedPullRequest { number, why }.describe());
+    let Some(gh) = gh else {
+        return unverified("no GitHub token to look it up".into());
+    };
+    match gh.check_pull_request(plan).await {
+        Ok(reason) => reason.map(|r| r.describe()),
+        Err(e) => unverified(e.to_string()),
     }
 }
 

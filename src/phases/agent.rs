@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::config::{ResponseMode, Settings};
+use crate::config::{ContextAuthors, ResponseMode, Settings};
 use crate::github::{self, RunPlan};
 use crate::opencode::progress::ProgressSink;
 use crate::opencode::{
@@ -25,6 +25,8 @@ pub(crate) struct AgentRun {
     pub(crate) answer: Option<String>,
     pub(crate) tokens: Option<opencode::client::Tokens>,
     pub(crate) cost: f64,
+    /// `provider/model` that answered, as OpenCode reports it.
+    pub(crate) model: Option<String>,
     pub(crate) errors: Vec<String>,
     /// Session resolution, context and prior-work search, prompt building.
     pub(crate) prep_time: Duration,
@@ -152,12 +154,63 @@ pub(crate) struct AgentInputs<'a> {
     pub(crate) started: Instant,
 }
 
+/// The thread's context for the prompt. With `context-authors: trusted` comments of authors without
+/// write access are left out (counted); fro-bot's own answers stay. Title and body always stay:
+/// they are what the run is about, and are fenced like everything else.
+fn entity_context(
+    c: github::context::Context,
+    authors: ContextAuthors,
+    own_login: Option<&str>,
+) -> prep::EntityContext {
+    let total = c.comments.len();
+    let comments: Vec<prep::CommentContext> = c
+        .comments
+        .into_iter()
+        .filter(|cm| match authors {
+            ContextAuthors::All => true,
+            ContextAuthors::Trusted => {
+                github::event::Association::parse(Some(&cm.association)).is_trusted()
+                    || own_login.is_some_and(|me| me.eq_ignore_ascii_case(&cm.author))
+                    || cm.author == github::api::APP_BOT_LOGIN
+            }
+        })
+        .map(|cm| prep::CommentContext {
+            author: cm.author,
+            association: cm.association,
+            body: cm.body,
+        })
+        .collect();
+    prep::EntityContext {
+        kind: c.kind.as_str().replace('_', " "),
+        number: c.number,
+        title: c.title,
+        body: c.body,
+        author: c.author,
+        author_association: c.author_association,
+        omitted_untrusted: total - comments.len(),
+        comments,
+        trigger: None,
+    }
+}
+
 /// Resolves the session, prepares the prompt (context, prior work), runs the turn and writes the
 /// run summary back into the session.
 pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
     let started_prep = Instant::now();
     let plan = inputs.plan;
-    let resolved = match agent.resolve_session(plan.logical_key.as_str()).await {
+    if let Err(message) = preflight(agent, inputs.settings).await {
+        log::error(&format!("no usable model: {message}"));
+        out.errors.push(message.clone());
+        out.outcome = Some(TurnOutcome::Failed(opencode::TurnFailure::NoUsableModel {
+            message,
+        }));
+        return;
+    }
+    let key = plan.logical_key.as_str();
+    let resolved = match agent
+        .resolve_owned_session(key, inputs.restored.sessions.ownership(key))
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             out.errors.push(format!("cannot resolve the session: {e}"));
@@ -195,6 +248,18 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
     }
 }
 
+/// With no usable model OpenCode retries for minutes: fail at once and say what to fix.
+async fn preflight(agent: &Agent, settings: &Settings) -> Result<(), String> {
+    match agent.client().config_providers().await {
+        Ok(providers) => opencode::preflight::check(&providers, settings.model.as_ref())
+            .map_err(|e| e.to_string()),
+        Err(e) => {
+            tracing::warn!("cannot list OpenCode's providers (going on without the check): {e}");
+            Ok(())
+        }
+    }
+}
+
 /// The prompt: GitHub context (bounded), prior work from other sessions, the directive and rules.
 async fn prepare_prompt(agent: &Agent, inputs: &AgentInputs<'_>, session_id: &str) -> String {
     let AgentInputs {
@@ -226,22 +291,12 @@ async fn prepare_prompt(agent: &Agent, inputs: &AgentInputs<'_>, session_id: &st
             Vec::new()
         }
     };
-    let entity = context.map(|c| prep::EntityContext {
-        kind: c.kind.as_str().replace('_', " "),
-        number: c.number,
-        title: c.title,
-        body: c.body,
-        author: String::new(),
-        comments: c
-            .comments
-            .into_iter()
-            .map(|cm| prep::CommentContext {
-                author: cm.author,
-                body: cm.body,
-            })
-            .collect(),
-        trigger: None,
-    });
+    // fro-bot's own answers stay in a trusted-only context (the identity is cached for the run).
+    let own_login = match (gh, &context, settings.context_authors) {
+        (Some(gh), Some(_), ContextAuthors::Trusted) => gh.own_login().await.ok(),
+        _ => None,
+    };
+    let entity = context.map(|c| entity_context(c, settings.context_authors, own_login.as_deref()));
     let schedule_like = plan.thread.is_none();
     prep::build_prompt(&prep::PromptInput {
         repo: env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string(),
@@ -259,6 +314,7 @@ async fn prepare_prompt(agent: &Agent, inputs: &AgentInputs<'_>, session_id: &st
         prompt_replaces_directive: schedule_like,
         rules: response_rules(settings.response_mode, plan),
         budget: 0,
+        fence: crate::untrusted::Fence::default(),
     })
 }
 
@@ -284,6 +340,7 @@ fn record_turn(report: &TurnReport, out: &mut AgentRun) {
         .filter(|t| !t.trim().is_empty());
     out.tokens = Some(report.tokens.clone());
     out.cost = report.cost;
+    out.model = report.reply.as_ref().and_then(|r| r.model.clone());
     match &report.outcome {
         TurnOutcome::Completed => {
             tracing::info!("the agent finished ({} attempt(s))", report.attempts)

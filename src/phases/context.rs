@@ -1,7 +1,7 @@
 //! What a run knows once it is admitted (`RunContext`), the types the phases share (`Mode`,
 //! `StoreContext`), and how the main step ends (`ExitStatus`, `RunExit`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::cache;
@@ -11,7 +11,7 @@ use crate::lease::LeaseHandle;
 use crate::object_store::{ObjectStore, StoreKeys};
 use crate::phases::dedup::CacheSentinels;
 use crate::phases::paths::StatePaths;
-use crate::phases::report::PersistenceReport;
+use crate::phases::report::{PersistenceReport, RestoreReport, RestoreSource};
 use crate::runner::{Cancellation, Env, FileCommands};
 
 #[derive(Debug, Clone)]
@@ -94,6 +94,8 @@ pub(crate) struct RunContext {
     pub(crate) cache: Option<cache::Backend>,
     pub(crate) store: Option<StoreContext>,
     pub(crate) lease: Option<HeldLease>,
+    /// The database as restored (its digest), so an unchanged one is not uploaded again.
+    pub(crate) restored_copy: Option<RestoredCopy>,
     /// The summary's Session Persistence section, filled as the phases go.
     pub(crate) report: PersistenceReport,
 }
@@ -167,4 +169,44 @@ pub(crate) fn set_output(files: &FileCommands, name: &str, value: &str) {
     if let Err(e) = files.set_output(name, value) {
         tracing::warn!("{e}");
     }
+}
+
+/// What the run restored, to tell an unchanged database from one worth uploading again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoredCopy {
+    pub sha256: [u8; 32],
+    /// The Actions cache entry it came from; `None` for the object store's copy.
+    pub cache_key: Option<String>,
+}
+
+impl RestoredCopy {
+    /// The restored database's digest, when a restore hit left one.
+    pub fn of(paths: &StatePaths, report: &RestoreReport) -> Option<Self> {
+        let cache_key = match report.source {
+            RestoreSource::Cache => Some(report.matched_key.clone()?),
+            RestoreSource::Storage => None,
+            RestoreSource::None => return None,
+        };
+        match sha256_file(&paths.db()) {
+            Ok(sha256) => Some(Self { sha256, cache_key }),
+            Err(e) => {
+                tracing::debug!("cannot hash the restored database: {e}");
+                None
+            }
+        }
+    }
+
+    pub(crate) fn holder(&self) -> String {
+        match &self.cache_key {
+            Some(key) => format!("the Actions cache entry `{key}`"),
+            None => "the object store's copy".to_string(),
+        }
+    }
+}
+
+pub(crate) fn sha256_file(path: &Path) -> std::io::Result<[u8; 32]> {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+    Ok(hasher.finalize().into())
 }

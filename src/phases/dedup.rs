@@ -63,7 +63,8 @@ impl SentinelStore for CacheSentinels<'_> {
             workspace: &self.workspace,
         };
         match self.backend.restore(&request).await {
-            Ok(RestoreOutcome::Miss) => Ok(None),
+            // An unreadable sentinel is no sentinel: the run proceeds.
+            Ok(RestoreOutcome::Miss | RestoreOutcome::Unrestorable { .. }) => Ok(None),
             Ok(RestoreOutcome::Hit { .. }) => match std::fs::read(&self.file) {
                 // An unreadable sentinel is as good as none: never block a run on it.
                 Ok(raw) => Ok(Sentinel::from_json(&raw).ok()),

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::config::Settings;
+use crate::github::response::ResponseOutcome;
 use crate::github::{self, CacheKeys, RunPlan};
 use crate::object_store as store;
 use crate::opencode::TurnOutcome;
@@ -14,6 +15,7 @@ use crate::phases::paths::StatePaths;
 use crate::phases::report::{PersistenceReport, RestoreReport};
 use crate::runner::{log, now_ms, Env, FileCommands};
 
+/// Posts the answer (or, for a failed run, says so) and reacts; the comment's URL when posted.
 pub(crate) async fn finalize_github(
     gh: &github::GitHub,
     settings: &Settings,
@@ -22,7 +24,7 @@ pub(crate) async fn finalize_github(
     agent_run: &AgentRun,
     restored: &RestoreReport,
     started: Instant,
-) {
+) -> Option<String> {
     let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
     // A failed run still answers once, so the person who asked is not left waiting in silence.
     let failure = (!succeeded && agent_run.answer.is_none()).then(|| {
@@ -31,6 +33,7 @@ pub(crate) async fn finalize_github(
             agent_run.outcome_text()
         )
     });
+    let mut url = None;
     if let Some(answer) = agent_run.answer.as_ref().or(failure.as_ref()) {
         let footer = github::response::RunFooter {
             run_url: github::response::run_url(env),
@@ -39,21 +42,21 @@ pub(crate) async fn finalize_github(
             logical_key: Some(plan.logical_key.as_str().to_string()),
             duration_secs: Some(started.elapsed().as_secs()),
         };
-        if let Err(e) = gh
-            .respond(
-                settings.response_mode,
-                plan.thread.as_ref(),
-                answer,
-                &footer,
-            )
+        let thread = plan.thread.as_ref();
+        let requester = plan.author.as_deref();
+        match gh
+            .respond(settings.response_mode, thread, answer, &footer, requester)
             .await
         {
-            log::warning(&format!("cannot post the response comment: {e}"));
+            Ok(ResponseOutcome::Posted(posted)) => url = posted.url,
+            Ok(ResponseOutcome::Disabled | ResponseOutcome::NoThread) => {}
+            Err(e) => log::warning(&format!("cannot post the response comment: {e}")),
         }
     }
     if let Err(e) = gh.conclude(plan, succeeded).await {
         tracing::warn!("cannot add the completion reaction: {e}");
     }
+    url
 }
 
 pub(crate) async fn upload_run_records(
@@ -77,6 +80,8 @@ pub(crate) async fn upload_run_records(
         "lease": report.lease.describe(),
         "at_ms": now_ms(),
     });
+    // Outcome texts quote errors: the record goes through the redactor like everything else.
+    let (metadata, _) = crate::redact::redact_json(&metadata);
     if let store::UploadOutcome::Failed { error } =
         store::sync::upload_run_metadata(&ctx.store, &ctx.keys, &run_key, &metadata).await
     {
@@ -148,6 +153,10 @@ pub(crate) fn write_summary(
         ],
         vec!["Agent".into(), agent_run.outcome_text()],
         vec![
+            "Model".into(),
+            agent_run.model.clone().unwrap_or_else(|| "n/a".into()),
+        ],
+        vec![
             "Tokens / cost".into(),
             match &agent_run.tokens {
                 Some(t) => format!("{} in, {} out / ${:.4}", t.input, t.output, agent_run.cost),
@@ -166,6 +175,6 @@ pub(crate) fn write_summary(
     }
     if files.summary.is_none() {
         // Local runs: the summary goes to the terminal.
-        println!("\n{md}");
+        println!("\n{}", log::redact(&md));
     }
 }

@@ -109,6 +109,10 @@ pub struct Marker {
     pub saved_at: u64,
     pub db_size: u64,
     pub db_sha256: String,
+    /// Logical key → id of the session fro-bot keeps that conversation in. Absent in markers
+    /// written before the map existed (then threads are found by title once, and migrated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<crate::phases::session_map::Map>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,8 +162,27 @@ pub fn parse_marker(text: &str) -> MarkerCheck {
     }
 }
 
-/// Writes the marker for the database as it is now (after its checkpoint), atomically.
-pub fn write_marker(paths: &StatePaths, run_id: &str, now_ms: u64) -> std::io::Result<Marker> {
+/// Writes the marker for the database as it is now (after its checkpoint), atomically. `sessions`
+/// is the session map to record; `None` keeps the map of the marker on disk (post, which did not
+/// see the run). Entries whose session is gone from the database are dropped.
+pub fn write_marker(
+    paths: &StatePaths,
+    run_id: &str,
+    now_ms: u64,
+    sessions: Option<&crate::phases::session_map::Map>,
+) -> std::io::Result<Marker> {
+    let mut sessions = match sessions {
+        Some(map) => Some(map.clone()),
+        None => match check_marker(&paths.marker()) {
+            MarkerCheck::Compatible(old) => old.sessions,
+            MarkerCheck::Missing
+            | MarkerCheck::VersionMismatch { .. }
+            | MarkerCheck::Unreadable { .. } => None,
+        },
+    };
+    if let Some(map) = sessions.as_mut() {
+        crate::phases::session_map::retain_existing(&paths.db(), map);
+    }
     use sha2::{Digest, Sha256};
     use std::io::Read;
     let mut file = std::fs::File::open(paths.db())?;
@@ -181,6 +204,7 @@ pub fn write_marker(paths: &StatePaths, run_id: &str, now_ms: u64) -> std::io::R
         saved_at: now_ms,
         db_size: size,
         db_sha256: hex::encode(hasher.finalize()),
+        sessions,
     };
     let tmp = paths.data_dir.join(format!(".{MARKER_FILE}.tmp"));
     let json = serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?;
@@ -225,13 +249,35 @@ mod tests {
         let paths = StatePaths::new(dir.path().to_path_buf());
         assert_eq!(check_marker(&paths.marker()), MarkerCheck::Missing);
         std::fs::write(paths.db(), b"0123456789").unwrap();
-        let m = write_marker(&paths, "42", 1_700_000_000_000).unwrap();
+        let m = write_marker(&paths, "42", 1_700_000_000_000, None).unwrap();
+        assert_eq!(m.sessions, None, "no map given, none on disk");
         assert_eq!(m.db_size, 10);
         assert_eq!(
             m.db_sha256,
             "84d89877f0d4041efb6bf91a16f0248f2fd573e6af05c19f96bedb9f882f7882"
         );
         assert_eq!(check_marker(&paths.marker()), MarkerCheck::Compatible(m));
+        // A map given is recorded; without one, the map on disk is kept.
+        let map = crate::phases::session_map::Map::from([("issue-1".into(), "ses_1".into())]);
+        std::fs::remove_file(paths.db()).unwrap();
+        rusqlite::Connection::open(paths.db())
+            .unwrap()
+            .execute_batch("CREATE TABLE session(id text); INSERT INTO session VALUES ('ses_1');")
+            .unwrap();
+        let m = write_marker(&paths, "43", 1, Some(&map)).unwrap();
+        assert_eq!(m.sessions.as_ref(), Some(&map));
+        let kept = write_marker(&paths, "44", 2, None).unwrap();
+        assert_eq!(kept.sessions, Some(map));
+        // A marker from before the map existed parses, without one.
+        std::fs::write(
+            paths.marker(),
+            r#"{"storage_version":1,"writer_version":"fro-bot 0.1","run_id":"1","saved_at":1,"db_size":1,"db_sha256":"x"}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            check_marker(&paths.marker()),
+            MarkerCheck::Compatible(Marker { sessions: None, .. })
+        ));
         std::fs::write(paths.marker(), r#"{"storage_version":2}"#).unwrap();
         assert_eq!(
             check_marker(&paths.marker()),

@@ -89,6 +89,8 @@ async fn decide_and_retry(env: &Env) -> PostOutcome {
 }
 
 async fn retry(env: &Env) -> PostOutcome {
+    // The save scrubs the database of every registered secret: register them in this process too.
+    config::register_secrets(env);
     // Only the inputs the retry needs; a bad value elsewhere was main's to report.
     if config::parse_bool(env, &input::SKIP_CACHE).unwrap_or(false) {
         return PostOutcome::NothingToDo {
@@ -148,6 +150,10 @@ async fn save_with_key(
     let run_id = env
         .get(crate::runner::env::GITHUB_RUN_ID)
         .unwrap_or("unknown");
+    // Main hands its session map over in the state; without it the marker on disk keeps its own.
+    let sessions: Option<crate::phases::session_map::Map> = env
+        .state(state::SESSION_MAP)
+        .and_then(|json| serde_json::from_str(json).ok());
     save(
         SaveInputs {
             paths,
@@ -163,6 +169,11 @@ async fn save_with_key(
             save_key,
             run_id,
             now_ms: crate::runner::now_ms(),
+            // A shadow guard makes main record declined-for-safety at once: post never gets here.
+            shadow_guard: None,
+            sessions: sessions.as_ref(),
+            // Post does not know what main restored: a retry always uploads.
+            restored: None,
         },
         // Never the object store from post: the lease is gone.
         || async { StorePublish::NotAttempted },

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use rusqlite::{Connection, OpenFlags, OptionalExtension};
+use rusqlite::{Connection, OpenFlags};
 
 /// File OpenCode reads its cached project id from, inside `.git/`.
 pub const PROJECT_ID_FILE: &str = "opencode";
@@ -24,6 +24,11 @@ pub enum IdentityOutcome {
     },
     /// No restored project for this workspace: OpenCode derives its own id.
     NoRestoredProject,
+    /// Restored projects of this workspace exist, but none has an id OpenCode could have made
+    /// (40 or 64 lowercase hex, or `global`): nothing is written (docs/persistence.md).
+    Refused {
+        count: usize,
+    },
     /// The workspace has no `.git` directory (not a checkout, or a worktree/submodule link).
     NotAGitCheckout,
     Failed {
@@ -39,14 +44,26 @@ pub fn align(workspace: &Path, db: &Path) -> IdentityOutcome {
     if !db.is_file() {
         return IdentityOutcome::NoRestoredProject;
     }
-    let id = match restored_project_id(db, workspace) {
-        Ok(Some(id)) => id,
-        Ok(None) => return IdentityOutcome::NoRestoredProject,
+    let candidates = match restored_project_ids(db, workspace) {
+        Ok(ids) => ids,
         Err(e) => {
             return IdentityOutcome::Failed {
                 message: format!("reading restored projects: {e}"),
             }
         }
+    };
+    let refused = candidates.iter().filter(|id| !is_valid_id(id)).count();
+    if refused > 0 {
+        // The ids themselves are never logged: they are attacker-controlled text.
+        tracing::warn!(
+            "project identity: refused {refused} restored project id(s) that are not a commit hash"
+        );
+    }
+    let Some(id) = candidates.into_iter().find(|id| is_valid_id(id)) else {
+        return match refused {
+            0 => IdentityOutcome::NoRestoredProject,
+            count => IdentityOutcome::Refused { count },
+        };
     };
     let file = git_dir.join(PROJECT_ID_FILE);
     if std::fs::read_to_string(&file).is_ok_and(|current| current.trim() == id) {
@@ -60,28 +77,39 @@ pub fn align(workspace: &Path, db: &Path) -> IdentityOutcome {
     }
 }
 
-/// The project whose worktree is this workspace; if several (earlier shallow checkouts each made
-/// one), the one with the most recently updated session, then the most sessions.
-fn restored_project_id(db: &Path, workspace: &Path) -> rusqlite::Result<Option<String>> {
+/// An id OpenCode itself makes: a root commit (SHA-1 or SHA-256, lowercase hex) or `global`.
+/// Anything else could steer the path OpenCode builds from it (`snapshot/{id}`).
+pub fn is_valid_id(id: &str) -> bool {
+    id == "global"
+        || (matches!(id.len(), 40 | 64)
+            && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+}
+
+/// The projects whose worktree is this workspace, best first: the one with the most recently
+/// updated session (earlier shallow checkouts each made one), then the most sessions.
+fn restored_project_ids(db: &Path, workspace: &Path) -> rusqlite::Result<Vec<String>> {
     let conn = Connection::open_with_flags(
         db,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
-    conn.query_row(
+    let mut stmt = conn.prepare(
         "SELECT p.id FROM project p LEFT JOIN session s ON s.project_id = p.id \
          WHERE p.worktree = ?1 AND p.id <> 'global' \
          GROUP BY p.id \
          ORDER BY max(coalesce(s.time_updated, 0)) DESC, count(s.id) DESC, p.time_updated DESC \
-         LIMIT 1",
-        [workspace.to_string_lossy()],
-        |row| row.get::<_, String>(0),
-    )
-    .optional()
+         LIMIT 50",
+    )?;
+    let rows = stmt.query_map([workspace.to_string_lossy()], |row| row.get::<_, String>(0))?;
+    rows.collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    static A: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| "a".repeat(40));
+    static B: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| "b".repeat(40));
+    static C: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| "c".repeat(40));
 
     fn db_with(dir: &Path, rows: &[(&str, &str, &[i64])]) -> std::path::PathBuf {
         let db = dir.join("opencode.db");
@@ -117,24 +145,55 @@ mod tests {
         let db = db_with(
             dir.path(),
             &[
-                ("aaaa", &wss, &[100, 200]),
-                ("bbbb", &wss, &[300]),
-                ("cccc", "/elsewhere", &[900]),
+                (&A, &wss, &[100, 200]),
+                (&B, &wss, &[300]),
+                (&C, "/elsewhere", &[900]),
                 ("global", &wss, &[1000]),
             ],
         );
-        assert_eq!(
-            align(&ws, &db),
-            IdentityOutcome::Written { id: "bbbb".into() }
-        );
+        assert_eq!(align(&ws, &db), IdentityOutcome::Written { id: B.clone() });
         assert_eq!(
             std::fs::read_to_string(ws.join(".git/opencode")).unwrap(),
-            "bbbb"
+            *B
         );
         assert_eq!(
             align(&ws, &db),
-            IdentityOutcome::AlreadySet { id: "bbbb".into() }
+            IdentityOutcome::AlreadySet { id: B.clone() }
         );
+    }
+
+    #[test]
+    fn ids_opencode_could_not_have_made_are_never_written() {
+        for ok in [&*A, &"0123456789abcdef".repeat(4), "global"] {
+            assert!(is_valid_id(ok), "{ok}");
+        }
+        for bad in [
+            "../storage/evil",
+            &"A".repeat(40),
+            &"a".repeat(39),
+            &"a".repeat(41),
+            "",
+            &format!("{}\n", &*A),
+        ] {
+            assert!(!is_valid_id(bad), "{bad:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join(".git")).unwrap();
+        let wss = ws.to_string_lossy().into_owned();
+        // The poisoned project is the most recently used one: the valid one behind it is taken.
+        let db = db_with(
+            dir.path(),
+            &[(&A, &wss, &[1]), ("../storage/evil", &wss, &[9])],
+        );
+        assert_eq!(align(&ws, &db), IdentityOutcome::Written { id: A.clone() });
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join(".git")).unwrap();
+        let wss = ws.to_string_lossy().into_owned();
+        let db = db_with(dir.path(), &[("../storage/evil", &wss, &[9])]);
+        assert_eq!(align(&ws, &db), IdentityOutcome::Refused { count: 1 });
+        assert!(!ws.join(".git/opencode").exists());
     }
 
     #[test]
@@ -142,7 +201,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ws = dir.path().join("ws");
         std::fs::create_dir_all(&ws).unwrap();
-        let db = db_with(dir.path(), &[("aaaa", "/elsewhere", &[1])]);
+        let db = db_with(dir.path(), &[(&A, "/elsewhere", &[1])]);
         assert_eq!(align(&ws, &db), IdentityOutcome::NotAGitCheckout);
         std::fs::create_dir_all(ws.join(".git")).unwrap();
         assert_eq!(align(&ws, &db), IdentityOutcome::NoRestoredProject);

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::checkpoint::CheckpointOutcome;
+use crate::phases::session_map::SessionMap;
 use crate::runner::summary::table;
 use crate::save_result::{CacheSaveResult, StorePublish};
 
@@ -72,6 +73,11 @@ pub struct RestoreReport {
     pub store_etag: Option<String>,
     /// Warnings and notable facts, in order (already free of secrets).
     pub notes: Vec<String>,
+    /// Which sessions this memory lets fro-bot resume (`phases::session_map`).
+    pub sessions: SessionMap,
+    /// Set when an entry existed but none could be restored and older memory may remain: the
+    /// save is declined with this reason, so it cannot hide that memory.
+    pub shadow_guard: Option<String>,
 }
 
 impl RestoreReport {
@@ -82,6 +88,8 @@ impl RestoreReport {
             matched_key: None,
             store_etag: None,
             notes: Vec::new(),
+            sessions: SessionMap::default(),
+            shadow_guard: None,
         }
     }
 }
@@ -92,6 +100,7 @@ pub struct PersistenceReport {
     pub restore: Option<RestoreReport>,
     pub save: Option<CacheSaveResult>,
     pub checkpoint: Option<CheckpointOutcome>,
+    pub scrub: Option<crate::scrub::ScrubOutcome>,
     pub store_publish: StorePublish,
     pub lease: LeaseReport,
     pub phases: Vec<(&'static str, Duration)>,
@@ -103,6 +112,7 @@ impl Default for PersistenceReport {
             restore: None,
             save: None,
             checkpoint: None,
+            scrub: None,
             store_publish: StorePublish::Disabled,
             lease: LeaseReport::Disabled,
             phases: Vec::new(),
@@ -146,6 +156,9 @@ impl PersistenceReport {
         if let Some(c) = &self.checkpoint {
             rows.push(vec!["Checkpoint".into(), c.describe()]);
         }
+        if let Some(s) = &self.scrub {
+            rows.push(vec!["Secrets scrubbed".into(), s.describe()]);
+        }
         if !self.phases.is_empty() {
             let phases = self
                 .phases
@@ -184,6 +197,8 @@ mod tests {
                 matched_key: None,
                 store_etag: Some("\"e\"".into()),
                 notes: vec!["removed a stale WAL".into()],
+                sessions: SessionMap::Legacy,
+                shadow_guard: None,
             }),
             save: Some(CacheSaveResult::new(
                 SaveOutcome::CacheRejected,
@@ -191,6 +206,14 @@ mod tests {
                 "write denied",
             )),
             checkpoint: Some(CheckpointOutcome::Checkpointed),
+            scrub: Some(crate::scrub::ScrubOutcome::Scrubbed(
+                crate::scrub::ScrubReport {
+                    replacements: 3,
+                    values: 2,
+                    credential_rows: 1,
+                    vacuumed: false,
+                },
+            )),
             store_publish: StorePublish::Published,
             lease: LeaseReport::Acquired { generation: 7 },
             phases: vec![],
@@ -204,6 +227,7 @@ mod tests {
             "| Object-store publish | published |",
             "acquired (generation 7)",
             "checkpointed",
+            "| Secrets scrubbed | 3 secret(s) replaced in 2 value(s), 1 credential row(s) removed |",
             "restore 1.50s",
             "- removed a stale WAL",
         ] {

@@ -1,6 +1,12 @@
 //! Restore phase (docs/design.md#the-restore-order): object store first when enabled, else the
-//! Actions cache; then validation. It never fails the run: every failure degrades to an empty state
-//! with a warning.
+//! Actions cache; then validation and sanitization (restored memory is untrusted input,
+//! docs/persistence.md). It never fails the run: every failure degrades to an empty state with a
+//! warning.
+//!
+//! When the newest cache entry cannot be restored, older ones are tried by exact key, newest
+//! first (`phases::fallback`); entries whose content is broken are deleted when the token may.
+//! When an entry existed but nothing could be restored, and older memory may exist that a new
+//! save would hide, the report carries a shadow guard and the save is declined.
 
 use std::path::Path;
 
@@ -8,8 +14,11 @@ use crate::cache::{self, CacheError, RestoreOutcome};
 use crate::checkpoint::{self, CheckpointOutcome, ProbeOutcome};
 use crate::object_store as store;
 use crate::phases::context::StoreContext;
+use crate::phases::fallback::{Catalog, Deletion, Listing, MAX_FALLBACK};
 use crate::phases::paths::{check_marker, MarkerCheck, StatePaths};
 use crate::phases::report::{CacheStatus, RestoreReport, RestoreSource};
+use crate::phases::sanitize::{self, SanitizeOutcome};
+use crate::phases::session_map::SessionMap;
 
 /// The object-store side of a restore, as the phase needs it (filled by the caller, which owns the
 /// store client and key layout).
@@ -34,15 +43,40 @@ pub struct RestoreInputs<'a> {
     /// Lookup key (the primary key: never written, so it only ever prefix-matches).
     pub key: &'a str,
     pub restore_keys: &'a [String],
+    /// Lists and deletes cache entries, for the fallback past an unrestorable entry.
+    pub catalog: Catalog<'a>,
+    /// Epoch milliseconds: restored timestamps after it are clamped to it.
+    pub now_ms: i64,
+}
+
+/// Why restored memory must be discarded, and whether the entry itself is at fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// The content is broken (corrupt, hostile, hollow): no run can use it, so it is deleted.
+    Broken,
+    /// Not ours to read (another storage version) or not checkable here: the entry is kept.
+    Kept,
 }
 
 /// How a restored data dir checked out.
 enum Validation {
     Valid,
-    /// Positive corruption or an incompatible storage version: memory must be discarded.
-    Discard {
-        reason: String,
+    Discard { reason: String, fault: Fault },
+}
+
+/// What trying one cache entry gave.
+enum Attempt {
+    Restored {
+        key: String,
     },
+    /// An entry matched and was found unusable (already discarded from disk).
+    Unusable {
+        key: String,
+        fault: Fault,
+    },
+    Miss,
+    /// The cache could not be asked (transport, permissions, cancellation): stop trying.
+    Failed,
 }
 
 /// Runs the restore. `store` is awaited first (only when not skipping) so a store hit avoids the
@@ -62,21 +96,25 @@ pub async fn restore(
 
     match store.await {
         StoreAttempt::Disabled => {}
-        StoreAttempt::Hit { etag } => match validate(inputs.paths, &mut report.notes).await {
-            Validation::Valid => {
-                report.status = CacheStatus::Hit;
-                report.source = RestoreSource::Storage;
-                report.store_etag = Some(etag);
-                return report;
+        StoreAttempt::Hit { etag } => {
+            match validate(&inputs, RestoreSource::Storage, &mut report.notes).await {
+                Validation::Valid => {
+                    report.status = CacheStatus::Hit;
+                    report.source = RestoreSource::Storage;
+                    report.store_etag = Some(etag);
+                    // The store holds the database alone, no marker: threads are found by title.
+                    report.sessions = SessionMap::Legacy;
+                    return report;
+                }
+                Validation::Discard { reason, .. } => {
+                    discard(inputs.paths, &reason, &mut report.notes);
+                    discarded = true;
+                    // The ETag still names what the store holds: publishing over it is a
+                    // deliberate replacement of corrupt memory, not a lost update.
+                    report.store_etag = Some(etag);
+                }
             }
-            Validation::Discard { reason } => {
-                discard(inputs.paths, &reason, &mut report.notes);
-                discarded = true;
-                // The ETag still names what the store holds: publishing over it is a deliberate
-                // replacement of corrupt memory, not a lost update.
-                report.store_etag = Some(etag);
-            }
-        },
+        }
         StoreAttempt::Miss => report
             .notes
             .push("object store: no session database yet".into()),
@@ -104,37 +142,250 @@ pub async fn restore(
         paths: inputs.paths.restore_targets(),
         workspace: inputs.workspace,
     };
-    match cache.restore(&request).await {
-        Ok(RestoreOutcome::Hit { matched_key, .. }) => {
+    let first = cache.restore(&request).await;
+    let (key, fault) = match attempt(&inputs, first, &mut report.notes).await {
+        Attempt::Restored { key } => return restored(report, inputs.paths, key),
+        Attempt::Unusable { key, fault } => (key, fault),
+        Attempt::Miss => {
+            report.notes.push("Actions cache: no entry".into());
+            return finish(report, discarded);
+        }
+        Attempt::Failed => return finish(report, discarded),
+    };
+    fall_back(&inputs, cache, report, vec![(key, fault)]).await
+}
+
+/// The newest entry could not be used: tries older ones, deletes broken ones, and decides whether
+/// this run's save could hide memory.
+async fn fall_back(
+    inputs: &RestoreInputs<'_>,
+    cache: &cache::Backend,
+    mut report: RestoreReport,
+    mut tried: Vec<(String, Fault)>,
+) -> RestoreReport {
+    let version = cache::version(inputs.paths.cache_paths());
+    let skip: Vec<String> = tried.iter().map(|(k, _)| k.clone()).collect();
+    let listing = inputs
+        .catalog
+        .list(inputs.restore_keys, &version, &skip)
+        .await;
+    let mut untried = match &listing {
+        Listing::Keys { keys, .. } => keys.clone(),
+        Listing::Failed { message } => {
+            warn(
+                &mut report.notes,
+                format!("cannot list older cache entries to fall back to: {message}"),
+            );
+            Vec::new()
+        }
+    };
+    let mut restored_key = None;
+    let mut stopped = false;
+    let mut attempts = 0;
+    while !untried.is_empty() && attempts < MAX_FALLBACK {
+        attempts += 1;
+        let key = untried.remove(0);
+        let request = cache::RestoreRequest {
+            key: &key,
+            restore_keys: &[],
+            paths: inputs.paths.restore_targets(),
+            workspace: inputs.workspace,
+        };
+        let outcome = cache.restore_exact(&request).await;
+        match attempt(inputs, outcome, &mut report.notes).await {
+            Attempt::Restored { key } => {
+                restored_key = Some(key);
+                break;
+            }
+            Attempt::Unusable { key, fault } => tried.push((key, fault)),
+            // Listed, but not visible from this branch (the service scopes entries by branch):
+            // then no run of this branch sees it either, so no save of ours can hide it.
+            Attempt::Miss => {}
+            Attempt::Failed => {
+                stopped = true;
+                break;
+            }
+        }
+    }
+    delete_broken(inputs, &tried, &mut report.notes).await;
+    if let Some(key) = restored_key {
+        report.notes.push(format!(
+            "fell back past {} unusable newer entr{}",
+            tried.len(),
+            if tried.len() == 1 { "y" } else { "ies" }
+        ));
+        return restored(report, inputs.paths, key);
+    }
+    report.shadow_guard = shadow_guard(&listing, &tried, 1 + attempts, untried.len(), stopped);
+    if let Some(reason) = &report.shadow_guard {
+        warn(
+            &mut report.notes,
+            format!("this run's memory will not be saved: {reason}"),
+        );
+    }
+    finish(report, true)
+}
+
+/// Why saving could hide older memory, if it could. Saving is safe only when the listing was
+/// complete and every entry in it was tried and found broken: then there is nothing to hide.
+fn shadow_guard(
+    listing: &Listing,
+    tried: &[(String, Fault)],
+    attempts: usize,
+    untried: usize,
+    stopped: bool,
+) -> Option<String> {
+    match listing {
+        Listing::Failed { .. } => Some(
+            "the newest cache entry cannot be restored and older entries could not be listed; a new entry would hide them".into(),
+        ),
+        Listing::Keys { .. } if stopped || untried > 0 => Some(format!(
+            "no restorable entry among the {attempts} newest; older ones remain, which a new entry would hide"
+        )),
+        Listing::Keys { complete: false, .. } => Some(
+            "the cache listing was cut short; older entries may remain, which a new entry would hide".into(),
+        ),
+        Listing::Keys { .. } => tried
+            .iter()
+            .any(|(_, fault)| *fault == Fault::Kept)
+            .then(|| {
+                "an entry that could not be used here is kept (another storage version, or not checkable); a new entry would hide it".into()
+            }),
+    }
+}
+
+/// Deletes the entries whose content is broken, so the next run does not trip over them.
+async fn delete_broken(
+    inputs: &RestoreInputs<'_>,
+    tried: &[(String, Fault)],
+    notes: &mut Vec<String>,
+) {
+    for (raw, _) in tried.iter().filter(|(_, f)| *f == Fault::Broken) {
+        let key = shown(raw);
+        match inputs.catalog.delete(raw).await {
+            Deletion::Deleted => warn(notes, format!("deleted the broken cache entry `{key}`")),
+            Deletion::Absent => {}
+            Deletion::Forbidden { message } => warn(
+                notes,
+                format!(
+                    "cannot delete the broken cache entry `{key}` ({message}): grant `permissions: actions: write`, or run `gh cache delete {key}`"
+                ),
+            ),
+            Deletion::Failed { message } => warn(
+                notes,
+                format!("cannot delete the broken cache entry `{key}`: {message}"),
+            ),
+        }
+    }
+}
+
+/// Checks one cache restore's outcome; an unusable entry is discarded from disk.
+async fn attempt(
+    inputs: &RestoreInputs<'_>,
+    outcome: Result<RestoreOutcome, CacheError>,
+    notes: &mut Vec<String>,
+) -> Attempt {
+    match outcome {
+        Ok(RestoreOutcome::Hit {
+            matched_key,
+            restored,
+            ..
+        }) => {
             // The entry's database is complete on its own; a WAL left beside it from an older
             // database would be replayed into the new one and corrupt it.
             if let Err(e) = checkpoint::remove_stale_sidecars(&inputs.paths.db()) {
-                warn(
-                    &mut report.notes,
-                    format!("cannot remove a stale WAL/SHM: {e}"),
-                );
+                warn(notes, format!("cannot remove a stale WAL/SHM: {e}"));
             }
-            match validate(inputs.paths, &mut report.notes).await {
-                Validation::Valid => {
-                    report.status = CacheStatus::Hit;
-                    report.source = RestoreSource::Cache;
-                    report.matched_key = Some(matched_key);
-                    return report;
-                }
-                Validation::Discard { reason } => {
-                    discard(inputs.paths, &reason, &mut report.notes);
-                    discarded = true;
+            drop_restored_storage(inputs.paths, &restored, notes);
+            match validate(inputs, RestoreSource::Cache, notes).await {
+                Validation::Valid => Attempt::Restored { key: matched_key },
+                Validation::Discard { reason, fault } => {
+                    discard(
+                        inputs.paths,
+                        &format!("entry `{}`: {reason}", shown(&matched_key)),
+                        notes,
+                    );
+                    Attempt::Unusable {
+                        key: matched_key,
+                        fault,
+                    }
                 }
             }
         }
-        Ok(RestoreOutcome::Miss) => report.notes.push("Actions cache: no entry".into()),
-        Err(CacheError::Cancelled) => warn(&mut report.notes, "restore cancelled".into()),
-        Err(e) => warn(
-            &mut report.notes,
-            format!("Actions cache restore failed: {e}"),
-        ),
+        Ok(RestoreOutcome::Unrestorable {
+            matched_key,
+            reason,
+        }) => {
+            warn(
+                notes,
+                format!(
+                    "the cache entry `{}` cannot be restored: {reason}",
+                    shown(&matched_key)
+                ),
+            );
+            Attempt::Unusable {
+                key: matched_key,
+                fault: Fault::Broken,
+            }
+        }
+        Ok(RestoreOutcome::Miss) => Attempt::Miss,
+        Err(CacheError::Cancelled) => {
+            warn(notes, "restore cancelled".into());
+            Attempt::Failed
+        }
+        Err(e) => {
+            warn(notes, format!("Actions cache restore failed: {e}"));
+            Attempt::Failed
+        }
     }
-    finish(report, discarded)
+}
+
+/// OpenCode 1.18 reads nothing under `storage/`, so nothing restored there is kept: the path
+/// stays in the cache path list only because the cache version is computed over it.
+fn drop_restored_storage(
+    paths: &StatePaths,
+    restored: &[std::path::PathBuf],
+    notes: &mut Vec<String>,
+) {
+    let storage = paths.data_dir.join(checkpoint::LEGACY_STORAGE_DIR);
+    if !restored.contains(&storage) {
+        return;
+    }
+    match std::fs::remove_dir_all(&storage).or_else(|_| std::fs::remove_file(&storage)) {
+        Ok(()) => notes.push("dropped a restored storage/ (OpenCode 1.18 does not read it)".into()),
+        Err(e) => warn(notes, format!("cannot remove a restored storage/: {e}")),
+    }
+}
+
+/// A cache key as the log and summary show it: keys under our prefixes can be written by anyone
+/// with cache write access, so control characters (a newline starting a workflow command) and
+/// backticks are replaced.
+fn shown(key: &str) -> String {
+    key.chars()
+        .map(|c| if c.is_control() || c == '`' { '?' } else { c })
+        .collect()
+}
+
+fn restored(mut report: RestoreReport, paths: &StatePaths, key: String) -> RestoreReport {
+    report.status = CacheStatus::Hit;
+    report.source = RestoreSource::Cache;
+    report.matched_key = Some(key);
+    report.sessions = match check_marker(&paths.marker()) {
+        MarkerCheck::Compatible(marker) => match marker.sessions {
+            Some(map) => SessionMap::Owned(map),
+            None => SessionMap::Legacy,
+        },
+        // Without a readable marker there is no record of fro-bot's sessions: none is resumed.
+        MarkerCheck::Missing
+        | MarkerCheck::Unreadable { .. }
+        | MarkerCheck::VersionMismatch { .. } => {
+            report
+                .notes
+                .push("the entry has no session map: conversations start new sessions".into());
+            SessionMap::default()
+        }
+    };
+    report
 }
 
 fn finish(mut report: RestoreReport, discarded: bool) -> RestoreReport {
@@ -164,8 +415,14 @@ fn discard(paths: &StatePaths, reason: &str, notes: &mut Vec<String>) {
 }
 
 /// Checks what was just restored: a readable data dir, our storage version, a database that SQLite
-/// can read (checkpointing a restored WAL, or probing when there is none). Removes `auth.json`.
-async fn validate(paths: &StatePaths, notes: &mut Vec<String>) -> Validation {
+/// can read (checkpointing a restored WAL, or probing when there is none), then sanitizes it.
+/// Removes `auth.json`.
+async fn validate(
+    inputs: &RestoreInputs<'_>,
+    source: RestoreSource,
+    notes: &mut Vec<String>,
+) -> Validation {
+    let paths = inputs.paths;
     match paths.remove_auth_file() {
         Ok(true) => warn(
             notes,
@@ -178,6 +435,7 @@ async fn validate(paths: &StatePaths, notes: &mut Vec<String>) -> Validation {
         if e.kind() != std::io::ErrorKind::NotFound {
             return Validation::Discard {
                 reason: format!("data dir unreadable: {e}"),
+                fault: Fault::Kept,
             };
         }
     }
@@ -188,6 +446,7 @@ async fn validate(paths: &StatePaths, notes: &mut Vec<String>) -> Validation {
                     "storage version {found}, this fro-bot reads version {}",
                     crate::phases::paths::STORAGE_VERSION
                 ),
+                fault: Fault::Kept,
             }
         }
         MarkerCheck::Unreadable { message } => warn(
@@ -197,20 +456,34 @@ async fn validate(paths: &StatePaths, notes: &mut Vec<String>) -> Validation {
         MarkerCheck::Missing | MarkerCheck::Compatible(_) => {}
     }
     let db = paths.db();
+    if source == RestoreSource::Cache && !db.is_file() {
+        // fro-bot never saves an entry without a database: a hollow one would only hide memory.
+        return Validation::Discard {
+            reason: "the entry holds no session database".into(),
+            fault: Fault::Broken,
+        };
+    }
+    let now_ms = inputs.now_ms;
     let outcome = tokio::task::spawn_blocking(move || {
         let cp = checkpoint::checkpoint(&db);
         let probe = match cp {
             CheckpointOutcome::NothingToCheckpoint if db.is_file() => Some(checkpoint::probe(&db)),
             _ => None,
         };
-        (cp, probe)
+        let sanitized = match (&cp, &probe) {
+            (CheckpointOutcome::Failed { .. }, _) | (_, Some(ProbeOutcome::Failed { .. })) => None,
+            _ => Some(sanitize::sanitize(&db, now_ms)),
+        };
+        (cp, probe, sanitized)
     })
     .await;
-    let (cp, probe) = match outcome {
-        Ok(pair) => pair,
+    let (cp, probe, sanitized) = match outcome {
+        Ok(triple) => triple,
         Err(e) => {
-            warn(notes, format!("validation task failed: {e}"));
-            return Validation::Valid;
+            return Validation::Discard {
+                reason: format!("validation task failed: {e}"),
+                fault: Fault::Kept,
+            };
         }
     };
     match (cp, probe) {
@@ -227,9 +500,12 @@ async fn validate(paths: &StatePaths, notes: &mut Vec<String>) -> Validation {
                 structural: true,
                 message,
             }),
-        ) => Validation::Discard {
-            reason: format!("corrupt database: {message}"),
-        },
+        ) => {
+            return Validation::Discard {
+                reason: format!("corrupt database: {message}"),
+                fault: Fault::Broken,
+            }
+        }
         (
             CheckpointOutcome::Failed {
                 structural: false,
@@ -244,19 +520,39 @@ async fn validate(paths: &StatePaths, notes: &mut Vec<String>) -> Validation {
                 message,
             }),
         ) => {
-            // Not corruption (permissions, I/O, busy): keep everything, report it.
-            warn(
-                notes,
-                format!("restored database could not be checked: {message}"),
-            );
-            Validation::Valid
+            // Not corruption (permissions, I/O, busy) — but unchecked content must not reach
+            // OpenCode. The entry is kept for a run that can read it.
+            return Validation::Discard {
+                reason: format!("restored database could not be checked: {message}"),
+                fault: Fault::Kept,
+            };
         }
         (CheckpointOutcome::Checkpointed, _) => {
             notes.push("folded a restored WAL into the database".into());
-            Validation::Valid
         }
-        (CheckpointOutcome::NothingToCheckpoint, _) => Validation::Valid,
+        (CheckpointOutcome::NothingToCheckpoint, _) => {}
     }
+    match sanitized {
+        None | Some(SanitizeOutcome::Clean { .. }) => {}
+        Some(SanitizeOutcome::Corrupt { message }) => {
+            return Validation::Discard {
+                reason: format!("corrupt database: {message}"),
+                fault: Fault::Broken,
+            }
+        }
+        Some(SanitizeOutcome::Failed { message }) => {
+            return Validation::Discard {
+                reason: format!("restored database could not be sanitized: {message}"),
+                fault: Fault::Kept,
+            }
+        }
+    }
+    if let Some(SanitizeOutcome::Clean { notes: changes }) = sanitized {
+        for change in changes {
+            warn(notes, format!("restored memory: {change}"));
+        }
+    }
+    Validation::Valid
 }
 
 /// The store side of the restore: `sessions/opencode.db` into the data dir.
@@ -275,5 +571,46 @@ pub(crate) async fn store_attempt(ctx: Option<&StoreContext>, paths: &StatePaths
         store::StoreRestore::Failed { error } => StoreAttempt::Failed {
             message: error.to_string(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(keys: &[&str], complete: bool) -> Listing {
+        Listing::Keys {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            complete,
+        }
+    }
+
+    #[test]
+    fn saving_is_allowed_only_when_nothing_older_could_be_hidden() {
+        let broken = vec![
+            ("k2".to_string(), Fault::Broken),
+            ("k1".into(), Fault::Broken),
+        ];
+        // Complete listing, everything tried and broken: nothing to hide.
+        assert_eq!(
+            shadow_guard(&keys(&["k1"], true), &broken, 2, 0, false),
+            None
+        );
+        // The listing failed, was cut short, or untried entries remain: older memory may exist.
+        let failed = Listing::Failed {
+            message: "403".into(),
+        };
+        assert!(shadow_guard(&failed, &broken, 1, 0, false).is_some());
+        assert!(shadow_guard(&keys(&["k1"], false), &broken, 2, 0, false).is_some());
+        assert!(shadow_guard(&keys(&["k1", "k0"], true), &broken, 6, 1, false).is_some());
+        assert!(shadow_guard(&keys(&["k1"], true), &broken, 2, 0, true).is_some());
+        // An entry that is kept (another storage version, not checkable) would be hidden.
+        let kept = vec![("k2".to_string(), Fault::Kept)];
+        assert!(shadow_guard(&keys(&[], true), &kept, 1, 0, false).is_some());
+    }
+
+    #[test]
+    fn listed_keys_cannot_start_a_workflow_command() {
+        assert_eq!(shown("k-1\n::error::x`y"), "k-1?::error::x?y");
     }
 }

@@ -8,7 +8,9 @@ use crate::opencode::{Agent, TurnOutcome};
 use crate::phases::admit::{admit, save_lease_state, Admission};
 use crate::phases::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
 use crate::phases::cleanup::{stop_agent, Stopped};
-use crate::phases::context::{set_output, set_state, ExitStatus, Mode, RunContext, RunExit};
+use crate::phases::context::{
+    set_output, set_state, ExitStatus, Mode, RestoredCopy, RunContext, RunExit,
+};
 use crate::phases::finalize::{finalize_github, upload_run_records, write_summary};
 use crate::phases::project_identity::{self, IdentityOutcome};
 use crate::phases::report::RestoreReport;
@@ -63,6 +65,8 @@ async fn restore_memory(ctx: &mut RunContext) -> RestoreReport {
             cache: ctx.cache.as_ref(),
             key: &ctx.keys.primary,
             restore_keys: &restore_keys,
+            catalog: crate::phases::fallback::catalog(ctx.cache.as_ref(), ctx.gh.as_ref()),
+            now_ms: crate::opencode::system_now_ms(),
         };
         restore(inputs, store_attempt(ctx.store.as_ref(), &ctx.paths)).await
     };
@@ -71,12 +75,20 @@ async fn restore_memory(ctx: &mut RunContext) -> RestoreReport {
         restored.status.as_str(),
         restored.source.as_str()
     );
+    if restored.shadow_guard.is_some() {
+        // This run's memory must not hide older memory: post must not save it either.
+        ctx.set_state(state::CACHE_SAVED, StateValue::DeclinedForSafety.as_str());
+    }
     ctx.set_output(output::CACHE_STATUS, restored.status.as_str());
     ctx.set_output(output::LOGICAL_KEY, ctx.plan.logical_key.as_str());
+    ctx.restored_copy = RestoredCopy::of(&ctx.paths, &restored);
     ctx.report.restore = Some(restored.clone());
     ctx.report.record_phase("restore", t.elapsed());
     match project_identity::align(&ctx.workspace, &ctx.paths.db()) {
         IdentityOutcome::Failed { message } => tracing::warn!("project identity: {message}"),
+        IdentityOutcome::Refused { count } => log::warning(&format!(
+            "project identity: {count} restored project id(s) refused (not a commit hash); OpenCode derives its own"
+        )),
         IdentityOutcome::Written { id } => tracing::info!("project identity set to {id}"),
         IdentityOutcome::AlreadySet { .. }
         | IdentityOutcome::NoRestoredProject
@@ -125,6 +137,11 @@ async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Ag
     if let Some(id) = &agent_run.session_id {
         ctx.set_output(output::SESSION_ID, id);
     }
+    if let Some(tokens) = &agent_run.tokens {
+        let totals = serde_json::json!({"input": tokens.input, "output": tokens.output});
+        ctx.set_output(output::TOKENS, &totals.to_string());
+        ctx.set_output(output::COST, &agent_run.cost.to_string());
+    }
     (Some(agent), agent_run)
 }
 
@@ -134,7 +151,10 @@ async fn respond(ctx: &RunContext, agent_run: &AgentRun, restored: &RestoreRepor
         return;
     };
     let (settings, env, plan) = (&ctx.settings, &ctx.env, &ctx.plan);
-    finalize_github(gh, settings, env, plan, agent_run, restored, ctx.started).await;
+    let url = finalize_github(gh, settings, env, plan, agent_run, restored, ctx.started).await;
+    if let Some(url) = url {
+        ctx.set_output(output::COMMENT_URL, &url);
+    }
 }
 
 enum Saved {
@@ -164,6 +184,16 @@ async fn cleanup_and_save(
         save_lease_state(&ctx.files, handle);
     }
     let save_key = ctx.keys.save_key();
+    let sessions = restored.sessions.after_run(
+        &ctx.paths.db(),
+        &ctx.workspace,
+        ctx.plan.logical_key.as_str(),
+        agent_run.session_id.as_deref(),
+    );
+    if let Ok(json) = serde_json::to_string(&sessions) {
+        // Post records the same map if it has to retry the save.
+        ctx.set_state(state::SESSION_MAP, &json);
+    }
     let inputs = SaveInputs {
         paths: &ctx.paths,
         workspace: &ctx.workspace,
@@ -177,6 +207,9 @@ async fn cleanup_and_save(
         save_key: &save_key,
         run_id: &ctx.run_id,
         now_ms: now_ms(),
+        shadow_guard: restored.shadow_guard.as_deref(),
+        sessions: Some(&sessions),
+        restored: ctx.restored_copy.as_ref(),
     };
     let expected_etag = restored.store_etag.as_deref();
     let publish = || publish(ctx.store.as_ref(), lease, &ctx.paths, expected_etag);
@@ -210,6 +243,7 @@ fn record_save(ctx: &mut RunContext, saved: SaveReport) {
         (Some(_), p) => p,
     };
     ctx.report.checkpoint = saved.checkpoint;
+    ctx.report.scrub = saved.scrub;
     ctx.report.save = Some(saved.result);
 }
 

@@ -1,6 +1,6 @@
-//! Save phase (docs/design.md#the-save-order): safety gate, checkpoint, marker, object-store
-//! publish (first), then the Actions cache. Each step's failure is reported in the result, never
-//! raised.
+//! Save phase (docs/design.md#the-save-order): safety gate, shadow guard, checkpoint, marker,
+//! object-store publish (first), then the Actions cache. Each step's failure is reported in the
+//! result, never raised.
 
 use std::future::Future;
 use std::path::Path;
@@ -10,10 +10,12 @@ use crate::cache::{self, CacheError};
 use crate::checkpoint::{self, CheckpointOutcome};
 use crate::lease::{self, LeaseHandle};
 use crate::object_store as store;
-use crate::phases::context::StoreContext;
+use crate::phases::context::{sha256_file, RestoredCopy, StoreContext};
 use crate::phases::paths::{write_marker, StatePaths};
+use crate::phases::session_map::Map;
 use crate::runner::{env, failpoint, log};
 use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
+use crate::scrub::ScrubOutcome;
 
 /// The lease must have at least this long left when the session database is published.
 const PUBLISH_MIN_REMAINING: Duration = Duration::from_secs(30);
@@ -27,12 +29,20 @@ pub struct SaveInputs<'a> {
     pub save_key: &'a str,
     pub run_id: &'a str,
     pub now_ms: u64,
+    /// From the restore: a new entry would hide older memory, so nothing is saved.
+    pub shadow_guard: Option<&'a str>,
+    /// The session map to record in the marker; `None` keeps the one on disk.
+    pub sessions: Option<&'a Map>,
+    /// The database as restored: when the one to save is identical, nothing is uploaded.
+    pub restored: Option<&'a RestoredCopy>,
 }
 
 #[derive(Debug, Clone)]
 pub struct SaveReport {
     pub result: CacheSaveResult,
     pub checkpoint: Option<CheckpointOutcome>,
+    /// What scrubbing secrets out of the database did (`None`: it did not get that far).
+    pub scrub: Option<ScrubOutcome>,
     pub store_publish: StorePublish,
     /// The cache answered that the key is already taken (an entry exists or is being written).
     pub key_taken: bool,
@@ -46,18 +56,33 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = StorePublish>,
 {
-    let cp = match prepare(&inputs).await {
-        Ok(cp) => cp,
-        Err((result, checkpoint)) => {
-            return SaveReport {
-                result,
-                checkpoint,
-                store_publish: StorePublish::NotAttempted,
-                key_taken: false,
-            }
-        }
+    let not_saved = |result, checkpoint| SaveReport {
+        result,
+        checkpoint,
+        scrub: None,
+        store_publish: StorePublish::NotAttempted,
+        key_taken: false,
     };
-    if let Err(e) = write_marker(inputs.paths, inputs.run_id, inputs.now_ms) {
+    let (cp, scrub) = match prepare(&inputs).await {
+        Ok(prepared) => prepared,
+        Err((result, checkpoint)) => return not_saved(result, checkpoint),
+    };
+    let not_saved = |result, checkpoint| SaveReport {
+        scrub: Some(scrub.clone()),
+        ..not_saved(result, checkpoint)
+    };
+    if let Some(copy) = inputs.restored {
+        if sha256_file(&inputs.paths.db()).is_ok_and(|h| h == copy.sha256) {
+            let detail = format!(
+                "unchanged since restore: {} already holds it; nothing uploaded",
+                copy.holder()
+            );
+            let result = CacheSaveResult::unchanged(copy.cache_key.is_some(), detail);
+            return not_saved(result, Some(cp));
+        }
+    }
+    let marker = write_marker(inputs.paths, inputs.run_id, inputs.now_ms, inputs.sessions);
+    if let Err(e) = marker {
         // The marker is advisory (a missing one reads as compatible): save without it.
         tracing::warn!("cannot write the memory marker: {e}");
         let _ = std::fs::remove_file(inputs.paths.marker());
@@ -70,6 +95,7 @@ where
     SaveReport {
         result,
         checkpoint: Some(cp),
+        scrub: Some(scrub),
         store_publish,
         key_taken,
     }
@@ -79,13 +105,18 @@ where
 type NotSaved = (CacheSaveResult, Option<CheckpointOutcome>);
 
 /// Everything before anything is written: the safety gate, `skip-cache`, credentials off the saved
-/// paths, the WAL checkpoint, and a database worth saving (not empty, not corrupt).
-async fn prepare(inputs: &SaveInputs<'_>) -> Result<CheckpointOutcome, NotSaved> {
+/// paths, secrets out of the database, the WAL checkpoint, and a database worth saving (not
+/// empty, not corrupt).
+async fn prepare(inputs: &SaveInputs<'_>) -> Result<(CheckpointOutcome, ScrubOutcome), NotSaved> {
     let declined =
         |detail: String| CacheSaveResult::new(SaveOutcome::CheckpointDeclined, false, detail);
     if let Some(refusal) = safety_gate(inputs.gate) {
         let result =
             CacheSaveResult::new(SaveOutcome::OwnershipDeclined, false, refusal.describe());
+        return Err((result, None));
+    }
+    if let Some(reason) = inputs.shadow_guard {
+        let result = CacheSaveResult::new(SaveOutcome::ShadowingDeclined, false, reason);
         return Err((result, None));
     }
     if inputs.skip_cache {
@@ -104,6 +135,11 @@ async fn prepare(inputs: &SaveInputs<'_>) -> Result<CheckpointOutcome, NotSaved>
         ));
     }
     let db = inputs.paths.db();
+    // Secrets out before the checkpoint folds everything into the file that is saved. A failure
+    // is reported after the checkpoint and the corruption probe, so a corrupt database still
+    // reads as corrupt.
+    let scrubbed = scrub(db.clone()).await;
+    failpoint::hit("save:after-scrub");
     let cp = {
         let db = db.clone();
         tokio::task::spawn_blocking(move || checkpoint::checkpoint(&db))
@@ -150,7 +186,27 @@ async fn prepare(inputs: &SaveInputs<'_>) -> Result<CheckpointOutcome, NotSaved>
             return Err((declined(detail), Some(cp)));
         }
     }
-    Ok(cp)
+    match scrubbed {
+        Ok(scrub) => Ok((cp, scrub)),
+        // Saving would put whatever the agent printed into the cache and the store.
+        Err(message) => Err((
+            declined(format!(
+                "secrets could not be scrubbed from the session database: {message}"
+            )),
+            Some(cp),
+        )),
+    }
+}
+
+/// Secrets out of the database (docs/security.md), off the async threads.
+async fn scrub(db: std::path::PathBuf) -> Result<ScrubOutcome, String> {
+    let started = std::time::Instant::now();
+    let outcome = tokio::task::spawn_blocking(move || crate::scrub::scrub(&db))
+        .await
+        .map_err(|e| format!("scrub task failed: {e}"))?
+        .map_err(|e| e.to_string());
+    tracing::debug!("scrub took {} ms", started.elapsed().as_millis());
+    outcome
 }
 
 /// The Actions cache write; also whether the key was already taken (post's fallback key).

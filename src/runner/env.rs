@@ -83,6 +83,9 @@ pub mod output {
     pub const CACHE_SAVE_RESULT: &str = "cache-save-result";
     pub const DURATION: &str = "duration";
     pub const LOGICAL_KEY: &str = "logical-key";
+    pub const TOKENS: &str = "tokens";
+    pub const COST: &str = "cost";
+    pub const COMMENT_URL: &str = "comment-url";
 
     /// Every output, in `action.yaml`'s order.
     pub const ALL: &[&str] = &[
@@ -91,6 +94,9 @@ pub mod output {
         CACHE_SAVE_RESULT,
         DURATION,
         LOGICAL_KEY,
+        TOKENS,
+        COST,
+        COMMENT_URL,
     ];
 }
 
@@ -99,4 +105,6 @@ pub mod state {
     pub const CACHE_SAVED: &str = "cacheSaved";
     pub const LEASE_KEY: &str = "leaseKey";
     pub const LEASE_ETAG: &str = "leaseEtag";
+    /// Main's session map (JSON, logical key → session id), for post's marker.
+    pub const SESSION_MAP: &str = "sessionMap";
 }

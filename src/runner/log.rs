@@ -1,69 +1,48 @@
-//! Workflow log commands (`::add-mask::`, `::group::`, `::warning::`, `::error::`), the process-wide
-//! secret list, and the tracing output that turns WARN/ERROR events into annotations.
+//! Workflow log commands (`::add-mask::`, `::group::`, `::warning::`, `::error::`), secret
+//! registration (with the one redactor, `crate::redact`), and the tracing output that turns
+//! WARN/ERROR events into annotations.
 
 use std::fmt;
 use std::io::Write;
-use std::sync::{Mutex, OnceLock};
 
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::fmt::{format::Writer, FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-/// Secrets shorter than this are not registered: masking "a" or "api" would blank ordinary words
-/// everywhere in the log and protect nothing.
-const MIN_SECRET_LEN: usize = 4;
+/// Whether workflow commands are printed: only a runner reads them. In a terminal `::add-mask::`
+/// would print the very secret it names, and the rest is noise, so groups and annotations become
+/// plain lines there. Set once by [`init_tracing`]; on by default.
+static ON_RUNNER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
-/// Whether `::add-mask::` lines are printed: only a runner reads them; anywhere else they would
-/// print the very secret they name. Set once by [`init_tracing`]; on by default.
-static EMIT_MASKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-fn secrets() -> &'static Mutex<Vec<String>> {
-    static SECRETS: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
-    SECRETS.get_or_init(|| Mutex::new(Vec::new()))
+fn on_runner() -> bool {
+    ON_RUNNER.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Registers a secret: tells the runner to mask it (before anything could print it) and remembers
-/// it so [`redact`] removes it from our own messages, also where no runner masks them (local runs).
-/// Each line of a multi-line secret is masked on its own too, as the runner masks per line.
+/// Registers a secret with the one redactor ([`crate::redact`]), then tells the runner to mask
+/// each new form of it, before anything could print it.
 pub fn add_mask(secret: &str) {
-    let mut parts: Vec<&str> = vec![secret];
-    if secret.contains(['\n', '\r']) {
-        parts.extend(secret.lines());
-    }
-    let mut list = secrets().lock().unwrap_or_else(|e| e.into_inner());
-    for part in parts {
-        let part = part.trim();
-        if part.len() < MIN_SECRET_LEN || list.iter().any(|s| s == part) {
-            continue;
-        }
-        list.push(part.to_string());
-        // Longest first, so a secret that contains another is replaced whole.
-        list.sort_by_key(|s| std::cmp::Reverse(s.len()));
-        if EMIT_MASKS.load(std::sync::atomic::Ordering::Relaxed) {
-            emit(&format!("::add-mask::{}", escape_data(part)));
+    for form in crate::redact::register(secret) {
+        if on_runner() {
+            emit(&format!("::add-mask::{}", escape_data(&form)));
         }
     }
 }
 
-/// Replaces every registered secret in `text` with `***`.
-pub fn redact(text: &str) -> String {
-    let list = secrets().lock().unwrap_or_else(|e| e.into_inner());
-    let mut out = text.to_string();
-    for secret in list.iter() {
-        if out.contains(secret.as_str()) {
-            out = out.replace(secret.as_str(), "***");
-        }
-    }
-    out
-}
+/// The one redactor's text form: registered secrets and token shapes become `***`.
+pub use crate::redact::redact;
 
 /// Starts a collapsible log group. Pair with [`end_group`] (or use [`Group`]).
 pub fn start_group(title: &str) {
-    emit(&format!("::group::{}", escape_data(&redact(title))));
+    match on_runner() {
+        true => emit(&format!("::group::{}", escape_data(&redact(title)))),
+        false => emit(&format!("── {} ──", redact(title))),
+    }
 }
 
 pub fn end_group() {
-    emit("::endgroup::");
+    if on_runner() {
+        emit("::endgroup::");
+    }
 }
 
 /// A log group that ends when dropped, also on early return.
@@ -99,7 +78,10 @@ pub fn error(message: &str) {
 }
 
 pub fn annotation(kind: &str, message: &str, at: &Location<'_>) {
-    emit(&format_annotation(kind, &redact(message), at));
+    match on_runner() {
+        true => emit(&format_annotation(kind, &redact(message), at)),
+        false => emit(&format!("{kind}: {}", redact(message))),
+    }
 }
 
 pub fn format_annotation(kind: &str, message: &str, at: &Location<'_>) -> String {
@@ -190,7 +172,7 @@ where
 /// Installs the global tracing subscriber: log commands on a runner, plain lines locally.
 /// `FRO_BOT_LOG` (an `EnvFilter`-free level name) raises verbosity; default is INFO.
 pub fn init_tracing(github_actions: bool) {
-    EMIT_MASKS.store(github_actions, std::sync::atomic::Ordering::Relaxed);
+    ON_RUNNER.store(github_actions, std::sync::atomic::Ordering::Relaxed);
     let level = std::env::var(super::env::FRO_BOT_LOG)
         .ok()
         .and_then(|v| v.parse::<Level>().ok())
@@ -221,14 +203,5 @@ mod tests {
             format_annotation("error", "boom", &at),
             "::error title=t%3A x,file=src/a%2Cb.rs,line=7::boom"
         );
-    }
-
-    #[test]
-    fn redaction_removes_registered_secrets_and_their_lines() {
-        add_mask("sk-test-secret-value-1");
-        add_mask("line-one-secret\nline-two-secret");
-        add_mask("api"); // too short to register
-        let text = redact("key sk-test-secret-value-1 then line-two-secret via api");
-        assert_eq!(text, "key *** then *** via api");
     }
 }

@@ -154,9 +154,11 @@ impl FileCommands {
         }
     }
 
+    /// Appends to the step summary, through the one redactor: the summary is public to anyone
+    /// who can read the run.
     pub fn append_summary(&self, markdown: &str) -> Result<(), RunnerError> {
         match &self.summary {
-            Some(path) => summary::append(path, markdown),
+            Some(path) => summary::append(path, &crate::redact::redact(markdown)),
             None => Ok(()),
         }
     }

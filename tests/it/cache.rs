@@ -143,7 +143,7 @@ fn client(server: &CacheServer) -> ActionsCacheClient {
 fn hit_key(outcome: &RestoreOutcome) -> &str {
     match outcome {
         RestoreOutcome::Hit { matched_key, .. } => matched_key,
-        RestoreOutcome::Miss => panic!("expected a hit"),
+        other => panic!("expected a hit: {other:?}"),
     }
 }
 
@@ -178,7 +178,7 @@ async fn round_trip(db_bytes: usize, transfer: TransferOptions) -> (CacheServer,
             assert_eq!(restored.len(), 3);
             assert_eq!(*size_bytes, receipt.size_bytes);
         }
-        RestoreOutcome::Miss => panic!("miss"),
+        other => panic!("expected a hit: {other:?}"),
     }
     let mut expected = before;
     expected.remove("auth.json");
@@ -560,8 +560,11 @@ async fn truncated_download_leaves_local_state_untouched() {
 
     // A short blob that claims to be complete: the archive check catches it.
     server.truncate_downloads(1, Truncation::Honest { keep: 100_000 });
-    let err = c.restore(&layout.restore_req("k", &[])).await.unwrap_err();
-    assert!(matches!(err, CacheError::Archive { .. }), "{err:?}");
+    let o = c.restore(&layout.restore_req("k", &[])).await.unwrap();
+    assert!(
+        matches!(&o, RestoreOutcome::Unrestorable { matched_key, .. } if matched_key == "k"),
+        "{o:?}"
+    );
     assert_eq!(layout.snapshot(), local);
     no_staging_left(&layout);
 
@@ -588,8 +591,11 @@ async fn truncated_download_leaves_local_state_untouched() {
     let local = write_local_state(&layout);
     let entry = server.entries()[0].clone();
     fs::write(server.blob_path(&entry), b"<html>oops</html>").unwrap();
-    let err = c.restore(&layout.restore_req("k", &[])).await.unwrap_err();
-    assert!(matches!(err, CacheError::Archive { .. }), "{err:?}");
+    let o = c.restore(&layout.restore_req("k", &[])).await.unwrap();
+    assert!(
+        matches!(&o, RestoreOutcome::Unrestorable { matched_key, .. } if matched_key == "k"),
+        "{o:?}"
+    );
     assert_eq!(layout.snapshot(), local);
     no_staging_left(&layout);
 }
@@ -624,10 +630,19 @@ async fn each_hostile_member_refuses_the_whole_entry_and_changes_nothing() {
         fs::create_dir_all(&outside).unwrap();
         let archive = layout.root.join("hostile.tzst");
         (case.build)(&archive, &outside);
-        let err = plant_and_restore(&layout, &archive, "hostile")
-            .await
-            .expect_err(case.label);
-        assert!(err.is_hostile() && err.is_unusable_entry(), "{err:?}");
+        // Through the service: the entry is unrestorable, the reason names the cap or member.
+        match plant_and_restore(&layout, &archive, "hostile").await {
+            Ok(RestoreOutcome::Unrestorable { reason, .. }) => assert!(
+                reason.starts_with("cache entry refused") && reason.contains(&case.expect.needle()),
+                "{}: {reason}",
+                case.label
+            ),
+            other => panic!("{}: {other:?}", case.label),
+        }
+        // The extractor's typed refusal for the same archive.
+        let err =
+            extract_confined(&archive, &layout.targets, &layout.workspace).expect_err(case.label);
+        assert!(err.is_hostile() && err.is_entry_fault(), "{err:?}");
         let CacheError::Rejected { rejection } = &err else {
             unreachable!()
         };
@@ -638,11 +653,6 @@ async fn each_hostile_member_refuses_the_whole_entry_and_changes_nothing() {
             (hostile::Expect::Cap(want), r) => assert_eq!(r.cap(), Some(*want), "{}", case.label),
             (want, got) => panic!("{}: want {want:?}, got {got:?}", case.label),
         }
-        assert!(
-            err.to_string().contains(&case.expect.needle()),
-            "{}: {err}",
-            case.label
-        );
         // Nothing restored, nothing planted, nothing left staged.
         assert_eq!(layout.snapshot(), local, "{}", case.label);
         assert!(
@@ -946,7 +956,7 @@ fn a_corrupt_tail_moves_nothing_into_place() {
     fs::write(&archive, &bytes).unwrap();
     let err = extract_confined(&archive, &layout.targets, &layout.workspace).unwrap_err();
     assert!(matches!(err, CacheError::Archive { .. }), "{err:?}");
-    assert!(err.is_unusable_entry() && !err.is_hostile());
+    assert!(err.is_entry_fault() && !err.is_hostile());
     assert_eq!(layout.snapshot(), local);
     no_staging_left(&layout);
 }

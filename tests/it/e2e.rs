@@ -1,5 +1,7 @@
 //! The built binary, run the way the runner runs the container action.
 
+mod restore_safety;
+
 use crate::persistence::killed_writer;
 use crate::support::action::{comment_event, explain, Job, StepResult};
 use crate::support::cache_server::CacheServer;
@@ -200,11 +202,14 @@ pub(crate) mod scenarios {
 
     impl World {
         pub async fn start() -> Self {
-            World {
+            let world = World {
                 cache: CacheServer::start().await,
                 llm: FakeLlm::start().await,
                 github: FakeGitHub::start().await,
-            }
+            };
+            // The repository's REST API sees the same cache entries.
+            world.github.attach_cache(world.cache.handle());
+            world
         }
 
         /// A job wired to these services, the pinned OpenCode and the fake provider.
@@ -635,7 +640,7 @@ pub(crate) mod scenarios {
         );
     }
 
-    fn with_s3(job: &mut Job, prefix: &str) {
+    pub fn with_s3(job: &mut Job, prefix: &str) {
         let s3 = crate::support::services::s3();
         job.input("s3-backup", "true")
             .input("s3-bucket", s3.bucket)
@@ -961,6 +966,8 @@ mod kill_points {
                 cache: Some(&backend),
                 key: prefix,
                 restore_keys: &[format!("{prefix}-")],
+                catalog: fro_bot::phases::fallback::Catalog::Unavailable { reason: "test" },
+                now_ms: fro_bot::opencode::system_now_ms(),
             },
             async { StoreAttempt::Disabled },
         )
@@ -1235,3 +1242,6 @@ mod local {
         assert!(stdout.contains("--prompt"), "{stdout}");
     }
 }
+
+/// Untrusted text in, nothing secret out (docs/security.md).
+mod untrusted;

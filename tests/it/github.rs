@@ -44,6 +44,7 @@ fn settings(prompt_given: bool) -> RouteSettings<'static> {
         prompt_given,
         run_id: "8812",
         identity: Some("agent"),
+        trigger_label: None,
     }
 }
 
@@ -69,6 +70,57 @@ fn skip(r: Route) -> SkipReason {
 }
 
 #[test]
+fn the_trigger_label_starts_a_run_like_a_mention_by_whoever_added_it() {
+    let with_label = |label: &'static str| RouteSettings {
+        trigger_label: Some(label),
+        ..settings(false)
+    };
+    for (file, key, label) in [
+        ("issues.labeled.json", "issue-43", "bug"),
+        ("pull_request.labeled.json", "pr-7", "fro-bot"),
+    ] {
+        let event = Event::parse(event_name(file), &fixture(file));
+        let p = plan(route(&event, &with_label(label)));
+        assert_eq!(p.logical_key.as_str(), key, "{file}");
+        assert_eq!(p.author.as_deref(), Some("mona"), "{file}");
+        assert!(
+            p.trigger_summary.contains(&format!("labeled `{label}`")),
+            "{}",
+            p.trigger_summary
+        );
+        assert!(
+            p.directive.is_some() && p.dedup.is_none() && !p.agent_gets_token,
+            "{file}"
+        );
+        // Another label does nothing, and says which one would.
+        let other = skip(route(&event, &with_label("triage")));
+        assert!(
+            other.describe().contains("`triage`"),
+            "{}",
+            other.describe()
+        );
+    }
+    // A bot adding the label never triggers (no loops between automations).
+    let mut payload = fixture("issues.labeled.json");
+    payload["sender"] = json!({"login": "labeler[bot]", "type": "Bot"});
+    let event = Event::parse("issues", &payload);
+    assert!(matches!(
+        skip(route(&event, &with_label("bug"))),
+        SkipReason::BotAuthor { login } if login == "labeler[bot]"
+    ));
+    // A labeled payload without its label is malformed, not a run.
+    let mut payload = fixture("issues.labeled.json");
+    payload.as_object_mut().unwrap().remove("label");
+    assert!(matches!(
+        Event::parse("issues", &payload),
+        Event::Malformed {
+            missing: "label.name",
+            ..
+        }
+    ));
+}
+
+#[test]
 fn every_fixture_routes_as_specified() {
     // (fixture, prompt given, expected logical key or skip)
     let cron_key = LogicalKey::schedule("30 5 * * 1-5", "8812", Some("agent"));
@@ -85,14 +137,14 @@ fn every_fixture_routes_as_specified() {
         ("issues.opened.json", false, Ok("issue-43")),
         ("issues.edited.json", false, Ok("issue-43")),
         ("issues.closed.json", false, Err("unsupported")),
-        ("issues.labeled.json", false, Err("unsupported")),
+        ("issues.labeled.json", false, Err("not-trigger-label")),
         ("pull_request.opened.json", false, Ok("pr-7")),
         ("pull_request.synchronize.json", false, Ok("pr-7")),
         ("pull_request.reopened.json", false, Ok("pr-7")),
         ("pull_request.ready_for_review.json", false, Ok("pr-7")),
         ("pull_request.review_requested.json", false, Ok("pr-7")),
         ("pull_request.closed.json", false, Err("unsupported")),
-        ("pull_request.labeled.json", false, Err("unsupported")),
+        ("pull_request.labeled.json", false, Err("not-trigger-label")),
         (
             "pull_request_review_comment.created.json",
             false,
@@ -127,6 +179,7 @@ fn every_fixture_routes_as_specified() {
                 assert_eq!(event, event_name(file), "{file}")
             }
             (Err("no-prompt"), Route::Skip(SkipReason::NoPrompt { .. })) => {}
+            (Err("not-trigger-label"), Route::Skip(SkipReason::NotTheTriggerLabel { .. })) => {}
             (expected, got) => panic!("{file}: expected {expected:?}, got {got:?}"),
         }
     }
@@ -573,6 +626,7 @@ async fn the_response_comment_has_the_answer_and_footer() {
             Some(&thread),
             "The crash comes from an empty cache dir.",
             &footer(),
+            None,
         )
         .await
         .unwrap();
@@ -593,12 +647,12 @@ async fn the_response_comment_has_the_answer_and_footer() {
     // response-mode: none posts nothing and makes no request.
     let before = fake.requests().len();
     let out = gh
-        .respond(ResponseMode::None, Some(&thread), "x", &footer())
+        .respond(ResponseMode::None, Some(&thread), "x", &footer(), None)
         .await
         .unwrap();
     assert_eq!(out, ResponseOutcome::Disabled);
     let out = gh
-        .respond(ResponseMode::Github, None, "x", &footer())
+        .respond(ResponseMode::Github, None, "x", &footer(), None)
         .await
         .unwrap();
     assert_eq!(out, ResponseOutcome::NoThread);
@@ -622,6 +676,7 @@ async fn discussion_response_goes_through_graphql() {
             Some(&thread),
             "Use s3-backup.",
             &footer(),
+            None,
         )
         .await
         .unwrap();
@@ -651,7 +706,7 @@ async fn discussion_response_goes_through_graphql() {
         .await
         .is_err());
     assert!(matches!(
-        gh.respond(ResponseMode::Github, Some(&missing), "x", &footer())
+        gh.respond(ResponseMode::Github, Some(&missing), "x", &footer(), None)
             .await,
         Err(ApiError::Graphql { .. })
     ));
@@ -761,6 +816,7 @@ async fn api_failures_are_error_values_and_calls_continue() {
             }),
             "answer",
             &footer(),
+            None,
         )
         .await
         .unwrap_err();
@@ -1091,7 +1147,7 @@ proptest! {
         }
         let name = name_choice.unwrap_or(event_name(file));
         let event = Event::parse(name, &payload);
-        let settings = RouteSettings { mention, prompt_given: prompt, run_id: "1", identity: None };
+        let settings = RouteSettings { mention, prompt_given: prompt, run_id: "1", identity: None, trigger_label: None };
         match route(&event, &settings) {
             Route::Run(plan) => {
                 prop_assert!(!plan.logical_key.as_str().is_empty());
@@ -1101,4 +1157,56 @@ proptest! {
         }
         let _ = dedup::decide(&event, "1", None, 0, Some(Duration::from_secs(1)));
     }
+}
+
+#[tokio::test]
+async fn the_tokens_identity_is_looked_up_once_and_its_own_comments_are_skipped() {
+    let on_pr = plan(route_fixture(
+        "issue_comment.created.pr.json",
+        &fixture("issue_comment.created.pr.json"),
+        false,
+    ));
+    let author = on_pr.author.clone().unwrap();
+    // An installation token: GitHub refuses `GET /user`; it posts as the app bot.
+    let fake = FakeGitHub::start().await;
+    let gh = client(&fake);
+    assert_eq!(gh.own_login().await.unwrap(), "github-actions[bot]");
+    assert_eq!(gh.check_self_trigger(&on_pr).await.unwrap(), None);
+    // A personal token of the comment's author: its own comment does not start a run.
+    let fake = FakeGitHub::start().await;
+    fake.set_user(&author);
+    let gh = client(&fake);
+    assert_eq!(
+        gh.check_self_trigger(&on_pr).await.unwrap(),
+        Some(SkipReason::SelfAuthored {
+            login: author.clone()
+        })
+    );
+    assert_eq!(gh.own_login().await.unwrap(), author);
+    let lookups = fake.requests().iter().filter(|r| r.path == "/user").count();
+    assert_eq!(lookups, 1, "cached for the run");
+    // A failing lookup is an error the caller sees (and is not cached).
+    let fake = FakeGitHub::start().await;
+    fake.fail(None, "/user", 500, Some(1));
+    fake.set_user("someone-else");
+    let gh = client(&fake);
+    assert!(gh.check_self_trigger(&on_pr).await.is_err());
+    assert_eq!(gh.check_self_trigger(&on_pr).await.unwrap(), None);
+}
+
+#[test]
+fn a_comment_carrying_the_response_marker_is_skipped_but_a_quote_of_one_is_not() {
+    let mut payload = fixture("issue_comment.created.pr.json");
+    let reply = fro_bot::github::response::render("Ask @fro-bot again.", &footer(), None);
+    payload["comment"]["body"] = json!(format!("@fro-bot {reply}"));
+    assert_eq!(
+        route_fixture("issue_comment.created.pr.json", &payload, false),
+        Route::Skip(SkipReason::OwnResponse)
+    );
+    let quoted: String = reply.lines().map(|l| format!("> {l}\n")).collect();
+    payload["comment"]["body"] = json!(format!("{quoted}\n@fro-bot why?"));
+    assert!(matches!(
+        route_fixture("issue_comment.created.pr.json", &payload, false),
+        Route::Run(_)
+    ));
 }

@@ -4,11 +4,12 @@ mod support;
 
 mod cache;
 mod e2e;
+mod experience;
 mod github;
 mod inputs;
 mod lease;
+mod merge;
 mod object_store;
 mod opencode;
 mod persistence;
-mod progress;
 mod structure;

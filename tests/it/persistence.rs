@@ -117,6 +117,9 @@ pub mod phases {
                     save_key: key,
                     run_id: "1",
                     now_ms: 1,
+                    shadow_guard: None,
+                    sessions: None,
+                    restored: None,
                 },
                 || async { StorePublish::Disabled },
             )
@@ -132,6 +135,8 @@ pub mod phases {
                     cache: Some(backend),
                     key: prefix,
                     restore_keys: &[format!("{prefix}-")],
+                    catalog: fro_bot::phases::fallback::Catalog::Unavailable { reason: "test" },
+                    now_ms: fro_bot::opencode::system_now_ms(),
                 },
                 async { StoreAttempt::Disabled },
             )

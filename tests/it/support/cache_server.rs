@@ -308,6 +308,48 @@ impl CacheServer {
     }
 }
 
+/// What the REST API of the same repository sees of this cache: listing and deleting committed
+/// entries (the fake GitHub serves `/actions/caches` from it).
+#[derive(Clone)]
+pub struct CacheHandle(Arc<Shared>);
+
+impl std::fmt::Debug for CacheHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CacheHandle")
+    }
+}
+
+impl CacheServer {
+    pub fn handle(&self) -> CacheHandle {
+        CacheHandle(self.shared.clone())
+    }
+}
+
+impl CacheHandle {
+    /// Committed entries whose key starts with `prefix`, newest first.
+    pub fn list(&self, prefix: &str) -> Vec<Entry> {
+        let mut out: Vec<Entry> = self
+            .0
+            .lock()
+            .entries
+            .iter()
+            .filter(|e| e.finalized && e.key.starts_with(prefix))
+            .cloned()
+            .collect();
+        out.sort_by_key(|e| std::cmp::Reverse(e.seq));
+        out
+    }
+
+    /// Removes every entry with exactly `key`; returns what was removed.
+    pub fn delete(&self, key: &str) -> Vec<Entry> {
+        let mut st = self.0.lock();
+        let (gone, kept): (Vec<Entry>, Vec<Entry>) =
+            st.entries.drain(..).partition(|e| e.key == key);
+        st.entries = kept;
+        gone
+    }
+}
+
 fn twirp_error(status: StatusCode, code: &str, msg: &str) -> Response {
     (
         status,

@@ -17,6 +17,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use serde_json::{json, Value};
 
+use super::cache_server::{CacheHandle, Entry};
+
 pub const TOKEN: &str = "ghs_faketoken0123456789";
 const DOCS: &str = "https://docs.github.com/rest";
 
@@ -46,6 +48,8 @@ struct Fault {
 pub struct SeedComment {
     pub id: u64,
     pub author: String,
+    /// `author_association` GitHub reports for the author.
+    pub association: String,
     pub body: String,
     pub created_at: String,
 }
@@ -61,7 +65,12 @@ struct Data {
     discussions: BTreeMap<u64, (String, String, String, Vec<SeedComment>)>,
     /// (subject path or node id, content).
     reactions: Vec<(String, String)>,
+    /// `GET /user`'s login: set, the token is a personal token of that user; unset, it is an
+    /// installation token, which GitHub refuses there (403).
+    user: Option<String>,
     next_id: u64,
+    /// The Actions cache behind `/actions/caches` (none: those routes answer 404).
+    cache: Option<CacheHandle>,
 }
 
 type Shared = Arc<Mutex<Data>>;
@@ -106,7 +115,8 @@ impl FakeGitHub {
         self.lock().issues.insert(
             number,
             json!({"number": number, "title": title, "body": body, "state": "open",
-                   "locked": false, "user": {"login": "mona", "type": "User"}}),
+                   "locked": false, "user": {"login": "mona", "type": "User"},
+                   "author_association": "OWNER"}),
         );
     }
 
@@ -116,6 +126,7 @@ impl FakeGitHub {
             .map(|i| SeedComment {
                 id: 1000 + i as u64,
                 author: format!("user{i}"),
+                association: "MEMBER".into(),
                 body: format!("comment {i}"),
                 created_at: format!("2026-11-01T00:{:02}:{:02}Z", i / 60, i % 60),
             })
@@ -148,6 +159,7 @@ impl FakeGitHub {
             .map(|i| SeedComment {
                 id: 5000 + i as u64,
                 author: format!("member{i}"),
+                association: "MEMBER".into(),
                 body: format!("discussion reply {i}"),
                 created_at: "2026-11-02T00:00:00Z".into(),
             })
@@ -156,6 +168,26 @@ impl FakeGitHub {
             number,
             (node_id.into(), title.into(), body.into(), comments),
         );
+    }
+
+    /// Makes the token a personal token of `login` (`GET /user` answers with it).
+    pub fn set_user(&self, login: &str) {
+        self.lock().user = Some(login.to_string());
+    }
+
+    /// Adds one comment to an issue (after any seeded ones).
+    pub fn add_comment(&self, number: u64, id: u64, author: &str, association: &str, body: &str) {
+        self.lock()
+            .comments
+            .entry(number)
+            .or_default()
+            .push(SeedComment {
+                id,
+                author: author.into(),
+                association: association.into(),
+                body: body.into(),
+                created_at: "2026-11-01T01:00:00Z".into(),
+            });
     }
 
     /// Fails requests whose path contains `path_contains` (and method, when given) with
@@ -185,6 +217,11 @@ impl FakeGitHub {
             html: true,
             remaining: None,
         });
+    }
+
+    /// Serves the repository's cache entries (`GET`/`DELETE /actions/caches`) from `cache`.
+    pub fn attach_cache(&self, cache: CacheHandle) {
+        self.lock().cache = Some(cache);
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
@@ -287,15 +324,24 @@ async fn handle(
     let query: BTreeMap<String, String> = uri
         .query()
         .map(|q| {
-            q.split('&')
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
+            url::form_urlencoded::parse(q.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
                 .collect()
         })
         .unwrap_or_default();
 
     match (method.clone(), segments.as_slice()) {
         (Method::POST, ["graphql"]) => graphql(&mut d, &body_json),
+        (Method::GET, ["user"]) => match &d.user {
+            Some(login) => ok(
+                StatusCode::OK,
+                json!({"login": login, "id": 1, "type": "User"}),
+            ),
+            None => error(
+                StatusCode::FORBIDDEN,
+                "Resource not accessible by integration",
+            ),
+        },
         (Method::GET, ["repos", _, _, "issues", n]) => {
             let n: u64 = n.parse().unwrap_or(0);
             match d.issues.get(&n).cloned() {
@@ -328,7 +374,7 @@ async fn handle(
                 .map(|c| {
                     json!({"id": c.id, "body": c.body, "created_at": c.created_at,
                                 "user": {"login": c.author, "type": "User"},
-                                "author_association": "MEMBER"})
+                                "author_association": c.association})
                 })
                 .collect();
             ok(StatusCode::OK, Value::Array(items))
@@ -349,9 +395,16 @@ async fn handle(
             }
             let id = d.next_id;
             d.next_id += 1;
+            let author = d
+                .user
+                .clone()
+                .unwrap_or_else(|| "github-actions[bot]".into());
+            // A personal token's user owns the repository here; the app bot has no association.
+            let association = if d.user.is_some() { "OWNER" } else { "NONE" };
             d.comments.entry(n).or_default().push(SeedComment {
                 id,
-                author: "github-actions[bot]".into(),
+                author,
+                association: association.into(),
                 body: text.into(),
                 created_at: "2026-11-29T09:00:00Z".into(),
             });
@@ -380,6 +433,48 @@ async fn handle(
                 json!({"id": id, "content": content, "user": {"login": "github-actions[bot]"}}),
             )
         }
+        (Method::GET, ["repos", _, _, "actions", "caches"]) => {
+            let Some(cache) = d.cache.clone() else {
+                return error(StatusCode::NOT_FOUND, "Not Found");
+            };
+            let prefix = query.get("key").cloned().unwrap_or_default();
+            let per_page: usize = query
+                .get("per_page")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(30)
+                .min(100);
+            let all = cache.list(&prefix);
+            if query.get("sort").map(String::as_str) != Some("created_at")
+                || query.get("direction").map(String::as_str) != Some("desc")
+            {
+                return error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "the client must ask for newest first",
+                );
+            }
+            let page: Vec<Value> = all.iter().take(per_page).map(rest_cache).collect();
+            ok(
+                StatusCode::OK,
+                json!({"total_count": all.len(), "actions_caches": page}),
+            )
+        }
+        (Method::DELETE, ["repos", _, _, "actions", "caches"]) => {
+            let Some(cache) = d.cache.clone() else {
+                return error(StatusCode::NOT_FOUND, "Not Found");
+            };
+            let Some(key) = query.get("key") else {
+                return error(StatusCode::UNPROCESSABLE_ENTITY, "Validation Failed");
+            };
+            let gone = cache.delete(key);
+            if gone.is_empty() {
+                return error(StatusCode::NOT_FOUND, "Not Found");
+            }
+            let list: Vec<Value> = gone.iter().map(rest_cache).collect();
+            ok(
+                StatusCode::OK,
+                json!({"total_count": list.len(), "actions_caches": list}),
+            )
+        }
         (Method::GET, ["repos", _, _, "pulls", n]) => {
             let n: u64 = n.parse().unwrap_or(0);
             match d.pulls.get(&n) {
@@ -389,6 +484,19 @@ async fn handle(
         }
         _ => error(StatusCode::NOT_FOUND, "Not Found"),
     }
+}
+
+/// A cache entry in the REST shape; creation order stands in for the creation time.
+fn rest_cache(e: &Entry) -> Value {
+    let s = e.seq;
+    let at = format!(
+        "2026-11-01T{:02}:{:02}:{:02}Z",
+        s / 3600 % 24,
+        s / 60 % 60,
+        s % 60
+    );
+    json!({"id": e.id, "ref": "refs/heads/main", "key": e.key, "version": e.version,
+           "created_at": at, "last_accessed_at": at, "size_in_bytes": e.size.unwrap_or(0)})
 }
 
 /// The three GraphQL operations the client sends, told apart by their root field.
@@ -450,6 +558,7 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
         entry.3.push(SeedComment {
             id,
             author: "github-actions".into(),
+            association: "NONE".into(),
             body: text,
             created_at: "2026-11-29T09:00:00Z".into(),
         });
@@ -466,11 +575,15 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
                 let nodes: Vec<Value> = comments
                     .iter()
                     .skip(comments.len().saturating_sub(last))
-                    .map(|c| json!({"author": {"login": c.author}, "body": c.body, "createdAt": c.created_at}))
+                    .map(|c| {
+                        json!({"author": {"login": c.author}, "authorAssociation": c.association,
+                                    "body": c.body, "createdAt": c.created_at})
+                    })
                     .collect();
                 ok(
                     StatusCode::OK,
                     json!({"data": {"repository": {"discussion": {"title": title, "body": body,
+                           "author": {"login": "mona"}, "authorAssociation": "OWNER",
                            "comments": {"totalCount": comments.len(), "nodes": nodes}}}}}),
                 )
             }

@@ -1,0 +1,294 @@
+//! Session-level merge of OpenCode's memory: the newest shared database ("base") plus this run's
+//! version of every session tree it created, changed or deleted ("ours"), into a new file.
+//!
+//! Concurrent runs on different threads touch different sessions, so both survive. When both
+//! sides changed the same tree since this run restored it, the later activity wins and the other
+//! side's turn is listed in [`MergeReport::conflicts`]. Everything is read from the schema the
+//! databases declare (see `schema` for the column-name rules used where OpenCode declares no key);
+//! databases with different migration sets or schemas are refused with a typed error, so the
+//! caller can fall back to saving this run's database as it is. See docs/persistence.md.
+//!
+//! Safety: inputs are opened read-only; every connection runs with triggers, views and untrusted
+//! schema functions disabled, and any trigger, view or virtual table is refused outright. The
+//! output is a new file (a stale `-wal`/`-shm` beside it is removed first); on error it is deleted.
+
+mod graph;
+mod plan;
+mod schema;
+mod snapshot;
+mod write;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::config::DbConfig;
+use rusqlite::{Connection, OpenFlags};
+
+pub use plan::{Change, Decision, Side};
+pub use schema::{ACTIVITY_COLUMN, MIGRATION_TABLES, SESSION_TABLE};
+pub use snapshot::{SessionVersion, Snapshot};
+
+/// Which database an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Base,
+    Ours,
+    /// The database read by [`Snapshot::capture`].
+    Restored,
+    Output,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::Base => "base",
+            Role::Ours => "this run's",
+            Role::Restored => "restored",
+            Role::Output => "merged",
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MergeError {
+    #[error("the {role} database {} does not exist", path.display())]
+    Missing { role: Role, path: PathBuf },
+    #[error("the {role} database {} is not a SQLite database or is corrupt", path.display())]
+    NotADatabase {
+        role: Role,
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("opening the {role} database {}", path.display())]
+    Open {
+        role: Role,
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("reading the {role} database")]
+    Read {
+        role: Role,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("the {role} database is not an OpenCode session database: no {missing}")]
+    NotASessionDatabase { role: Role, missing: String },
+    #[error(
+        "the {role} database declares a {kind} `{name}`, which OpenCode never does: not merged"
+    )]
+    UnexpectedSchemaObject {
+        role: Role,
+        kind: String,
+        name: String,
+    },
+    #[error("different migration sets: only in the base [{only_base}], only in this run's [{only_ours}]")]
+    MigrationMismatch {
+        only_base: String,
+        only_ours: String,
+    },
+    #[error("same migrations but different schemas; differing objects: {objects}")]
+    SchemaMismatch { objects: String },
+    #[error("the output {} already exists", path.display())]
+    OutputExists { path: PathBuf },
+    #[error("copying the base database to {}", path.display())]
+    Copy {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("writing the merged database ({step})")]
+    Write {
+        step: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("the merged database fails its check: {detail}")]
+    Check { detail: String },
+    #[error("{action} {}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl MergeError {
+    fn read(role: Role, source: rusqlite::Error) -> Self {
+        MergeError::Read { role, source }
+    }
+
+    /// The databases cannot be merged as they are (different OpenCode versions, or not OpenCode's
+    /// schema): the caller saves this run's database as before, with a warning.
+    pub fn is_incompatible(&self) -> bool {
+        match self {
+            MergeError::MigrationMismatch { .. }
+            | MergeError::SchemaMismatch { .. }
+            | MergeError::NotASessionDatabase { .. }
+            | MergeError::UnexpectedSchemaObject { .. } => true,
+            MergeError::Missing { .. }
+            | MergeError::NotADatabase { .. }
+            | MergeError::Open { .. }
+            | MergeError::Read { .. }
+            | MergeError::OutputExists { .. }
+            | MergeError::Copy { .. }
+            | MergeError::Write { .. }
+            | MergeError::Check { .. }
+            | MergeError::Io { .. } => false,
+        }
+    }
+}
+
+/// How much of the result is checked before it is returned.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Verify {
+    /// The foreign keys of every row written (cheap: indexed lookups on the rows moved).
+    #[default]
+    Written,
+    /// Also `PRAGMA integrity_check` and `PRAGMA foreign_key_check` over the whole file (reads
+    /// all of it: about as long as copying it again).
+    Full,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MergeOptions {
+    pub verify: Verify,
+}
+
+/// A tree this run's version was written for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    pub root: String,
+    pub title: Option<String>,
+    pub change: Change,
+    pub sessions: Vec<String>,
+}
+
+/// A tree both sides changed: the loser's turn, for the run summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    pub root: String,
+    pub title: Option<String>,
+    pub winner: Side,
+    /// Latest activity (ms) on each side; `None` where that side deleted the tree.
+    pub ours_activity: Option<i64>,
+    pub base_activity: Option<i64>,
+    /// The loser's sessions that the result does not hold.
+    pub lost_sessions: Vec<String>,
+    /// The loser's messages (rows of `message`) that the result does not hold.
+    pub lost_messages: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MergeReport {
+    pub taken: Vec<Taken>,
+    pub conflicts: Vec<Conflict>,
+    /// Trees both sides changed in exactly the same way.
+    pub identical: usize,
+    pub rows_deleted: u64,
+    pub rows_inserted: u64,
+    /// Parent and attachment rows (projects, workspaces, ...) added because the base lacked them.
+    pub rows_carried: u64,
+    /// Time spent copying the base, merging into the copy, and syncing the result to disk.
+    pub copy_time: Duration,
+    pub merge_time: Duration,
+    pub sync_time: Duration,
+}
+
+pub fn merge(
+    base: &Path,
+    ours: &Path,
+    restored: &Snapshot,
+    out: &Path,
+) -> Result<MergeReport, MergeError> {
+    merge_with(base, ours, restored, out, MergeOptions::default())
+}
+
+/// Writes `out` (which must not exist): all of `base`, plus this run's version of every session
+/// tree `ours` changed since `restored`. The caller renames `out` into place.
+pub fn merge_with(
+    base: &Path,
+    ours: &Path,
+    restored: &Snapshot,
+    out: &Path,
+    options: MergeOptions,
+) -> Result<MergeReport, MergeError> {
+    if out.exists() {
+        return Err(MergeError::OutputExists {
+            path: out.to_path_buf(),
+        });
+    }
+    // A stale WAL beside a new file would be replayed into it.
+    crate::checkpoint::remove_stale_sidecars(out).map_err(|source| MergeError::Io {
+        action: "removing a stale -wal/-shm beside",
+        path: out.to_path_buf(),
+        source,
+    })?;
+    let result = write::run(base, ours, restored, out, options);
+    if result.is_err() {
+        // Never leave a half-written result where the caller might pick it up.
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut p = out.as_os_str().to_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(PathBuf::from(p));
+        }
+    }
+    result
+}
+
+/// Hardening for every connection: no triggers, no views, no functions with side effects from the
+/// schema, no schema writes; foreign-key actions off (we delete and insert explicitly).
+fn harden(conn: &Connection) -> rusqlite::Result<()> {
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_TRIGGER, false)?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_VIEW, false)?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false)?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
+    conn.pragma_update(None, "foreign_keys", false)?;
+    conn.pragma_update(None, "cell_size_check", true)?;
+    conn.busy_timeout(Duration::from_secs(2))?;
+    Ok(())
+}
+
+fn open_error(role: Role, path: &Path, source: rusqlite::Error) -> MergeError {
+    if crate::checkpoint::is_structural(&source) {
+        MergeError::NotADatabase {
+            role,
+            path: path.to_path_buf(),
+            source,
+        }
+    } else {
+        MergeError::Open {
+            role,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Opens `path` read-only (never creating it) and makes SQLite read its header and schema, so a
+/// file that is not a database fails here.
+fn open_read_only(path: &Path, role: Role) -> Result<Connection, MergeError> {
+    if !path.is_file() {
+        return Err(MergeError::Missing {
+            role,
+            path: path.to_path_buf(),
+        });
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| open_error(role, path, e))?;
+    harden(&conn).map_err(|e| open_error(role, path, e))?;
+    conn.query_row("SELECT count(*) FROM main.sqlite_schema", [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .map_err(|e| open_error(role, path, e))?;
+    Ok(conn)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,657 @@
+//! Merges of databases built from OpenCode 1.18.33's real schema and migration list.
+
+use std::path::{Path, PathBuf};
+
+use rusqlite::{params, Connection};
+
+use super::*;
+
+const SCHEMA: &str = include_str!("../../tests/it/fixtures/opencode-1.18.33-schema.sql");
+const MIGRATIONS: &str = include_str!("../../tests/it/fixtures/opencode-1.18.33-migrations.txt");
+const PROJECT: &str = "cadca77b89a5b7a8d5075e6730ad6b4f59d91881";
+
+struct Dir {
+    tmp: tempfile::TempDir,
+}
+
+impl Dir {
+    fn new() -> Self {
+        Dir {
+            tmp: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.tmp.path().join(name)
+    }
+
+    /// An empty OpenCode database in WAL mode, as OpenCode leaves it.
+    fn db(&self, name: &str) -> PathBuf {
+        let p = self.path(name);
+        let c = Connection::open(&p).unwrap();
+        c.pragma_update(None, "journal_mode", "WAL").unwrap();
+        c.execute_batch(SCHEMA).unwrap();
+        for id in MIGRATIONS.lines().filter(|l| !l.is_empty()) {
+            c.execute("INSERT INTO migration VALUES (?1, 1)", [id])
+                .unwrap();
+        }
+        p
+    }
+
+    fn copy(&self, from: &Path, name: &str) -> PathBuf {
+        let p = self.path(name);
+        let src = Connection::open(from).unwrap();
+        src.execute("VACUUM INTO ?1", [p.to_str().unwrap()])
+            .unwrap();
+        // VACUUM INTO writes a rollback-journal file; OpenCode's are WAL.
+        Connection::open(&p)
+            .unwrap()
+            .pragma_update(None, "journal_mode", "WAL")
+            .unwrap();
+        p
+    }
+}
+
+fn project(c: &Connection, id: &str) {
+    c.execute(
+        "INSERT INTO project (id, worktree, vcs, time_created, time_updated, sandboxes) \
+         VALUES (?1, '/ws', 'git', 1, 1, '[]')",
+        [id],
+    )
+    .unwrap();
+    c.execute(
+        "INSERT INTO project_directory (project_id, directory, time_created) VALUES (?1, '/ws', 1)",
+        [id],
+    )
+    .unwrap();
+}
+
+/// A session with `turns` user+assistant messages, a part each, its events, a todo and a context
+/// epoch, as a turn of OpenCode writes them.
+fn session(c: &Connection, id: &str, parent: Option<&str>, project: &str, at: i64, turns: usize) {
+    c.execute(
+        "INSERT INTO session (id, project_id, parent_id, slug, directory, title, version, \
+         time_created, time_updated) VALUES (?1, ?2, ?3, 'slug', '/ws', ?4, '1.18.33', ?5, ?5)",
+        params![id, project, parent, format!("fro-bot: {id}"), at],
+    )
+    .unwrap();
+    c.execute(
+        "INSERT INTO event_sequence (aggregate_id, seq) VALUES (?1, -1)",
+        [id],
+    )
+    .unwrap();
+    c.execute(
+        "INSERT INTO session_context_epoch VALUES (?1, 'b', 's', 0)",
+        [id],
+    )
+    .unwrap();
+    for _ in 0..turns {
+        turn(c, id, at);
+    }
+}
+
+fn turn(c: &Connection, id: &str, at: i64) {
+    let n: i64 = c
+        .query_row(
+            "SELECT count(*) FROM message WHERE session_id = ?1",
+            [id],
+            |r| r.get(0),
+        )
+        .unwrap();
+    for role in ["user", "assistant"] {
+        let m = format!("msg_{id}_{n:03}_{role}");
+        c.execute(
+            "INSERT INTO message VALUES (?1, ?2, ?3, ?3, ?4)",
+            params![m, id, at, format!("{{\"role\":\"{role}\"}}")],
+        )
+        .unwrap();
+        c.execute(
+            "INSERT INTO part VALUES (?1, ?2, ?3, ?4, ?4, '{\"type\":\"text\",\"text\":\"hi\"}')",
+            params![format!("prt_{m}"), m, id, at],
+        )
+        .unwrap();
+        let seq: i64 = c
+            .query_row(
+                "UPDATE event_sequence SET seq = seq + 1 WHERE aggregate_id = ?1 RETURNING seq",
+                [id],
+                |r| r.get(0),
+            )
+            .unwrap();
+        c.execute(
+            "INSERT INTO event VALUES (?1, ?2, ?3, 'message.updated.1', '{}')",
+            params![format!("evt_{id}_{seq}"), id, seq],
+        )
+        .unwrap();
+    }
+    c.execute(
+        "INSERT OR REPLACE INTO todo VALUES (?1, 'do it', 'pending', 'high', 0, ?2, ?2)",
+        params![id, at],
+    )
+    .unwrap();
+    c.execute(
+        "UPDATE session SET time_updated = ?2 WHERE id = ?1",
+        params![id, at],
+    )
+    .unwrap();
+}
+
+fn open(p: &Path) -> Connection {
+    Connection::open(p).unwrap()
+}
+
+fn count(c: &Connection, sql: &str) -> i64 {
+    c.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+fn sessions(p: &Path) -> Vec<String> {
+    let c = open(p);
+    let mut s = c.prepare("SELECT id FROM session ORDER BY id").unwrap();
+    s.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+fn messages(p: &Path, session: &str) -> i64 {
+    let c = open(p);
+    c.query_row(
+        "SELECT count(*) FROM message WHERE session_id = ?1",
+        [session],
+        |r| r.get(0),
+    )
+    .unwrap()
+}
+
+fn assert_sound(p: &Path) {
+    let c = open(p);
+    let ok: String = c
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(ok, "ok");
+    let fk = count(&c, "SELECT count(*) FROM pragma_foreign_key_check");
+    assert_eq!(fk, 0, "foreign_key_check found violations");
+    let orphans = count(
+        &c,
+        "SELECT count(*) FROM part WHERE session_id NOT IN (SELECT id FROM session)",
+    ) + count(
+        &c,
+        "SELECT count(*) FROM event_sequence WHERE aggregate_id NOT IN (SELECT id FROM session)",
+    ) + count(
+        &c,
+        "SELECT count(*) FROM session WHERE parent_id IS NOT NULL AND parent_id NOT IN (SELECT id FROM session)",
+    );
+    assert_eq!(orphans, 0, "rows tied to a missing session");
+}
+
+fn full() -> MergeOptions {
+    MergeOptions {
+        verify: Verify::Full,
+    }
+}
+
+/// A base with session `a`, restored by two runs: returns (dir, restored db, snapshot).
+fn common() -> (Dir, PathBuf, Snapshot) {
+    let d = Dir::new();
+    let restored = d.db("restored.db");
+    let c = open(&restored);
+    project(&c, PROJECT);
+    session(&c, "ses_a", None, PROJECT, 100, 2);
+    drop(c);
+    let snap = Snapshot::capture(&restored).unwrap();
+    (d, restored, snap)
+}
+
+#[test]
+fn disjoint_sessions_from_two_runs_both_survive() {
+    let (d, restored, snap) = common();
+    // Run 1 answered issue B and published first: that is the base.
+    let base = d.copy(&restored, "base.db");
+    session(&open(&base), "ses_b", None, PROJECT, 200, 1);
+    // Run 2 (this one) answered issue C and continued A.
+    let ours = d.copy(&restored, "ours.db");
+    let c = open(&ours);
+    session(&c, "ses_c", None, PROJECT, 300, 1);
+    turn(&c, "ses_a", 310);
+    drop(c);
+
+    let out = d.path("out.db");
+    // A stale WAL from an earlier attempt would be replayed into the new file.
+    std::fs::write(d.path("out.db-wal"), vec![0x5au8; 4096]).unwrap();
+    let report = merge_with(&base, &ours, &snap, &out, full()).unwrap();
+    assert!(!d.path("out.db-wal").exists(), "the result is one file");
+    assert_eq!(sessions(&out), ["ses_a", "ses_b", "ses_c"]);
+    assert_eq!(messages(&out, "ses_a"), 6, "A has this run's extra turn");
+    assert_eq!(messages(&out, "ses_b"), 2);
+    assert_eq!(messages(&out, "ses_c"), 2);
+    let c = open(&out);
+    assert_eq!(
+        count(
+            &c,
+            "SELECT count(*) FROM event WHERE aggregate_id = 'ses_a'"
+        ),
+        6
+    );
+    assert_eq!(
+        count(
+            &c,
+            "SELECT seq FROM event_sequence WHERE aggregate_id = 'ses_a'"
+        ),
+        5
+    );
+    let changes: Vec<(&str, Change)> = report
+        .taken
+        .iter()
+        .map(|t| (t.root.as_str(), t.change))
+        .collect();
+    assert_eq!(
+        changes,
+        [("ses_a", Change::Updated), ("ses_c", Change::Added)]
+    );
+    assert!(report.conflicts.is_empty());
+    assert_sound(&out);
+    // The output keeps the base's WAL mode, as a single file.
+    assert_eq!(
+        c.query_row("PRAGMA journal_mode", [], |r| r.get::<_, String>(0))
+            .unwrap(),
+        "wal"
+    );
+}
+
+#[test]
+fn the_same_session_changed_on_both_sides_goes_to_the_later_activity_and_is_reported() {
+    let (d, restored, snap) = common();
+    let base = d.copy(&restored, "base.db");
+    turn(&open(&base), "ses_a", 500);
+    let ours = d.copy(&restored, "ours.db");
+    turn(&open(&ours), "ses_a", 400);
+    let out = d.path("out.db");
+    let report = merge_with(&base, &ours, &snap, &out, full()).unwrap();
+    assert_eq!(report.conflicts.len(), 1);
+    let c = &report.conflicts[0];
+    assert_eq!(c.winner, Side::Base);
+    assert_eq!((c.ours_activity, c.base_activity), (Some(400), Some(500)));
+    // Both added message 2 under the same synthetic id; ours has nothing the base lacks.
+    assert_eq!(c.title.as_deref(), Some("fro-bot: ses_a"));
+    assert!(report.taken.is_empty());
+    let t: i64 = count(
+        &open(&out),
+        "SELECT time_updated FROM session WHERE id = 'ses_a'",
+    );
+    assert_eq!(t, 500, "the base's later turn is kept");
+    assert_sound(&out);
+
+    // The other way round: this run's later turn wins and the base's turn is counted as lost.
+    let ours2 = d.copy(&restored, "ours2.db");
+    let c2 = open(&ours2);
+    turn(&c2, "ses_a", 600);
+    c2.pragma_update(None, "foreign_keys", false).unwrap();
+    c2.execute(
+        "UPDATE message SET id = id || '_x' WHERE time_created = 600",
+        [],
+    )
+    .unwrap();
+    c2.execute(
+        "UPDATE part SET message_id = message_id || '_x', id = id || '_x' WHERE time_created = 600",
+        [],
+    )
+    .unwrap();
+    drop(c2);
+    let out2 = d.path("out2.db");
+    let report = merge_with(&base, &ours2, &snap, &out2, full()).unwrap();
+    let c = &report.conflicts[0];
+    assert_eq!(c.winner, Side::Ours);
+    assert_eq!(
+        c.lost_messages, 2,
+        "the base's turn is not silently dropped"
+    );
+    assert_eq!(
+        count(
+            &open(&out2),
+            "SELECT time_updated FROM session WHERE id = 'ses_a'"
+        ),
+        600
+    );
+    assert_eq!(messages(&out2, "ses_a"), 6);
+    assert_sound(&out2);
+}
+
+#[test]
+fn child_sessions_follow_their_parent_and_a_new_project_is_carried() {
+    let d = Dir::new();
+    let restored = d.db("restored.db");
+    let snap = Snapshot::capture(&restored).unwrap();
+    assert!(snap.sessions.is_empty());
+    let base = d.copy(&restored, "base.db");
+    let c = open(&base);
+    project(&c, "other");
+    session(&c, "ses_b", None, "other", 10, 1);
+    drop(c);
+    let ours = d.copy(&restored, "ours.db");
+    let c = open(&ours);
+    project(&c, PROJECT);
+    c.execute(
+        "INSERT INTO workspace VALUES ('wrk_1', 'local', 'w', NULL, '/ws', NULL, ?1, 5)",
+        [PROJECT],
+    )
+    .unwrap();
+    session(&c, "ses_p", None, PROJECT, 20, 1);
+    session(&c, "ses_k", Some("ses_p"), PROJECT, 21, 1);
+    session(&c, "ses_g", Some("ses_k"), PROJECT, 22, 1);
+    c.execute(
+        "UPDATE session SET workspace_id = 'wrk_1' WHERE id = 'ses_k'",
+        [],
+    )
+    .unwrap();
+    drop(c);
+    let out = d.path("out.db");
+    let report = merge_with(&base, &ours, &snap, &out, full()).unwrap();
+    assert_eq!(report.taken.len(), 1, "one tree");
+    assert_eq!(report.taken[0].sessions, ["ses_g", "ses_k", "ses_p"]);
+    assert_eq!(sessions(&out), ["ses_b", "ses_g", "ses_k", "ses_p"]);
+    let c = open(&out);
+    assert_eq!(count(&c, "SELECT count(*) FROM project"), 2);
+    assert_eq!(count(&c, "SELECT count(*) FROM project_directory"), 2);
+    assert_eq!(count(&c, "SELECT count(*) FROM workspace"), 1);
+    assert_eq!(report.rows_carried, 3);
+    assert_sound(&out);
+}
+
+#[test]
+fn a_session_this_run_pruned_is_deleted_unless_the_base_moved_on() {
+    let (d, restored, snap) = common();
+    let base = d.copy(&restored, "base.db");
+    let ours = d.copy(&restored, "ours.db");
+    open(&ours)
+        .execute_batch(
+            "DELETE FROM part; DELETE FROM message; DELETE FROM event; DELETE FROM event_sequence;
+             DELETE FROM todo; DELETE FROM session_context_epoch; DELETE FROM session;",
+        )
+        .unwrap();
+    let out = d.path("out.db");
+    let report = merge_with(&base, &ours, &snap, &out, full()).unwrap();
+    assert_eq!(report.taken[0].change, Change::Deleted);
+    assert!(sessions(&out).is_empty());
+    let c = open(&out);
+    assert_eq!(count(&c, "SELECT count(*) FROM part"), 0);
+    assert_eq!(count(&c, "SELECT count(*) FROM event"), 0);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM project"),
+        1,
+        "projects stay"
+    );
+    assert_sound(&out);
+
+    turn(&open(&base), "ses_a", 900);
+    let out2 = d.path("out2.db");
+    let report = merge_with(&base, &ours, &snap, &out2, full()).unwrap();
+    assert_eq!(report.conflicts[0].winner, Side::Base);
+    assert_eq!(report.conflicts[0].ours_activity, None);
+    assert_eq!(sessions(&out2), ["ses_a"]);
+}
+
+#[test]
+fn merging_the_same_run_twice_changes_nothing_the_second_time() {
+    let (d, restored, snap) = common();
+    let ours = d.copy(&restored, "ours.db");
+    session(&open(&ours), "ses_c", None, PROJECT, 300, 1);
+    let out = d.path("out.db");
+    merge(&restored, &ours, &snap, &out).unwrap();
+    let again = d.path("again.db");
+    let report = merge(&out, &ours, &snap, &again).unwrap();
+    assert_eq!(report.identical, 1);
+    assert!(report.taken.is_empty() && report.conflicts.is_empty());
+    assert_eq!((report.rows_inserted, report.rows_deleted), (0, 0));
+    assert_eq!(sessions(&again), ["ses_a", "ses_c"]);
+}
+
+#[test]
+fn a_different_migration_set_is_refused_as_incompatible() {
+    let (d, restored, snap) = common();
+    let ours = d.copy(&restored, "ours.db");
+    open(&ours)
+        .execute(
+            "INSERT INTO migration VALUES ('20990101000000_future', 2)",
+            [],
+        )
+        .unwrap();
+    let out = d.path("out.db");
+    let err = merge(&restored, &ours, &snap, &out).unwrap_err();
+    assert!(
+        matches!(&err, MergeError::MigrationMismatch { only_ours, .. } if only_ours == "migration:20990101000000_future"),
+        "{err:?}"
+    );
+    assert!(err.is_incompatible());
+    assert!(!out.exists(), "nothing is written");
+}
+
+#[test]
+fn an_extra_column_in_one_side_is_a_schema_mismatch() {
+    let (d, restored, snap) = common();
+    let ours = d.copy(&restored, "ours.db");
+    open(&ours)
+        .execute("ALTER TABLE session ADD COLUMN extra text", [])
+        .unwrap();
+    let err = merge(&restored, &ours, &snap, &d.path("out.db")).unwrap_err();
+    assert!(
+        matches!(&err, MergeError::SchemaMismatch { objects } if objects == "session"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_base_that_is_not_sqlite_is_a_clear_error() {
+    let (d, restored, snap) = common();
+    let junk = d.path("junk.db");
+    std::fs::write(&junk, vec![0x42u8; 8192]).unwrap();
+    let out = d.path("out.db");
+    let err = merge(&junk, &restored, &snap, &out).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            MergeError::NotADatabase {
+                role: Role::Base,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("junk.db"), "{err}");
+    assert!(!out.exists());
+    let err = merge(&d.path("absent.db"), &restored, &snap, &out).unwrap_err();
+    assert!(matches!(
+        err,
+        MergeError::Missing {
+            role: Role::Base,
+            ..
+        }
+    ));
+    let err = Snapshot::capture(&junk).unwrap_err();
+    assert!(matches!(
+        err,
+        MergeError::NotADatabase {
+            role: Role::Restored,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_trigger_in_the_base_is_refused_and_never_fires() {
+    let (d, restored, snap) = common();
+    let base = d.copy(&restored, "base.db");
+    // Would wipe every session as soon as anything is inserted or deleted.
+    open(&base)
+        .execute_batch(
+            "CREATE TRIGGER wipe AFTER INSERT ON message BEGIN DELETE FROM session; END;
+             CREATE TRIGGER wipe2 AFTER DELETE ON message BEGIN DELETE FROM project; END;",
+        )
+        .unwrap();
+    let ours = d.copy(&restored, "ours.db");
+    session(&open(&ours), "ses_c", None, PROJECT, 300, 1);
+    let out = d.path("out.db");
+    let err = merge(&base, &ours, &snap, &out).unwrap_err();
+    assert!(
+        matches!(&err, MergeError::UnexpectedSchemaObject { role: Role::Base, kind, name } if kind == "trigger" && name == "wipe"),
+        "{err:?}"
+    );
+    assert!(err.is_incompatible());
+    assert!(!out.exists());
+    // The base is untouched (opened read-only).
+    assert_eq!(sessions(&base), ["ses_a"]);
+    assert_eq!(count(&open(&base), "SELECT count(*) FROM project"), 1);
+}
+
+#[test]
+fn triggers_are_off_on_our_connections() {
+    // Defence in depth: even if a trigger got past the schema check, it could not fire.
+    let d = Dir::new();
+    let p = d.db("t.db");
+    let c = open(&p);
+    c.execute_batch("CREATE TABLE log(x); CREATE TRIGGER t AFTER INSERT ON project BEGIN INSERT INTO log VALUES (1); END;")
+        .unwrap();
+    drop(c);
+    let c = Connection::open(&p).unwrap();
+    harden(&c).unwrap();
+    project(&c, "p");
+    assert_eq!(count(&c, "SELECT count(*) FROM log"), 0);
+}
+
+#[test]
+fn unknown_tables_present_on_both_sides_are_kept_from_the_base() {
+    let d = Dir::new();
+    let restored = d.db("restored.db");
+    let c = open(&restored);
+    c.execute_batch(
+        "CREATE TABLE plugin_note(session_id text, note text);
+         CREATE TABLE unrelated(k text primary key, v text);",
+    )
+    .unwrap();
+    project(&c, PROJECT);
+    session(&c, "ses_a", None, PROJECT, 1, 1);
+    drop(c);
+    let snap = Snapshot::capture(&restored).unwrap();
+    let base = d.copy(&restored, "base.db");
+    open(&base)
+        .execute("INSERT INTO unrelated VALUES ('base', 'kept')", [])
+        .unwrap();
+    let ours = d.copy(&restored, "ours.db");
+    let c = open(&ours);
+    session(&c, "ses_c", None, PROJECT, 3, 1);
+    c.execute_batch(
+        "INSERT INTO plugin_note VALUES ('ses_c', 'tied by name');
+         INSERT INTO unrelated VALUES ('ours', 'not carried');",
+    )
+    .unwrap();
+    drop(c);
+    let out = d.path("out.db");
+    merge_with(&base, &ours, &snap, &out, full()).unwrap();
+    let c = open(&out);
+    assert_eq!(count(&c, "SELECT count(*) FROM plugin_note"), 1);
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM unrelated WHERE k = 'base'"),
+        1
+    );
+    assert_eq!(
+        count(&c, "SELECT count(*) FROM unrelated WHERE k = 'ours'"),
+        0
+    );
+}
+
+#[test]
+fn an_existing_output_is_refused_and_left_alone() {
+    let (d, restored, snap) = common();
+    let out = d.path("out.db");
+    std::fs::write(&out, b"precious").unwrap();
+    let err = merge(&restored, &restored, &snap, &out).unwrap_err();
+    assert!(matches!(err, MergeError::OutputExists { .. }));
+    assert_eq!(std::fs::read(&out).unwrap(), b"precious");
+}
+
+#[test]
+fn the_snapshot_round_trips_through_json() {
+    let (_d, _restored, snap) = common();
+    let json = serde_json::to_string(&snap).unwrap();
+    let back: Snapshot = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, snap);
+    assert_eq!(snap.sessions["ses_a"].activity, 100);
+}
+
+#[test]
+fn a_base_with_its_newest_rows_still_in_the_wal_is_copied_whole() {
+    let (d, restored, snap) = common();
+    let base = d.copy(&restored, "base.db");
+    let writer = open(&base);
+    writer.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+    session(&writer, "ses_b", None, PROJECT, 200, 1);
+    let wal = d.path("base.db-wal");
+    assert!(std::fs::metadata(&wal).unwrap().len() > 0);
+    let ours = d.copy(&restored, "ours.db");
+    session(&open(&ours), "ses_c", None, PROJECT, 300, 1);
+    let out = d.path("out.db");
+    merge_with(&base, &ours, &snap, &out, full()).unwrap();
+    drop(writer);
+    assert_eq!(sessions(&out), ["ses_a", "ses_b", "ses_c"]);
+    assert_sound(&out);
+}
+
+#[test]
+fn paths_with_uri_characters_and_non_ascii_names_are_attached_as_themselves() {
+    let (d, restored, snap) = common();
+    let dir = d.path("odd dir?#%é");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ours = dir.join("our s?#é.db");
+    std::fs::copy(d.copy(&restored, "tmp.db"), &ours).unwrap();
+    session(&open(&ours), "ses_c", None, PROJECT, 300, 1);
+    let out = dir.join("out?.db");
+    merge(&restored, &ours, &snap, &out).unwrap();
+    assert_eq!(sessions(&out), ["ses_a", "ses_c"]);
+}
+
+#[test]
+fn a_trigger_in_this_runs_database_is_refused_too() {
+    let (d, restored, snap) = common();
+    let ours = d.copy(&restored, "ours.db");
+    open(&ours)
+        .execute_batch("CREATE TRIGGER t AFTER DELETE ON part BEGIN DELETE FROM project; END;")
+        .unwrap();
+    let err = merge(&restored, &ours, &snap, &d.path("out.db")).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            MergeError::UnexpectedSchemaObject {
+                role: Role::Ours,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn with_an_empty_snapshot_two_copies_are_unioned_and_a_shared_session_goes_to_the_later() {
+    // Restore's case: the store copy and a cache entry each hold sessions the other lacks.
+    let (d, restored, _) = common();
+    let store = d.copy(&restored, "store.db");
+    let c = open(&store);
+    session(&c, "ses_s", None, PROJECT, 200, 1);
+    turn(&c, "ses_a", 250);
+    drop(c);
+    let cache = d.copy(&restored, "cache.db");
+    let c = open(&cache);
+    session(&c, "ses_c", None, PROJECT, 300, 1);
+    turn(&c, "ses_a", 350);
+    drop(c);
+    let out = d.path("out.db");
+    let report = merge_with(&store, &cache, &Snapshot::empty(), &out, full()).unwrap();
+    assert_eq!(sessions(&out), ["ses_a", "ses_c", "ses_s"]);
+    assert_eq!(report.conflicts.len(), 1);
+    assert_eq!(report.conflicts[0].winner, Side::Ours);
+    assert_eq!(
+        count(
+            &open(&out),
+            "SELECT time_updated FROM session WHERE id = 'ses_a'"
+        ),
+        350
+    );
+    assert_sound(&out);
+}

@@ -1,0 +1,533 @@
+//! Writing the merge: copy the base with SQLite's backup API (a consistent snapshot, WAL
+//! included), attach this run's database read-only, and in one transaction replace each tree the
+//! plan takes, carry the parent rows it needs, and check the keys of what was written.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rusqlite::backup::{Backup, StepResult};
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+
+use super::graph::{Graph, MESSAGE_TABLE};
+use super::plan::{self, Decision, Side, TreePlan};
+use super::schema::{quote, RefOrigin, Schema};
+use super::snapshot::read_versions;
+use super::{
+    harden, open_read_only, Conflict, MergeError, MergeOptions, MergeReport, Role, Snapshot, Taken,
+    Verify,
+};
+
+/// The attached name of this run's database inside the output connection.
+const OURS: &str = "ours";
+/// Bounded wait when the base is being written while we copy it.
+const COPY_BUSY_RETRIES: u32 = 100;
+
+pub(super) fn run(
+    base: &Path,
+    ours: &Path,
+    restored: &Snapshot,
+    out: &Path,
+    options: MergeOptions,
+) -> Result<MergeReport, MergeError> {
+    let base_conn = open_read_only(base, Role::Base)?;
+    let base_schema = Schema::read(&base_conn, Role::Base)?;
+    let ours_conn = open_read_only(ours, Role::Ours)?;
+    let ours_schema = Schema::read(&ours_conn, Role::Ours)?;
+    if let Some(e) = base_schema.fingerprint.mismatch(&ours_schema.fingerprint) {
+        return Err(e);
+    }
+    let graph = Graph::new(&base_schema);
+    let ours_versions = read_versions(&ours_conn, &ours_schema, &graph, Role::Ours)?;
+    drop(ours_conn);
+    let base_versions = read_versions(&base_conn, &base_schema, &graph, Role::Base)?;
+    let plans = plan::plan(&restored.sessions, &ours_versions, &base_versions);
+
+    let started = Instant::now();
+    let mut conn = copy_base(&base_conn, base, out)?;
+    drop(base_conn);
+    let copy_time = started.elapsed();
+
+    let started = Instant::now();
+    let mut report = MergeReport {
+        copy_time,
+        ..MergeReport::default()
+    };
+    // A scratch file until the caller renames it: no syncs while writing (it is synced once at the
+    // end; on error it is deleted). The journal mode stays the base's: leaving WAL costs more
+    // than the few pages a merge writes.
+    step("synchronous", || {
+        conn.pragma_update(None, "synchronous", "OFF")
+    })?;
+    attach_ours(&conn, ours)?;
+    let tx = step("begin", || {
+        conn.transaction_with_behavior(TransactionBehavior::Immediate)
+    })?;
+    apply(&tx, &base_schema, &graph, &plans, &mut report)?;
+    step("commit", || tx.commit())?;
+    step("detach", || conn.execute_batch("DETACH DATABASE ours"))?;
+    if options.verify == Verify::Full {
+        full_check(&conn)?;
+    }
+    conn.close().map_err(|(_, source)| MergeError::Write {
+        step: "close".into(),
+        source,
+    })?;
+    report.merge_time = started.elapsed();
+    // On disk before the caller renames it into place (as downloads are).
+    let started = Instant::now();
+    std::fs::File::open(out)
+        .and_then(|f| f.sync_all())
+        .map_err(|source| MergeError::Io {
+            action: "syncing",
+            path: out.to_path_buf(),
+            source,
+        })?;
+    report.sync_time = started.elapsed();
+    Ok(report)
+}
+
+fn step<T>(name: &str, f: impl FnOnce() -> rusqlite::Result<T>) -> Result<T, MergeError> {
+    f().map_err(|source| MergeError::Write {
+        step: name.to_string(),
+        source,
+    })
+}
+
+/// Copies the base into `out`. With no WAL content the main file is the whole database and a
+/// file copy (in-kernel) is several times faster than the backup API; it runs inside a read
+/// transaction, which keeps any writer or checkpointer from changing the main file meanwhile.
+fn copy_base(base: &Connection, base_path: &Path, out: &Path) -> Result<Connection, MergeError> {
+    let copy = |source| MergeError::Copy {
+        path: out.to_path_buf(),
+        source,
+    };
+    base.execute_batch("BEGIN").map_err(copy)?;
+    let plain = base
+        .query_row("SELECT count(*) FROM main.sqlite_schema", [], |_| Ok(()))
+        .map_err(copy)
+        .map(|()| wal_is_empty(base_path));
+    let copied = match plain {
+        Ok(true) => Some(
+            std::fs::copy(base_path, out).map_err(|source| MergeError::Io {
+                action: "copying the base to",
+                path: out.to_path_buf(),
+                source,
+            }),
+        ),
+        Ok(false) => None,
+        Err(e) => Some(Err(e)),
+    };
+    base.execute_batch("COMMIT").map_err(copy)?;
+    let mut dst = Connection::open_with_flags(
+        out,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(copy)?;
+    harden(&dst).map_err(copy)?;
+    match copied {
+        Some(result) => {
+            result?;
+        }
+        None => backup(base, &mut dst).map_err(copy)?,
+    }
+    Ok(dst)
+}
+
+fn wal_is_empty(db: &Path) -> bool {
+    let mut wal = db.as_os_str().to_os_string();
+    wal.push("-wal");
+    std::fs::metadata(Path::new(&wal)).map_or(true, |m| m.len() == 0)
+}
+
+fn backup(base: &Connection, dst: &mut Connection) -> rusqlite::Result<()> {
+    let backup = Backup::new(base, dst)?;
+    let mut waits = 0;
+    loop {
+        match backup.step(-1)? {
+            StepResult::Done => return Ok(()),
+            StepResult::Busy | StepResult::Locked if waits < COPY_BUSY_RETRIES => {
+                waits += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            StepResult::Busy | StepResult::Locked => {
+                return Err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+                    Some("the base stayed locked while copying it".into()),
+                ))
+            }
+            // `More` (and any future kind): keep stepping.
+            _ => {}
+        }
+    }
+}
+
+/// `file:` URI for a path: `?`, `#` and `%` would end or escape the path, and bytes beyond ASCII
+/// are percent-encoded so any path (UTF-8 or not) reaches SQLite byte for byte.
+fn file_uri(path: &Path) -> String {
+    let mut uri = String::from("file:");
+    for &b in path.as_os_str().as_encoded_bytes() {
+        match b {
+            b'?' | b'#' | b'%' | 0x80..=0xff | 0..=0x1f => uri.push_str(&format!("%{b:02X}")),
+            _ => uri.push(char::from(b)),
+        }
+    }
+    uri.push_str("?mode=ro");
+    uri
+}
+
+fn attach_ours(conn: &Connection, ours: &Path) -> Result<(), MergeError> {
+    conn.execute("ATTACH DATABASE ?1 AS ours", [file_uri(ours)])
+        .map_err(|e| super::open_error(Role::Ours, ours, e))?;
+    Ok(())
+}
+
+fn apply(
+    conn: &Connection,
+    schema: &Schema,
+    graph: &Graph,
+    plans: &[TreePlan],
+    report: &mut MergeReport,
+) -> Result<(), MergeError> {
+    step("temp tables", || {
+        conn.execute_batch(
+            "CREATE TEMP TABLE merge_del(id PRIMARY KEY);
+             CREATE TEMP TABLE merge_ins(id PRIMARY KEY);
+             CREATE TEMP TABLE merge_a(id PRIMARY KEY);
+             CREATE TEMP TABLE merge_b(id PRIMARY KEY);
+             CREATE TEMP TABLE merge_need(tbl, col, key, PRIMARY KEY(tbl, col, key));",
+        )
+    })?;
+    for p in plans {
+        record(conn, graph, p, report)?;
+    }
+    let writing: Vec<&TreePlan> = plans.iter().filter(|p| p.writes()).collect();
+    if writing.is_empty() {
+        return Ok(());
+    }
+    fill(
+        conn,
+        "merge_del",
+        writing.iter().flat_map(|p| &p.base_members),
+    )?;
+    fill(
+        conn,
+        "merge_ins",
+        writing.iter().flat_map(|p| &p.ours_members),
+    )?;
+    for table in graph.tied_order().iter().rev() {
+        let sql = format!(
+            "DELETE FROM main.{} WHERE {}",
+            quote(table),
+            graph.predicate("main", table, "merge_del")
+        );
+        report.rows_deleted +=
+            step(&format!("deleting from {table}"), || conn.execute(&sql, []))? as u64;
+    }
+    for table in graph.tied_order() {
+        let cols = column_list(schema, table);
+        let sql = format!(
+            "INSERT INTO main.{t} ({cols}) SELECT {cols} FROM {OURS}.{t} WHERE {p}",
+            t = quote(table),
+            p = graph.predicate(OURS, table, "merge_ins")
+        );
+        report.rows_inserted += step(&format!("inserting into {table}"), || {
+            conn.execute(&sql, [])
+        })? as u64;
+    }
+    carry_parents(conn, schema, graph, report)?;
+    check_written(conn, schema, graph)
+}
+
+/// Adds a plan's outcome to the report (before anything is deleted, so the loser's rows can
+/// still be counted).
+fn record(
+    conn: &Connection,
+    graph: &Graph,
+    p: &TreePlan,
+    report: &mut MergeReport,
+) -> Result<(), MergeError> {
+    match &p.decision {
+        Decision::Take(change) => report.taken.push(Taken {
+            root: p.root.clone(),
+            title: p.title.clone(),
+            change: *change,
+            sessions: match change {
+                super::Change::Deleted => p.base_members.clone(),
+                super::Change::Added | super::Change::Updated => p.ours_members.clone(),
+            },
+        }),
+        Decision::Identical => report.identical += 1,
+        Decision::Conflict { winner } => {
+            let (winner_db, winner_ids, loser_db, loser_ids) = match winner {
+                Side::Ours => (OURS, &p.ours_members, "main", &p.base_members),
+                Side::Base => ("main", &p.base_members, OURS, &p.ours_members),
+            };
+            let lost_messages =
+                lost_rows(conn, graph, (loser_db, loser_ids), (winner_db, winner_ids))?;
+            report.conflicts.push(Conflict {
+                root: p.root.clone(),
+                title: p.title.clone(),
+                winner: *winner,
+                ours_activity: p.ours_activity,
+                base_activity: p.base_activity,
+                lost_sessions: loser_ids
+                    .iter()
+                    .filter(|id| !winner_ids.contains(id))
+                    .cloned()
+                    .collect(),
+                lost_messages,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Messages the loser's tree holds that the winner's does not.
+fn lost_rows(
+    conn: &Connection,
+    graph: &Graph,
+    (loser_db, loser_ids): (&str, &[String]),
+    (winner_db, winner_ids): (&str, &[String]),
+) -> Result<u64, MergeError> {
+    let Some(key) = graph.message_key() else {
+        return Ok(0);
+    };
+    fill(conn, "merge_a", loser_ids.iter())?;
+    fill(conn, "merge_b", winner_ids.iter())?;
+    let sql = format!(
+        "SELECT count(*) FROM {l}.{t} WHERE {lp} AND {k} NOT IN (SELECT {k} FROM {w}.{t} WHERE {wp})",
+        l = quote(loser_db),
+        w = quote(winner_db),
+        t = quote(MESSAGE_TABLE),
+        k = quote(key),
+        lp = graph.predicate(loser_db, MESSAGE_TABLE, "merge_a"),
+        wp = graph.predicate(winner_db, MESSAGE_TABLE, "merge_b"),
+    );
+    let n: i64 = step("counting lost messages", || {
+        conn.query_row(&sql, [], |r| r.get(0))
+    })?;
+    Ok(n.max(0) as u64)
+}
+
+fn fill<'a>(
+    conn: &Connection,
+    table: &str,
+    ids: impl Iterator<Item = &'a String>,
+) -> Result<(), MergeError> {
+    step(&format!("listing sessions ({table})"), || {
+        conn.execute(&format!("DELETE FROM temp.{table}"), [])?;
+        let mut stmt = conn.prepare(&format!("INSERT OR IGNORE INTO temp.{table} VALUES (?1)"))?;
+        for id in ids {
+            stmt.execute([id])?;
+        }
+        Ok(())
+    })
+}
+
+fn column_list(schema: &Schema, table: &str) -> String {
+    schema.tables[table]
+        .columns
+        .iter()
+        .map(|c| quote(c))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Parent rows (projects, workspaces) the inserted rows reference and the base lacks, then this
+/// run's attachment rows for them; the base's rows win on any key clash (`OR IGNORE`).
+fn carry_parents(
+    conn: &Connection,
+    schema: &Schema,
+    graph: &Graph,
+    report: &mut MergeReport,
+) -> Result<(), MergeError> {
+    let run = |what: &str, sql: &str, args: &[&str]| {
+        step(what, || {
+            conn.execute(sql, rusqlite::params_from_iter(args.iter()))
+        })
+    };
+    // 1. Keys the inserted tied rows reference.
+    for table in graph.tied_order() {
+        for r in &schema.tables[table].references {
+            if graph.is_parent(&r.target) {
+                let sql = format!(
+                    "INSERT OR IGNORE INTO temp.merge_need SELECT ?1, ?2, {c} FROM {OURS}.{t} \
+                     WHERE {p} AND {c} IS NOT NULL",
+                    c = quote(&r.column),
+                    t = quote(table),
+                    p = graph.predicate(OURS, table, "merge_ins"),
+                );
+                run("listing parent rows", &sql, &[&r.target, &r.target_column])?;
+            }
+        }
+    }
+    // 2. Their own parents, children first so each table's needed keys are complete first.
+    let parents: Vec<&str> = schema
+        .dependency_order()
+        .into_iter()
+        .map(|t| t.name.as_str())
+        .filter(|n| graph.is_parent(n))
+        .collect();
+    for p in parents.iter().rev() {
+        for col in needed_columns(conn, schema, p)? {
+            for r in &schema.tables[*p].references {
+                if !graph.is_parent(&r.target) || r.target == *p {
+                    continue;
+                }
+                let sql = format!(
+                    "INSERT OR IGNORE INTO temp.merge_need SELECT ?1, ?2, {c} FROM {OURS}.{t} \
+                     WHERE {c} IS NOT NULL AND {k} IN \
+                     (SELECT key FROM temp.merge_need WHERE tbl = ?3 AND col = ?4)",
+                    c = quote(&r.column),
+                    t = quote(p),
+                    k = quote(&col),
+                );
+                run(
+                    "listing parent rows",
+                    &sql,
+                    &[&r.target, &r.target_column, p, &col],
+                )?;
+            }
+        }
+    }
+    // 3. The parent rows, parents first; then the attachments.
+    for p in &parents {
+        for col in needed_columns(conn, schema, p)? {
+            let sql = format!(
+                "INSERT OR IGNORE INTO main.{t} ({cols}) SELECT {cols} FROM {OURS}.{t} \
+                 WHERE {k} IN (SELECT key FROM temp.merge_need WHERE tbl = ?1 AND col = ?2)",
+                t = quote(p),
+                cols = column_list(schema, p),
+                k = quote(&col),
+            );
+            report.rows_carried += run(&format!("carrying {p}"), &sql, &[p, &col])? as u64;
+        }
+    }
+    for (table, refs) in graph.attachments() {
+        for r in refs {
+            let sql = format!(
+                "INSERT OR IGNORE INTO main.{t} ({cols}) SELECT {cols} FROM {OURS}.{t} \
+                 WHERE {c} IN (SELECT key FROM temp.merge_need WHERE tbl = ?1 AND col = ?2)",
+                t = quote(table),
+                cols = column_list(schema, table),
+                c = quote(&r.column),
+            );
+            report.rows_carried += run(
+                &format!("carrying {table}"),
+                &sql,
+                &[&r.target, &r.target_column],
+            )? as u64;
+        }
+    }
+    Ok(())
+}
+
+/// The columns of `table` that `temp.merge_need` lists keys for (always real columns: they come
+/// from the schema's references).
+fn needed_columns(
+    conn: &Connection,
+    schema: &Schema,
+    table: &str,
+) -> Result<Vec<String>, MergeError> {
+    let cols: Vec<String> = step("listing parent rows", || {
+        let mut stmt =
+            conn.prepare("SELECT DISTINCT col FROM temp.merge_need WHERE tbl = ?1 ORDER BY col")?;
+        let rows = stmt.query_map([table], |r| r.get::<_, String>(0))?;
+        rows.collect()
+    })?;
+    Ok(cols
+        .into_iter()
+        .filter(|c| schema.tables[table].has_column(c))
+        .collect())
+}
+
+/// Every declared key of the rows written resolves; the parent and attachment tables (small) are
+/// checked whole.
+fn check_written(conn: &Connection, schema: &Schema, graph: &Graph) -> Result<(), MergeError> {
+    let mut problems = Vec::new();
+    for table in graph.tied_order() {
+        for r in &schema.tables[table].references {
+            if r.origin != RefOrigin::Declared {
+                continue;
+            }
+            let sql = format!(
+                "SELECT count(*) FROM main.{t} AS src WHERE {p} AND src.{c} IS NOT NULL \
+                 AND NOT EXISTS (SELECT 1 FROM main.{tgt} AS dst WHERE dst.{tc} = src.{c})",
+                t = quote(table),
+                p = graph.predicate("main", table, "merge_ins"),
+                c = quote(&r.column),
+                tgt = quote(&r.target),
+                tc = quote(&r.target_column),
+            );
+            let n: i64 = step("checking written keys", || {
+                conn.query_row(&sql, [], |row| row.get(0))
+            })?;
+            if n > 0 {
+                problems.push(format!(
+                    "{n} row(s) of {table}.{} reference a missing {}.{}",
+                    r.column, r.target, r.target_column
+                ));
+            }
+        }
+    }
+    let small = schema
+        .tables
+        .keys()
+        .filter(|t| graph.is_parent(t) || graph.attachments().iter().any(|(a, _)| a == *t));
+    for table in small {
+        problems.extend(foreign_key_violations(conn, Some(table))?);
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(MergeError::Check {
+            detail: problems.join("; "),
+        })
+    }
+}
+
+fn foreign_key_violations(
+    conn: &Connection,
+    table: Option<&str>,
+) -> Result<Vec<String>, MergeError> {
+    let sql = match table {
+        Some(t) => format!("PRAGMA main.foreign_key_check({})", quote(t)),
+        None => "PRAGMA main.foreign_key_check".to_string(),
+    };
+    step("foreign_key_check", || {
+        let mut stmt = conn.prepare(&sql)?;
+        let rows = stmt.query_map([], |r| {
+            Ok(format!(
+                "{} row {} references a missing {}",
+                r.get::<_, String>(0)?,
+                r.get::<_, Option<i64>>(1)?.unwrap_or(-1),
+                r.get::<_, String>(2)?
+            ))
+        })?;
+        rows.take(20).collect()
+    })
+}
+
+fn full_check(conn: &Connection) -> Result<(), MergeError> {
+    let integrity: Vec<String> = step("integrity_check", || {
+        let mut stmt = conn.prepare("PRAGMA main.integrity_check")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        rows.take(20).collect()
+    })?;
+    if integrity != ["ok"] {
+        return Err(MergeError::Check {
+            detail: integrity.join("; "),
+        });
+    }
+    let fk = foreign_key_violations(conn, None)?;
+    if fk.is_empty() {
+        Ok(())
+    } else {
+        Err(MergeError::Check {
+            detail: fk.join("; "),
+        })
+    }
+}

@@ -1,0 +1,187 @@
+//! fro-bot's own record of which OpenCode session continues which conversation: logical key →
+//! session id, for the sessions fro-bot created or resumed, kept in the marker (`fro-bot.json`).
+//! Restored content cannot add a thread to it: a session someone else made, whatever its title
+//! and timestamps, is never resumed. Only memory written before the map existed is resolved by
+//! title (docs/persistence.md).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rusqlite::{Connection, OpenFlags};
+
+/// Logical key → session id.
+pub type Map = BTreeMap<String, String>;
+
+/// Title prefix fro-bot gives its sessions (`fro-bot: issue-5`).
+const TITLE_PREFIX: &str = "fro-bot: ";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionMap {
+    /// The restored marker's map (empty for fresh or discarded memory): the only threads resumed.
+    Owned(Map),
+    /// Restored memory whose marker predates the map, or a database from the object store (which
+    /// carries no marker): threads are found by title, and the map is built from them at save.
+    Legacy,
+}
+
+impl Default for SessionMap {
+    fn default() -> Self {
+        SessionMap::Owned(Map::new())
+    }
+}
+
+/// How resolution may find the session of one conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ownership<'a> {
+    /// Only this session (or none: a new one is created).
+    Mapped(Option<&'a str>),
+    /// By title, for legacy memory.
+    ByTitle,
+}
+
+impl SessionMap {
+    pub fn ownership(&self, logical_key: &str) -> Ownership<'_> {
+        match self {
+            SessionMap::Owned(map) => Ownership::Mapped(map.get(logical_key).map(String::as_str)),
+            SessionMap::Legacy => Ownership::ByTitle,
+        }
+    }
+
+    /// The map to save after a run that used `session` for `logical_key`. Legacy memory is
+    /// migrated: its fro-bot-titled root sessions of this workspace (newest per title) seed it.
+    pub fn after_run(
+        &self,
+        db: &Path,
+        workspace: &Path,
+        logical_key: &str,
+        session: Option<&str>,
+    ) -> Map {
+        let mut map = match self {
+            SessionMap::Owned(map) => map.clone(),
+            SessionMap::Legacy => match titled_sessions(db, workspace) {
+                Ok(map) => map,
+                Err(e) => {
+                    tracing::warn!("cannot read legacy session titles: {e}");
+                    Map::new()
+                }
+            },
+        };
+        if let Some(id) = session {
+            map.insert(logical_key.to_string(), id.to_string());
+        }
+        map
+    }
+}
+
+/// Drops entries whose session no longer exists (pruned or deleted), so the map stays bounded by
+/// the sessions kept. On a read error the map is kept as it is.
+pub fn retain_existing(db: &Path, map: &mut Map) {
+    let existing = (|| -> rusqlite::Result<std::collections::BTreeSet<String>> {
+        let conn = open_read_only(db)?;
+        let mut stmt = conn.prepare("SELECT id FROM session")?;
+        let ids = stmt.query_map([], |row| row.get::<_, String>(0))?;
+        ids.collect()
+    })();
+    match existing {
+        Ok(ids) => map.retain(|_, id| ids.contains(id)),
+        Err(e) => tracing::debug!("session map kept unfiltered: {e}"),
+    }
+}
+
+fn open_read_only(db: &Path) -> rusqlite::Result<Connection> {
+    Connection::open_with_flags(
+        db,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+}
+
+/// Newest live root session per `fro-bot: {key}` title in this workspace.
+fn titled_sessions(db: &Path, workspace: &Path) -> rusqlite::Result<Map> {
+    if !db.is_file() {
+        return Ok(Map::new());
+    }
+    let conn = open_read_only(db)?;
+    let mut stmt = conn.prepare(
+        "SELECT title, id FROM session \
+         WHERE directory = ?1 AND parent_id IS NULL AND time_archived IS NULL \
+           AND time_compacting IS NULL AND substr(title, 1, ?2) = ?3 \
+         ORDER BY time_updated ASC, id ASC",
+    )?;
+    let rows = stmt.query_map(
+        rusqlite::params![
+            workspace.to_string_lossy(),
+            TITLE_PREFIX.len() as i64,
+            TITLE_PREFIX
+        ],
+        |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+    )?;
+    let mut map = Map::new();
+    // Ascending order: the newest per title is inserted last and wins.
+    for row in rows {
+        let (title, id) = row?;
+        if let Some(key) = title.strip_prefix(TITLE_PREFIX) {
+            map.insert(key.to_string(), id);
+        }
+    }
+    Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db(dir: &Path) -> std::path::PathBuf {
+        let path = dir.join("opencode.db");
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE session(id text primary key, parent_id text, directory text not null,
+               title text not null, time_updated integer not null, time_compacting integer,
+               time_archived integer);
+             INSERT INTO session VALUES ('ses_a', NULL, '/ws', 'fro-bot: issue-1', 10, NULL, NULL);
+             INSERT INTO session VALUES ('ses_b', NULL, '/ws', 'fro-bot: issue-1', 20, NULL, NULL);
+             INSERT INTO session VALUES ('ses_c', 'ses_b', '/ws', 'fro-bot: issue-2', 30, NULL, NULL);
+             INSERT INTO session VALUES ('ses_d', NULL, '/other', 'fro-bot: issue-3', 30, NULL, NULL);
+             INSERT INTO session VALUES ('ses_e', NULL, '/ws', 'fro-bot: pr-4', 5, NULL, 6);
+             INSERT INTO session VALUES ('ses_f', NULL, '/ws', 'something else', 50, NULL, NULL);",
+        )
+        .unwrap();
+        path
+    }
+
+    #[test]
+    fn owned_maps_resolve_only_what_they_hold() {
+        let map = SessionMap::Owned(Map::from([("issue-1".into(), "ses_a".into())]));
+        assert_eq!(map.ownership("issue-1"), Ownership::Mapped(Some("ses_a")));
+        assert_eq!(map.ownership("issue-2"), Ownership::Mapped(None));
+        assert_eq!(SessionMap::Legacy.ownership("issue-1"), Ownership::ByTitle);
+    }
+
+    #[test]
+    fn legacy_memory_is_migrated_from_titles_and_the_run_overlays_its_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = db(dir.path());
+        let map = SessionMap::Legacy.after_run(&db, Path::new("/ws"), "pr-9", Some("ses_new"));
+        assert_eq!(
+            map,
+            Map::from([
+                ("issue-1".into(), "ses_b".into()),
+                ("pr-9".into(), "ses_new".into()),
+            ])
+        );
+        let owned = SessionMap::Owned(Map::from([("issue-1".into(), "ses_a".into())]));
+        let map = owned.after_run(&db, Path::new("/ws"), "issue-1", Some("ses_b"));
+        assert_eq!(map, Map::from([("issue-1".into(), "ses_b".into())]));
+    }
+
+    #[test]
+    fn entries_of_deleted_sessions_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = db(dir.path());
+        let mut map = Map::from([
+            ("issue-1".into(), "ses_a".into()),
+            ("issue-9".into(), "ses_gone".into()),
+        ]);
+        retain_existing(&db, &mut map);
+        assert_eq!(map, Map::from([("issue-1".into(), "ses_a".into())]));
+    }
+}

@@ -1,0 +1,175 @@
+//! What users see and wait for: live progress in the log, outputs, no uploads of unchanged memory.
+
+use serde_json::json;
+
+use crate::e2e::scenarios::{main_step, World};
+use crate::support::action::{comment_event, explain};
+use crate::support::cache_server::{CREATE, PUT_BLOB, PUT_BLOCK};
+use crate::support::fake_llm::Reply;
+
+#[tokio::test]
+async fn the_log_shows_each_tool_call_and_the_agents_text_inside_the_agent_group_as_they_happen() {
+    let world = World::start().await;
+    world.github.seed_issue(8, "Count the files", "How many?");
+    world.llm.push(Reply::tool(
+        "bash",
+        json!({"command": "echo first-call", "description": "First look"}),
+    ));
+    world.llm.push(Reply::tool(
+        "bash",
+        json!({"command": "echo second-call", "description": "Second look"}),
+    ));
+    world
+        .llm
+        .push(Reply::text("Both looks agree: three files."));
+    let mut job = world.job(800);
+    job.event(
+        "issue_comment",
+        &comment_event(8, 801, "@fro-bot count them"),
+    );
+    let (_job, run) = main_step(job).await;
+    assert_eq!(run.code, 0, "{}", explain(&run));
+
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    let group = |title: &str| lines.iter().position(|l| l.trim_end() == title);
+    let start = group("::group::Agent").expect("an Agent group");
+    let end = start
+        + lines[start..]
+            .iter()
+            .position(|l| l.starts_with("::endgroup::"))
+            .unwrap();
+    let agent = &lines[start..end];
+    let find = |needle: &str| {
+        agent
+            .iter()
+            .position(|l| l.contains(needle))
+            .unwrap_or_else(|| {
+                panic!(
+                    "no line with {needle:?} in the Agent group:\n{}",
+                    agent.join("\n")
+                )
+            })
+    };
+    // Each call starts, then finishes, in order; the answer comes after both.
+    let first_started = find("▶ bash — First look");
+    let first_done = find("✓ bash — echo first-call");
+    let second_started = find("▶ bash — Second look");
+    let second_done = find("✓ bash — echo second-call");
+    let said = find("agent:");
+    assert!(first_started < first_done && first_done < second_started);
+    assert!(second_started < second_done && second_done < said);
+    assert!(agent[said + 1].contains("Both looks agree: three files."));
+    // Stamped with the time since the turn started.
+    assert!(
+        agent[first_started].contains("[0:"),
+        "{}",
+        agent[first_started]
+    );
+
+    // What later steps and the summary get: tokens, cost, the comment, the model.
+    let tokens: serde_json::Value = serde_json::from_str(run.output("tokens")).unwrap();
+    assert!(tokens["input"].as_u64().unwrap() > 0, "{tokens}");
+    assert!(tokens["output"].as_u64().unwrap() > 0, "{tokens}");
+    assert!(
+        run.output("cost").parse::<f64>().is_ok(),
+        "{}",
+        run.output("cost")
+    );
+    assert!(
+        run.output("comment-url")
+            .contains("/issues/8#issuecomment-"),
+        "{}",
+        run.output("comment-url")
+    );
+    assert!(
+        run.summary.contains("| Model | fake/fake-model |"),
+        "{}",
+        run.summary
+    );
+}
+
+#[tokio::test]
+async fn a_run_that_changed_nothing_uploads_nothing_and_says_which_entry_holds_its_memory() {
+    let world = World::start().await;
+    world.github.seed_issue(9, "Keep me", "Remember this.");
+    world.llm.push(Reply::text("Remembered: the walrus plan."));
+    let mut job = world.job(900);
+    job.event("issue_comment", &comment_event(9, 901, "@fro-bot remember"));
+    let (mut job, first) = main_step(job).await;
+    assert_eq!(
+        first.output("cache-save-result"),
+        "durable",
+        "{}",
+        explain(&first)
+    );
+    let entries = world.cache.entries();
+    assert_eq!(entries.len(), 1);
+    let uploads = |w: &World| {
+        [CREATE, PUT_BLOB, PUT_BLOCK]
+            .iter()
+            .map(|op| w.cache.calls_of(op).len())
+            .sum::<usize>()
+    };
+    let before = uploads(&world);
+
+    // The next run restores that memory, but OpenCode cannot start: the database is untouched.
+    job.next_run(902);
+    job.set("OPENCODE_PATH", "/bin/false");
+    job.event("issue_comment", &comment_event(9, 903, "@fro-bot again"));
+    let (_job, second) = main_step(job).await;
+    assert_eq!(second.output("cache-status"), "hit", "{}", explain(&second));
+    assert_eq!(
+        second.code,
+        1,
+        "the agent did not run: {}",
+        explain(&second)
+    );
+    assert_eq!(
+        second.output("cache-save-result"),
+        "durable",
+        "{}",
+        explain(&second)
+    );
+    assert_eq!(uploads(&world), before, "not one byte uploaded again");
+    assert_eq!(world.cache.entries().len(), 1);
+    assert!(
+        second.summary.contains("unchanged since restore")
+            && second.summary.contains(&entries[0].key),
+        "the summary names the entry that holds it: {}",
+        second.summary
+    );
+}
+
+#[test]
+fn local_without_credentials_fails_at_once_naming_the_fix_and_prints_no_workflow_commands() {
+    use crate::support::action::{fresh_checkout, BIN};
+    use crate::support::services::opencode_bin;
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("repo");
+    fresh_checkout(&repo, "local\n");
+    let started = std::time::Instant::now();
+    let out = std::process::Command::new(BIN)
+        .args(["local", "--prompt", "hello"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", repo.join("user-home"))
+        .env("OPENCODE_PATH", opencode_bin())
+        .current_dir(&repo)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("no model provider has credentials") && stdout.contains("--auth-json"),
+        "the message names the fix: {stdout}"
+    );
+    assert!(
+        !stdout.lines().any(|l| l.trim_start().starts_with("::")),
+        "a terminal gets no workflow commands: {stdout}"
+    );
+    // OpenCode alone would retry for minutes (150 s were seen); the check answers in seconds.
+    eprintln!("local without credentials failed after {took:?}");
+    assert!(took < std::time::Duration::from_secs(60), "{took:?}");
+}
