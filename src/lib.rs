@@ -8,6 +8,9 @@
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod github;
 pub mod lease;
 pub mod merge;

@@ -6,6 +6,8 @@ use crate::persistence::killed_writer;
 use crate::support::action::{comment_event, explain, Job, Launch, Running, StepResult};
 use crate::support::cache_server::CacheServer;
 
+mod hostile;
+
 fn with_cache(job: &mut Job, server: &CacheServer) {
     for (k, v) in server.env_pairs() {
         job.set(&k, v);

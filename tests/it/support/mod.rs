@@ -6,5 +6,6 @@ pub mod cache_server;
 pub mod container;
 pub mod fake_github;
 pub mod fake_llm;
+pub mod hostile;
 pub mod s3;
 pub mod services;
