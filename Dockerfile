@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # fro-bot container action. Built by .github/workflows/release.yml for linux/amd64 and linux/arm64
 # and pinned by digest in action.yaml, so workflow runs pull it instead of compiling Rust.
 
@@ -11,9 +10,13 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 COPY benches ./benches
 # rusqlite is `bundled` and TLS is rustls: no system SQLite or OpenSSL in the runtime image.
+# COPY keeps the context's mtimes, and cargo judges freshness by mtime: a cached target built after
+# an edit that an older build did not see would pass for fresh. This step runs only when the sources
+# changed, so marking them new costs nothing and always compiles what was copied.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin fro-bot \
+    find src -type f -exec touch {} + \
+ && cargo build --release --locked --bin fro-bot \
  && install -D -m 0755 target/release/fro-bot /out/fro-bot
 
 FROM node:20-bookworm-slim AS opencode

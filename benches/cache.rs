@@ -16,8 +16,23 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fro_bot::cache::{
-    ActionsCacheClient, CacheMode, RestoreOutcome, RestoreRequest, RetryPolicy, SaveRequest,
+    ActionsCacheClient, CacheMode, CachePath, RestoreOutcome, RestoreRequest, RetryPolicy,
+    SaveRequest,
 };
+
+/// The bench's cache paths are the action's three: `storage` is the one directory.
+fn targets(paths: &[String]) -> Vec<CachePath> {
+    paths
+        .iter()
+        .map(|p| {
+            if p.ends_with("/storage") {
+                CachePath::directory(p.clone())
+            } else {
+                CachePath::file(p.clone())
+            }
+        })
+        .collect()
+}
 
 const MB: u64 = 1_000_000;
 
@@ -26,8 +41,12 @@ fn main() {
     if args.get(1).map(String::as_str) == Some("extract") {
         // Profiling aid: `extract <archive> <workspace> <paths...>`.
         let t = Instant::now();
-        fro_bot::cache::extract_confined(Path::new(&args[2]), &args[4..], Path::new(&args[3]))
-            .expect("extract");
+        fro_bot::cache::extract_confined(
+            Path::new(&args[2]),
+            &targets(&args[4..]),
+            Path::new(&args[3]),
+        )
+        .expect("extract");
         println!("extract {:.3}", t.elapsed().as_secs_f64());
         return;
     }
@@ -118,7 +137,7 @@ fn main() {
         let t = Instant::now();
         fro_bot::cache::extract_confined(
             &server.blob_path(&entry),
-            &layout.paths,
+            &targets(&layout.paths),
             &layout.workspace,
         )
         .expect("extract");
@@ -314,7 +333,7 @@ fn child(args: &[String]) {
                 .block_on(client.restore(&RestoreRequest {
                     key,
                     restore_keys: &[],
-                    paths,
+                    paths: &targets(paths),
                     workspace: &workspace,
                 }))
                 .expect("restore");

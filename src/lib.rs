@@ -9,6 +9,9 @@ pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod confine;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod github;
 pub mod lease;
 pub mod merge;

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use super::Rejection;
+
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
     /// 409 `already_exists`: an entry with this key and version exists or is being written.
@@ -59,6 +61,10 @@ pub enum CacheError {
         #[source]
         source: std::io::Error,
     },
+    /// A restored entry refused as a whole: over a cap, holding a member that no clean entry for
+    /// these paths holds, or not valid tar. Nothing was moved into place.
+    #[error("cache entry refused: {rejection}")]
+    Rejected { rejection: Rejection },
     /// The archive was readable but could not be put in place.
     #[error("cannot extract to {}: {detail}", path.display())]
     Extraction {
@@ -111,6 +117,7 @@ impl CacheError {
             | CacheError::InvalidResponse { .. }
             | CacheError::Transport { .. }
             | CacheError::Archive { .. }
+            | CacheError::Rejected { .. }
             | CacheError::Extraction { .. }
             | CacheError::Io { .. }
             | CacheError::NothingToSave { .. }
@@ -121,11 +128,17 @@ impl CacheError {
         }
     }
 
+    /// The entry itself was refused as hostile or broken by design ([`CacheError::Rejected`]):
+    /// a restore should try an older entry and never let this one shadow good memory.
+    pub fn is_hostile(&self) -> bool {
+        matches!(self, CacheError::Rejected { .. })
+    }
+
     /// The entry's archive itself is at fault (unreadable, truncated, hostile): no retry of the
     /// same entry can succeed, so restore falls back to an older one.
     pub fn is_entry_fault(&self) -> bool {
         match self {
-            CacheError::Archive { .. } => true,
+            CacheError::Archive { .. } | CacheError::Rejected { .. } => true,
             // A member name no file system takes (a NUL byte, an over-long name) is the archive's
             // doing; every other extraction failure is the local disk's.
             CacheError::Extraction { source, .. } => matches!(

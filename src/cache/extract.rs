@@ -1,37 +1,160 @@
-//! Confined extraction: only regular files and directories that land inside one of the requested
-//! cache paths are written, first into a staging directory next to each target (same file system),
-//! and moved into place only after the whole archive was read and its zstd checksum verified.
+//! Confined extraction of an untrusted entry: every member must be exactly what our writer (or the
+//! toolkit's `tar`) puts there for the requested cache paths, and the whole entry stays within the
+//! caps of [`super::limits`]. Anything else refuses the entry as a whole ([`Rejection`]): members
+//! are staged in a directory next to each target (same file system) and moved into place only
+//! after the whole archive was read and its zstd checksum verified.
 
+use std::fmt;
 use std::fs::{self, File};
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use tar::EntryType;
 
+use super::limits::{self, Cap, Limits};
 use super::paths;
+use super::tar_reader::{MemberHeader, ReadError, TarReader};
 use super::CacheError;
 
-/// Why a member was not extracted.
+/// The zstd window (log2) the decoder accepts. Ours is 2^21 and so is the toolkit's `zstdmt`;
+/// levels up to 19 stay within 2^23. A larger window is refused, because the decoder's buffer
+/// grows to the window and a zero-filled stream fills it.
+pub const WINDOW_LOG_MAX: u32 = 24;
+
+/// What a cache path must be in an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    /// A regular file exactly at the path; nothing below it.
+    File,
+    /// A directory at the path, with directories, regular files and hard links to them below.
+    Directory,
+}
+
+impl fmt::Display for PathKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PathKind::File => "file",
+            PathKind::Directory => "directory",
+        })
+    }
+}
+
+/// One cache path as restore needs it: the string (part of the cache version) and its kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachePath {
+    pub path: String,
+    pub kind: PathKind,
+}
+
+impl CachePath {
+    pub fn file(path: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            kind: PathKind::File,
+        }
+    }
+
+    pub fn directory(path: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            kind: PathKind::Directory,
+        }
+    }
+}
+
+/// What makes a member unacceptable (and with it the entry).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RejectReason {
     /// `/tmp/x`: the toolkit's `-P` would write it anywhere.
     AbsolutePath,
-    /// Resolves outside every requested cache path (`../../x`, another directory).
+    /// Not below any requested cache path (`../../x`, another directory).
     OutsideCachePaths,
+    /// Below a cache path but with an empty, `.` or `..` component (`storage/../opencode.db`).
+    NotCanonical,
     /// Symlinks are never restored: one could redirect later members.
     Symlink,
-    /// A hard link whose target is not a file restored from this archive inside the cache paths.
+    /// A hard link whose target is not a regular file restored earlier from this entry.
     HardLinkOutside { target: String },
-    /// Devices, fifos and other special members.
+    /// Devices, fifos, sparse files and other special members.
     Special { kind: String },
-    /// A name that is not UTF-8 or is empty.
+    /// Empty, not UTF-8, or holding a NUL byte.
     InvalidName,
+    /// The member's type is not what its cache path is (a directory at `opencode.db`).
+    WrongKind { expected: PathKind, found: String },
+    /// Inside a cache path that is a file (`opencode.db/x`), or below a file of this entry.
+    BelowAFile,
+    /// A second member with the same name.
+    Duplicate,
 }
 
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RejectReason::AbsolutePath => write!(f, "is an absolute path"),
+            RejectReason::OutsideCachePaths => write!(f, "is outside the cache paths"),
+            RejectReason::NotCanonical => write!(f, "has an empty, '.' or '..' component"),
+            RejectReason::Symlink => write!(f, "is a symlink"),
+            RejectReason::HardLinkOutside { target } => write!(
+                f,
+                "is a hard link to {:?}, not to a file restored earlier from this entry",
+                excerpt(target)
+            ),
+            RejectReason::Special { kind } => {
+                write!(f, "is a {kind} (only files and directories are restored)")
+            }
+            RejectReason::InvalidName => {
+                write!(f, "has a name that is empty, not UTF-8 or holds a NUL byte")
+            }
+            RejectReason::WrongKind { expected, found } => {
+                write!(f, "is a {found} where the cache path is a {expected}")
+            }
+            RejectReason::BelowAFile => write!(f, "lies below a file"),
+            RejectReason::Duplicate => write!(f, "appears twice"),
+        }
+    }
+}
+
+/// Why an entry was refused as a whole. Carried by [`CacheError::Rejected`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RejectedMember {
-    pub name: String,
-    pub reason: RejectReason,
+pub enum Rejection {
+    /// A cap of [`super::limits`] was exceeded; `limit` is its value, for the message.
+    OverCap { cap: Cap, limit: String },
+    /// A member no clean entry for these paths holds.
+    Member { name: String, reason: RejectReason },
+    /// Not a valid tar stream (header checksum, size field, pax record).
+    Malformed { detail: String },
+}
+
+impl Rejection {
+    /// The cap exceeded, if that is the reason.
+    pub fn cap(&self) -> Option<Cap> {
+        match self {
+            Rejection::OverCap { cap, .. } => Some(*cap),
+            Rejection::Member { .. } | Rejection::Malformed { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rejection::OverCap { cap, limit } => write!(f, "it exceeds the {cap} cap ({limit})"),
+            Rejection::Member { name, reason } => {
+                write!(f, "member {:?} {reason}", excerpt(name))
+            }
+            Rejection::Malformed { detail } => write!(f, "it is not a valid tar archive: {detail}"),
+        }
+    }
+}
+
+/// Names in messages: at most 200 characters (a name may be 4 KiB of anything).
+fn excerpt(name: &str) -> String {
+    if name.chars().count() <= 200 {
+        name.to_string()
+    } else {
+        let cut: String = name.chars().take(200).collect();
+        format!("{cut}…")
+    }
 }
 
 /// What an extraction restored.
@@ -39,8 +162,6 @@ pub struct RejectedMember {
 pub struct ExtractReport {
     /// Cache paths replaced by their archived version.
     pub restored: Vec<PathBuf>,
-    /// Members left out, each with the reason.
-    pub rejected: Vec<RejectedMember>,
     pub files: u64,
     pub bytes: u64,
 }
@@ -48,13 +169,16 @@ pub struct ExtractReport {
 /// One requested cache path and, once a member for it appears, its staging directory.
 struct Target {
     path: PathBuf,
+    kind: PathKind,
+    /// The member name of `path` (workspace-relative, `/`-separated).
+    member: String,
     staging: Option<tempfile::TempDir>,
 }
 
 impl Target {
-    /// Where the counterpart of `resolved` (inside this target) is staged.
-    fn staged(&mut self, resolved: &Path) -> Result<PathBuf, CacheError> {
-        let root = match &self.staging {
+    /// Where the member `rel` (components below this target) is staged.
+    fn staged(&mut self, rel: &[&str]) -> Result<PathBuf, CacheError> {
+        let mut dest = match &self.staging {
             Some(dir) => dir.path().join("item"),
             None => {
                 let parent = self.path.parent().unwrap_or(Path::new("/"));
@@ -69,13 +193,8 @@ impl Target {
                 root
             }
         };
-        // `resolved` starts with `self.path` (checked by the caller); both are normalized.
-        let rel = resolved.strip_prefix(&self.path).unwrap_or(Path::new(""));
-        Ok(if rel.as_os_str().is_empty() {
-            root
-        } else {
-            root.join(rel)
-        })
+        dest.extend(rel);
+        Ok(dest)
     }
 }
 
@@ -87,125 +206,371 @@ fn extraction(path: &Path, detail: &str, source: io::Error) -> CacheError {
     }
 }
 
-/// Extracts `archive` (tar + zstd) confined to `paths` (resolved against `workspace`, as are the
-/// member names). On any error nothing has been moved into place.
+fn rejected(rejection: Rejection) -> CacheError {
+    CacheError::Rejected { rejection }
+}
+
+fn member_rejected(name: &str, reason: RejectReason) -> CacheError {
+    rejected(Rejection::Member {
+        name: name.to_string(),
+        reason,
+    })
+}
+
+/// Extracts `archive` (tar + zstd) confined to `targets` (resolved against `workspace`, as are the
+/// member names), under [`Limits::for_entry`] for its size and the free disk. On any error nothing
+/// has been moved into place.
 pub fn extract_confined(
     archive: &Path,
-    paths: &[String],
+    targets: &[CachePath],
     workspace: &Path,
 ) -> Result<ExtractReport, CacheError> {
-    let workspace = paths::normalize(workspace);
-    let mut targets: Vec<Target> = paths
-        .iter()
-        .map(|p| Target {
-            path: paths::resolve(&workspace, p),
-            staging: None,
-        })
-        .collect();
     let archive_err = |detail: &str, source: io::Error| CacheError::Archive {
         path: archive.to_path_buf(),
         detail: detail.to_string(),
         source,
     };
     let file = File::open(archive).map_err(|e| archive_err("cannot open", e))?;
-    let mut tar = tar::Archive::new(Pipelined::spawn(file));
+    let size = file
+        .metadata()
+        .map_err(|e| archive_err("cannot stat", e))?
+        .len();
+    let workspace_n = paths::normalize(workspace);
+    let free = targets
+        .iter()
+        .filter_map(|t| limits::free_bytes(&paths::resolve(&workspace_n, &t.path)))
+        .min()
+        .unwrap_or(u64::MAX);
+    let limits = Limits::for_entry(size, free);
+    extract_stream(Pipelined::spawn(file), targets, workspace, limits, archive)
+}
+
+/// Extracts an uncompressed tar stream confined to `targets` under `limits` (the fuzz targets and
+/// tests drive this; restores go through [`extract_confined`]).
+pub fn extract_tar(
+    tar: impl Read,
+    targets: &[CachePath],
+    workspace: &Path,
+    limits: Limits,
+) -> Result<ExtractReport, CacheError> {
+    extract_stream(tar, targets, workspace, limits, Path::new("<tar stream>"))
+}
+
+fn extract_stream(
+    stream: impl Read,
+    targets: &[CachePath],
+    workspace: &Path,
+    limits: Limits,
+    archive: &Path,
+) -> Result<ExtractReport, CacheError> {
+    let workspace = paths::normalize(workspace);
+    let mut targets: Vec<Target> = targets
+        .iter()
+        .map(|t| {
+            let path = paths::resolve(&workspace, &t.path);
+            Target {
+                member: paths::member_name(&workspace, &path),
+                path,
+                kind: t.kind,
+                staging: None,
+            }
+        })
+        .collect();
+    let read_err = |e: ReadError, limits: &Limits| match e {
+        ReadError::Cap(cap) => rejected(Rejection::OverCap {
+            cap,
+            limit: limits.limit_of(cap),
+        }),
+        ReadError::Malformed(detail) => rejected(Rejection::Malformed { detail }),
+        ReadError::Stream(source) => CacheError::Archive {
+            path: archive.to_path_buf(),
+            detail: "corrupt or truncated archive".to_string(),
+            source,
+        },
+        ReadError::Write(source) => extraction(archive, "cannot write a restored file", source),
+    };
+    let mut reader = TarReader::new(stream, limits);
     let mut report = ExtractReport::default();
-    // Staged regular files by resolved path, for hard links inside the archive.
-    let mut staged_files: Vec<(PathBuf, PathBuf)> = Vec::new();
+    loop {
+        let member = match reader.next_member() {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(e) => return Err(read_err(e, &limits)),
+        };
+        extract_member(&mut reader, &member, &mut targets, &mut report).map_err(|e| match e {
+            MemberError::Read(e) => read_err(e, &limits),
+            MemberError::Cache(e) => e,
+        })?;
+    }
+    reader.finish().map_err(|e| read_err(e, &limits))?;
+    move_into_place(targets, &mut report)?;
+    Ok(report)
+}
 
-    let entries = tar
-        .entries()
-        .map_err(|e| archive_err("cannot read tar", e))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| archive_err("corrupt or truncated archive", e))?;
-        let kind = entry.header().entry_type();
-        if matches!(
-            kind,
-            EntryType::XGlobalHeader
-                | EntryType::XHeader
-                | EntryType::GNULongName
-                | EntryType::GNULongLink
-        ) {
-            continue;
+enum MemberError {
+    Read(ReadError),
+    Cache(CacheError),
+}
+
+impl From<CacheError> for MemberError {
+    fn from(e: CacheError) -> Self {
+        MemberError::Cache(e)
+    }
+}
+
+impl From<ReadError> for MemberError {
+    fn from(e: ReadError) -> Self {
+        MemberError::Read(e)
+    }
+}
+
+/// A member name as UTF-8 without NUL bytes.
+fn member_name(raw: &[u8]) -> Result<&str, CacheError> {
+    match std::str::from_utf8(raw) {
+        Ok(name) if !name.is_empty() && !name.contains('\0') => Ok(name),
+        _ => Err(member_rejected(
+            &String::from_utf8_lossy(raw),
+            RejectReason::InvalidName,
+        )),
+    }
+}
+
+fn extract_member<R: Read>(
+    reader: &mut TarReader<R>,
+    member: &MemberHeader,
+    targets: &mut [Target],
+    report: &mut ExtractReport,
+) -> Result<(), MemberError> {
+    let name = member_name(&member.name)?;
+    let reject = |reason| MemberError::Cache(member_rejected(name, reason));
+    let is_dir = member.kind == EntryType::Directory && !member.sparse;
+    let (index, rel) =
+        locate(name, is_dir, targets).map_err(|e| e.into_error(name, reader.limits()))?;
+    let target = &mut targets[index];
+    let expected = target.kind;
+    let wrong = |found: &str| {
+        reject(RejectReason::WrongKind {
+            expected,
+            found: found.to_string(),
+        })
+    };
+    if member.sparse {
+        return Err(reject(RejectReason::Special {
+            kind: "sparse file".into(),
+        }));
+    }
+    match (member.kind, expected, rel.is_empty()) {
+        (_, PathKind::File, false) => Err(reject(RejectReason::BelowAFile)),
+        (EntryType::Directory, PathKind::File, true) => Err(wrong("directory")),
+        (EntryType::Directory, PathKind::Directory, _) => {
+            let dest = target.staged(&rel)?;
+            match fs::symlink_metadata(&dest) {
+                Ok(m) if m.is_dir() => Ok(()),
+                Ok(_) => Err(reject(RejectReason::Duplicate)),
+                Err(_) => create_dirs(&dest, name),
+            }
         }
-        let raw = entry.path_bytes().into_owned();
-        let Ok(name) = String::from_utf8(raw.clone()) else {
-            report.rejected.push(RejectedMember {
-                name: String::from_utf8_lossy(&raw).into_owned(),
-                reason: RejectReason::InvalidName,
-            });
-            continue;
-        };
-        let reject = |reason| RejectedMember {
-            name: name.clone(),
-            reason,
-        };
-        let (resolved, target) = match locate(&name, &workspace, &targets) {
-            Ok(found) => found,
-            Err(reason) => {
-                report.rejected.push(reject(reason));
-                continue;
+        (EntryType::Regular | EntryType::Continuous, PathKind::Directory, true) => {
+            Err(wrong("file"))
+        }
+        (EntryType::Regular | EntryType::Continuous, _, _) => {
+            let dest = target.staged(&rel)?;
+            let out = create_new(&dest, name)?;
+            let written = write_file(reader, member, out, &dest)?;
+            report.files += 1;
+            report.bytes += written;
+            Ok(())
+        }
+        (EntryType::Link, PathKind::Directory, false) => {
+            let source = hard_link_source(member, targets)?;
+            let dest = targets[index].staged(&rel)?;
+            let len = fs::metadata(&source)
+                .map_err(|e| extraction(&source, "cannot read a restored file", e))?
+                .len();
+            reader.account(len)?;
+            let mut from =
+                File::open(&source).map_err(|e| extraction(&source, "cannot open", e))?;
+            let mut out = create_new(&dest, name)?;
+            io::copy(&mut from, &mut out)
+                .map_err(|e| extraction(&dest, "cannot copy hard link", e))?;
+            report.files += 1;
+            report.bytes += len;
+            Ok(())
+        }
+        (EntryType::Link, _, _) => Err(wrong("hard link")),
+        (EntryType::Symlink, _, _) => Err(reject(RejectReason::Symlink)),
+        (other, _, _) => Err(reject(RejectReason::Special {
+            kind: special_kind(other),
+        })),
+    }
+}
+
+fn special_kind(kind: EntryType) -> String {
+    match kind {
+        EntryType::Char => "character device".into(),
+        EntryType::Block => "block device".into(),
+        EntryType::Fifo => "fifo".into(),
+        EntryType::GNUSparse => "sparse file".into(),
+        other => format!("member of type {:?}", char::from(other.as_byte())),
+    }
+}
+
+/// The staged regular file a hard link names: restored earlier from this entry, below a directory
+/// cache path (file cache paths accept only a regular file).
+fn hard_link_source(member: &MemberHeader, targets: &mut [Target]) -> Result<PathBuf, MemberError> {
+    let name = member_name(&member.name)?;
+    let link = member.link.as_deref().unwrap_or_default();
+    let link_str = String::from_utf8_lossy(link).into_owned();
+    let outside = || {
+        MemberError::Cache(member_rejected(
+            name,
+            RejectReason::HardLinkOutside {
+                target: link_str.clone(),
+            },
+        ))
+    };
+    let Ok(link) = std::str::from_utf8(link) else {
+        return Err(outside());
+    };
+    let Ok((index, rel)) = locate(link, false, targets) else {
+        return Err(outside());
+    };
+    if rel.is_empty() || targets[index].staging.is_none() {
+        return Err(outside());
+    }
+    let source = targets[index].staged(&rel)?;
+    match fs::symlink_metadata(&source) {
+        Ok(m) if m.is_file() => Ok(source),
+        _ => Err(outside()),
+    }
+}
+
+/// A refusal by [`locate`], turned into the entry's rejection.
+enum LocateError {
+    Reason(RejectReason),
+    ComponentTooLong,
+}
+
+impl LocateError {
+    fn into_error(self, name: &str, limits: &Limits) -> MemberError {
+        MemberError::Cache(match self {
+            LocateError::Reason(reason) => member_rejected(name, reason),
+            LocateError::ComponentTooLong => rejected(Rejection::OverCap {
+                cap: Cap::NameLength,
+                limit: limits.limit_of(Cap::NameLength),
+            }),
+        })
+    }
+}
+
+/// The innermost target whose member name `name` is or lies below, and the components below it.
+/// Only canonical names are accepted: the target's own member name, then `/`-separated
+/// components that are neither empty, `.` nor `..` (a directory may end in one `/`).
+fn locate<'n>(
+    name: &'n str,
+    is_dir: bool,
+    targets: &[Target],
+) -> Result<(usize, Vec<&'n str>), LocateError> {
+    if name.starts_with('/') {
+        return Err(LocateError::Reason(RejectReason::AbsolutePath));
+    }
+    let name = match name.strip_suffix('/') {
+        Some(stripped) if is_dir => stripped,
+        _ => name,
+    };
+    let (index, rest) = targets
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let rest = name.strip_prefix(t.member.as_str())?;
+            (rest.is_empty() || rest.starts_with('/')).then_some((i, rest))
+        })
+        .max_by_key(|(_, rest)| std::cmp::Reverse(rest.len()))
+        .ok_or(LocateError::Reason(RejectReason::OutsideCachePaths))?;
+    let mut rel = Vec::new();
+    if let Some(below) = rest.strip_prefix('/') {
+        for part in below.split('/') {
+            if part.is_empty() || part == "." || part == ".." {
+                return Err(LocateError::Reason(RejectReason::NotCanonical));
             }
-        };
-        match kind {
-            EntryType::Directory => {
-                let dest = targets[target].staged(&resolved)?;
-                fs::create_dir_all(&dest)
-                    .map_err(|e| extraction(&resolved, "cannot create directory", e))?;
+            if part.len() > limits::MAX_COMPONENT_BYTES {
+                return Err(LocateError::ComponentTooLong);
             }
-            EntryType::Regular | EntryType::Continuous => {
-                let dest = targets[target].staged(&resolved)?;
-                write_file(&mut entry, &dest, &resolved)?;
-                report.files += 1;
-                report.bytes += entry.header().size().unwrap_or(0);
-                staged_files.push((resolved, dest));
-            }
-            EntryType::Link => {
-                let link = entry
-                    .link_name_bytes()
-                    .map(|b| String::from_utf8_lossy(&b).into_owned())
-                    .unwrap_or_default();
-                // Hard-link targets are workspace-relative names too; only a file this archive
-                // already restored inside the cache paths may be linked (copied).
-                let source = locate(&link, &workspace, &targets)
-                    .ok()
-                    .and_then(|(r, _)| staged_files.iter().find(|(p, _)| *p == r).cloned());
-                match source {
-                    Some((_, staged_source)) => {
-                        let dest = targets[target].staged(&resolved)?;
-                        if let Some(parent) = dest.parent() {
-                            fs::create_dir_all(parent)
-                                .map_err(|e| extraction(&resolved, "cannot create directory", e))?;
-                        }
-                        fs::copy(&staged_source, &dest)
-                            .map_err(|e| extraction(&resolved, "cannot copy hard link", e))?;
-                        report.files += 1;
-                        staged_files.push((resolved, dest));
-                    }
-                    None => report
-                        .rejected
-                        .push(reject(RejectReason::HardLinkOutside { target: link })),
-                }
-            }
-            EntryType::Symlink => report.rejected.push(reject(RejectReason::Symlink)),
-            other => report.rejected.push(reject(RejectReason::Special {
-                kind: format!("{other:?}"),
-            })),
+            rel.push(part);
         }
     }
-    // Read to the end of the zstd frame: this is where truncation and checksum errors surface.
-    let mut decoder = tar.into_inner();
-    io::copy(&mut decoder, &mut io::sink())
-        .map_err(|e| archive_err("corrupt or truncated archive", e))?;
+    Ok((index, rel))
+}
 
-    for rejected in &report.rejected {
-        tracing::warn!(
-            "cache restore: rejected archive member {:?} ({:?})",
-            rejected.name,
-            rejected.reason
-        );
+/// Creates `dir` and its parents in staging; a parent that is a file refuses the member.
+fn create_dirs(dir: &Path, name: &str) -> Result<(), MemberError> {
+    match fs::create_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::NotADirectory | io::ErrorKind::AlreadyExists
+            ) =>
+        {
+            Err(MemberError::Cache(member_rejected(
+                name,
+                RejectReason::BelowAFile,
+            )))
+        }
+        Err(e) => Err(MemberError::Cache(extraction(
+            dir,
+            "cannot create directory",
+            e,
+        ))),
     }
-    // Outer paths first, so a nested target lands inside its (already moved) parent.
+}
+
+/// A new staged file; one that exists already is a duplicate member.
+fn create_new(dest: &Path, name: &str) -> Result<File, MemberError> {
+    if let Some(parent) = dest.parent() {
+        create_dirs(parent, name)?;
+    }
+    match File::create_new(dest) {
+        Ok(f) => Ok(f),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(MemberError::Cache(
+            member_rejected(name, RejectReason::Duplicate),
+        )),
+        Err(e) => Err(MemberError::Cache(extraction(
+            dest,
+            "cannot create file",
+            e,
+        ))),
+    }
+}
+
+fn write_file<R: Read>(
+    reader: &mut TarReader<R>,
+    member: &MemberHeader,
+    out: File,
+    dest: &Path,
+) -> Result<u64, MemberError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = io::BufWriter::with_capacity(super::WRITE_BUF, out);
+    let written = reader.copy_data(&mut out)?;
+    let out = out
+        .into_inner()
+        .map_err(|e| extraction(dest, "cannot write file", e.into_error()))?;
+    // Permission bits only: never setuid/setgid/sticky from an archive.
+    if let Some(mode) = member.mode {
+        out.set_permissions(fs::Permissions::from_mode(mode & 0o777))
+            .map_err(|e| extraction(dest, "cannot set permissions", e))?;
+    }
+    if let Some(mtime) = member.mtime {
+        let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime);
+        // Best effort: a wrong mtime does not make the restore wrong.
+        let _ = out.set_modified(when);
+    }
+    Ok(written)
+}
+
+/// Replaces each target that the entry held by its staged version. Outer paths first, so a nested
+/// target lands inside its (already moved) parent.
+fn move_into_place(mut targets: Vec<Target>, report: &mut ExtractReport) -> Result<(), CacheError> {
     targets.sort_by_key(|t| t.path.components().count());
     for target in targets {
         let Some(staging) = target.staging else {
@@ -215,8 +580,8 @@ pub fn extract_confined(
         if fs::symlink_metadata(&item).is_err() {
             continue;
         }
-        // Existing content at the target is replaced: moved aside into the staging dir (removed
-        // with it), then the new tree renamed into place.
+        // Existing content at the target is moved aside into the staging dir (removed with it),
+        // then the new tree renamed into place.
         if fs::symlink_metadata(&target.path).is_ok() {
             fs::rename(&target.path, staging.path().join("old"))
                 .map_err(|e| extraction(&target.path, "cannot move the existing path aside", e))?;
@@ -225,7 +590,7 @@ pub fn extract_confined(
             .map_err(|e| extraction(&target.path, "cannot move the restored path into place", e))?;
         report.restored.push(target.path);
     }
-    Ok(report)
+    Ok(())
 }
 
 /// What the decompression thread sends.
@@ -238,7 +603,8 @@ enum Chunk {
 
 /// zstd decompression on its own thread, so it overlaps with tar parsing and file writes (as
 /// `zstd -d | tar -x` do). Ends only on an explicit [`Chunk::End`]: a vanished thread is an error,
-/// never a silently short archive.
+/// never a silently short archive. Memory: at most 16 chunks of 64 KiB in flight plus the zstd
+/// window ([`WINDOW_LOG_MAX`]).
 struct Pipelined {
     rx: std::sync::mpsc::Receiver<Chunk>,
     buf: Vec<u8>,
@@ -259,6 +625,10 @@ impl Pipelined {
                     return;
                 }
             };
+            if let Err(e) = decoder.window_log_max(WINDOW_LOG_MAX) {
+                let _ = tx.send(Chunk::Failed(e));
+                return;
+            }
             loop {
                 let mut chunk = vec![0u8; Self::CHUNK];
                 let msg = match io::Read::read(&mut decoder, &mut chunk) {
@@ -307,65 +677,4 @@ impl io::Read for Pipelined {
         self.pos += n;
         Ok(n)
     }
-}
-
-/// Resolves a member name to an absolute path and the index of the innermost target holding it.
-fn locate(
-    name: &str,
-    workspace: &Path,
-    targets: &[Target],
-) -> Result<(PathBuf, usize), RejectReason> {
-    let trimmed = name.trim_end_matches('/');
-    if trimmed.is_empty() {
-        return Err(RejectReason::InvalidName);
-    }
-    if name.starts_with('/') {
-        return Err(RejectReason::AbsolutePath);
-    }
-    let resolved = paths::normalize(&workspace.join(trimmed));
-    targets
-        .iter()
-        .enumerate()
-        .filter(|(_, t)| resolved.starts_with(&t.path))
-        .max_by_key(|(_, t)| t.path.components().count())
-        .map(|(i, _)| (resolved, i))
-        .ok_or(RejectReason::OutsideCachePaths)
-}
-
-fn write_file<R: io::Read>(
-    entry: &mut tar::Entry<'_, R>,
-    dest: &Path,
-    resolved: &Path,
-) -> Result<(), CacheError> {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(parent) = dest.parent() {
-        fs::create_dir_all(parent)
-            .map_err(|e| extraction(resolved, "cannot create directory", e))?;
-    }
-    // A directory staged earlier under the same name (duplicate member) gives way to the file.
-    if fs::symlink_metadata(dest).is_ok_and(|m| m.is_dir()) {
-        fs::remove_dir_all(dest)
-            .map_err(|e| extraction(resolved, "cannot replace directory", e))?;
-    }
-    let out = File::create(dest).map_err(|e| extraction(resolved, "cannot create file", e))?;
-    let mut out = io::BufWriter::with_capacity(super::WRITE_BUF, out);
-    io::copy(entry, &mut out).map_err(|e| CacheError::Archive {
-        path: resolved.to_path_buf(),
-        detail: "corrupt or truncated archive".to_string(),
-        source: e,
-    })?;
-    let out = out
-        .into_inner()
-        .map_err(|e| extraction(resolved, "cannot write file", e.into_error()))?;
-    // Permission bits only: never setuid/setgid/sticky from an archive.
-    if let Ok(mode) = entry.header().mode() {
-        out.set_permissions(fs::Permissions::from_mode(mode & 0o777))
-            .map_err(|e| extraction(resolved, "cannot set permissions", e))?;
-    }
-    if let Ok(mtime) = entry.header().mtime() {
-        let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime);
-        // Best effort: a wrong mtime does not make the restore wrong.
-        let _ = out.set_modified(when);
-    }
-    Ok(())
 }

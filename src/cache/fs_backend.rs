@@ -116,7 +116,7 @@ impl FsBackend {
         let restore_keys: &[String] = if exact { &[] } else { req.restore_keys };
         validate_keys(req.key, restore_keys)?;
         let Some(entry) = self
-            .find(req.key, restore_keys, &version(req.paths))?
+            .find(req.key, restore_keys, &req.version())?
             .filter(|e| !exact || e.key == req.key)
         else {
             return Ok(RestoreOutcome::Miss);

@@ -10,7 +10,9 @@ mod blob;
 mod error;
 mod extract;
 mod fs_backend;
+pub mod limits;
 mod paths;
+mod tar_reader;
 mod twirp;
 mod version;
 
@@ -19,8 +21,14 @@ use std::path::{Path, PathBuf};
 pub use archive::{write_archive, ArchiveSummary};
 pub use blob::TransferOptions;
 pub use error::CacheError;
-pub use extract::{extract_confined, ExtractReport, RejectReason, RejectedMember};
+pub use extract::{
+    extract_confined, extract_tar, CachePath, ExtractReport, PathKind, RejectReason, Rejection,
+    WINDOW_LOG_MAX,
+};
 pub use fs_backend::{FsBackend, FsEntry};
+pub use limits::{Cap, Limits};
+#[cfg(feature = "fuzzing")]
+pub(crate) use twirp::{create_reply, finalize_reply, judge, lookup_reply, Judged};
 pub use twirp::{LookupHit, RetryPolicy, Rpc, TwirpClient};
 pub use version::version;
 
@@ -70,10 +78,19 @@ impl CacheMode {
 pub struct RestoreRequest<'a> {
     pub key: &'a str,
     pub restore_keys: &'a [String],
-    /// Absolute path strings exactly as given; the version is computed from them.
-    pub paths: &'a [String],
+    /// Path strings exactly as given (the version is computed from them), each with the kind
+    /// the entry must hold there.
+    pub paths: &'a [CachePath],
     /// Member names are relative to it.
     pub workspace: &'a Path,
+}
+
+impl RestoreRequest<'_> {
+    /// The cache version of the request's paths.
+    pub fn version(&self) -> String {
+        let strings: Vec<String> = self.paths.iter().map(|p| p.path.clone()).collect();
+        version(&strings)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,8 +99,6 @@ pub enum RestoreOutcome {
         matched_key: String,
         /// Cache paths replaced by their archived version.
         restored: Vec<PathBuf>,
-        /// Archive members refused by the confined extraction (already logged as warnings).
-        rejected: Vec<RejectedMember>,
         /// Size of the downloaded archive.
         size_bytes: u64,
     },
@@ -176,7 +191,7 @@ impl ActionsCacheClient {
             });
         }
         validate_keys(req.key, req.restore_keys)?;
-        let version = version(req.paths);
+        let version = req.version();
         let restore_keys: &[String] = if exact { &[] } else { req.restore_keys };
         let Some(hit) = self
             .twirp
@@ -403,7 +418,6 @@ pub(crate) fn hit_or_unrestorable(
         Ok(report) => Ok(RestoreOutcome::Hit {
             matched_key,
             restored: report.restored,
-            rejected: report.rejected,
             size_bytes,
         }),
         Err(e) if e.is_entry_fault() => Ok(RestoreOutcome::Unrestorable {
@@ -428,7 +442,7 @@ pub(crate) async fn archive_blocking(
 
 pub(crate) async fn extract_blocking(
     archive: PathBuf,
-    paths: &[String],
+    paths: &[CachePath],
     workspace: &Path,
 ) -> Result<ExtractReport, CacheError> {
     let paths = paths.to_vec();

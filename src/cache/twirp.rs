@@ -120,24 +120,11 @@ impl TwirpClient {
             body["restore_keys"] = json!(restore_keys);
         }
         let v = self.call(Rpc::GetCacheEntryDownloadUrl, &body).await?;
-        if !is_ok(&v) {
-            return Ok(None);
+        let hit = lookup_reply(&v, key)?;
+        if let Some(hit) = &hit {
+            mask_signed_url(&hit.download_url);
         }
-        let url = string_field(&v, "signed_download_url", "signedDownloadUrl");
-        match url {
-            Some(download_url) if !download_url.is_empty() => {
-                mask_signed_url(&download_url);
-                Ok(Some(LookupHit {
-                    matched_key: string_field(&v, "matched_key", "matchedKey")
-                        .unwrap_or_else(|| key.to_string()),
-                    download_url,
-                }))
-            }
-            _ => Err(CacheError::InvalidResponse {
-                operation: Rpc::GetCacheEntryDownloadUrl.name(),
-                detail: "ok without a signed_download_url".into(),
-            }),
-        }
+        Ok(hit)
     }
 
     /// `CreateCacheEntry`: the signed upload URL.
@@ -148,16 +135,9 @@ impl TwirpClient {
                 &json!({ "key": key, "version": version }),
             )
             .await?;
-        if !is_ok(&v) {
-            return Err(not_ok(&v));
-        }
-        string_field(&v, "signed_upload_url", "signedUploadUrl")
-            .filter(|u| !u.is_empty())
-            .inspect(|u| mask_signed_url(u))
-            .ok_or_else(|| CacheError::InvalidResponse {
-                operation: Rpc::CreateCacheEntry.name(),
-                detail: "ok without a signed_upload_url".into(),
-            })
+        let url = create_reply(&v)?;
+        mask_signed_url(&url);
+        Ok(url)
     }
 
     /// `FinalizeCacheEntryUpload`: the entry id when the service sends one.
@@ -169,10 +149,7 @@ impl TwirpClient {
     ) -> Result<Option<i64>, CacheError> {
         let body = json!({ "key": key, "size_bytes": size_bytes.to_string(), "version": version });
         let v = self.call(Rpc::FinalizeCacheEntryUpload, &body).await?;
-        if !is_ok(&v) {
-            return Err(not_ok(&v));
-        }
-        Ok(int64_field(&v, "entry_id", "entryId"))
+        finalize_reply(&v)
     }
 
     /// One RPC with the retry rules; returns the parsed JSON body of a 2xx.
@@ -221,34 +198,99 @@ impl TwirpClient {
                     source,
                 })?;
             let more = attempt < self.retry.attempts;
-            if status.is_success() {
-                match serde_json::from_str::<Value>(&text) {
-                    Ok(v) if v.is_object() => return Ok(v),
-                    _ if more => {}
-                    _ => {
-                        return Err(CacheError::InvalidResponse {
-                            operation: rpc.name(),
-                            detail: format!("not a JSON object: {}", excerpt(&text)),
-                        })
-                    }
-                }
-            } else if status == StatusCode::TOO_MANY_REQUESTS {
-                return Err(CacheError::RateLimited { retry_after });
-            } else if matches!(status.as_u16(), 500 | 502 | 503 | 504) {
-                if !more {
-                    return Err(CacheError::Server {
-                        status: status.as_u16(),
-                        attempts: attempt,
-                        message: error_message(&text),
-                    });
-                }
-            } else {
-                return Err(classify_failure(rpc, status, &text));
+            match judge(rpc, status, retry_after, &text, more, attempt) {
+                Judged::Body(v) => return Ok(v),
+                Judged::Fail(e) => return Err(e),
+                Judged::Retry => {}
             }
             tracing::debug!("{} returned {status}; retrying", rpc.name());
             tokio::time::sleep(self.retry.delay(attempt - 1)).await;
         }
     }
+}
+
+/// What one HTTP reply to an RPC means.
+#[derive(Debug)]
+pub(crate) enum Judged {
+    /// A 2xx with a JSON object body.
+    Body(Value),
+    /// Worth another attempt (5xx, an unparseable 2xx body) while attempts remain.
+    Retry,
+    Fail(CacheError),
+}
+
+/// The retry rules applied to one reply: `more` says whether another attempt remains.
+pub(crate) fn judge(
+    rpc: Rpc,
+    status: StatusCode,
+    retry_after: Option<String>,
+    text: &str,
+    more: bool,
+    attempt: u32,
+) -> Judged {
+    if status.is_success() {
+        match serde_json::from_str::<Value>(text) {
+            Ok(v) if v.is_object() => Judged::Body(v),
+            _ if more => Judged::Retry,
+            _ => Judged::Fail(CacheError::InvalidResponse {
+                operation: rpc.name(),
+                detail: format!("not a JSON object: {}", excerpt(text)),
+            }),
+        }
+    } else if status == StatusCode::TOO_MANY_REQUESTS {
+        Judged::Fail(CacheError::RateLimited { retry_after })
+    } else if matches!(status.as_u16(), 500 | 502 | 503 | 504) {
+        if more {
+            Judged::Retry
+        } else {
+            Judged::Fail(CacheError::Server {
+                status: status.as_u16(),
+                attempts: attempt,
+                message: error_message(text),
+            })
+        }
+    } else {
+        Judged::Fail(classify_failure(rpc, status, text))
+    }
+}
+
+/// `GetCacheEntryDownloadURL`'s body: `None` on a miss (`{"ok":false}` or `{}`).
+pub(crate) fn lookup_reply(v: &Value, key: &str) -> Result<Option<LookupHit>, CacheError> {
+    if !is_ok(v) {
+        return Ok(None);
+    }
+    match string_field(v, "signed_download_url", "signedDownloadUrl") {
+        Some(download_url) if !download_url.is_empty() => Ok(Some(LookupHit {
+            matched_key: string_field(v, "matched_key", "matchedKey")
+                .unwrap_or_else(|| key.to_string()),
+            download_url,
+        })),
+        _ => Err(CacheError::InvalidResponse {
+            operation: Rpc::GetCacheEntryDownloadUrl.name(),
+            detail: "ok without a signed_download_url".into(),
+        }),
+    }
+}
+
+/// `CreateCacheEntry`'s body: the signed upload URL.
+pub(crate) fn create_reply(v: &Value) -> Result<String, CacheError> {
+    if !is_ok(v) {
+        return Err(not_ok(v));
+    }
+    string_field(v, "signed_upload_url", "signedUploadUrl")
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| CacheError::InvalidResponse {
+            operation: Rpc::CreateCacheEntry.name(),
+            detail: "ok without a signed_upload_url".into(),
+        })
+}
+
+/// `FinalizeCacheEntryUpload`'s body: the entry id when the service sends one.
+pub(crate) fn finalize_reply(v: &Value) -> Result<Option<i64>, CacheError> {
+    if !is_ok(v) {
+        return Err(not_ok(v));
+    }
+    Ok(int64_field(v, "entry_id", "entryId"))
 }
 
 /// A non-retried error status, sorted the way the toolkit tells them apart.

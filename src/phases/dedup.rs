@@ -34,6 +34,10 @@ impl CacheSentinels<'_> {
         vec![self.file.to_string_lossy().into_owned()]
     }
 
+    fn targets(&self) -> Vec<cache::CachePath> {
+        vec![cache::CachePath::file(self.file.to_string_lossy())]
+    }
+
     fn io(&self, source: std::io::Error) -> SentinelError {
         SentinelError::Io {
             path: self.file.clone(),
@@ -51,11 +55,11 @@ impl SentinelStore for CacheSentinels<'_> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(self.io(e)),
         }
-        let paths = self.paths();
+        let targets = self.targets();
         let request = cache::RestoreRequest {
             key: prefix,
             restore_keys: &[],
-            paths: &paths,
+            paths: &targets,
             workspace: &self.workspace,
         };
         match self.backend.restore(&request).await {

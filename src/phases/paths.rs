@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::cache::{CachePath, PathKind};
 use crate::checkpoint;
 use crate::runner::{env, Env};
 
@@ -22,6 +23,8 @@ pub struct StatePaths {
     pub data_dir: PathBuf,
     /// The path strings exactly as they enter the cache version and the archive.
     list: Vec<String>,
+    /// The same paths with what a restored entry must hold at each.
+    targets: Vec<CachePath>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,20 +49,33 @@ impl StatePaths {
 
     pub fn new(data_dir: PathBuf) -> Self {
         // Exactly these, in this order. Never -wal, -shm, auth.json, log/ or snapshot/.
-        let list = [
-            checkpoint::LEGACY_STORAGE_DIR,
-            checkpoint::DB_FILE,
-            MARKER_FILE,
+        let targets: Vec<CachePath> = [
+            (checkpoint::LEGACY_STORAGE_DIR, PathKind::Directory),
+            (checkpoint::DB_FILE, PathKind::File),
+            (MARKER_FILE, PathKind::File),
         ]
-        .iter()
-        .map(|name| data_dir.join(name).to_string_lossy().into_owned())
+        .into_iter()
+        .map(|(name, kind)| CachePath {
+            path: data_dir.join(name).to_string_lossy().into_owned(),
+            kind,
+        })
         .collect();
-        Self { data_dir, list }
+        let list = targets.iter().map(|t| t.path.clone()).collect();
+        Self {
+            data_dir,
+            list,
+            targets,
+        }
     }
 
-    /// The cache path list (and the roots extraction is confined to).
+    /// The cache path list (what is saved, and what the version is computed over).
     pub fn cache_paths(&self) -> &[String] {
         &self.list
+    }
+
+    /// The cache paths with their kinds: the roots extraction is confined to.
+    pub fn restore_targets(&self) -> &[CachePath] {
+        &self.targets
     }
 
     pub fn db(&self) -> PathBuf {
@@ -115,24 +131,26 @@ pub enum MarkerCheck {
 }
 
 pub fn check_marker(path: &Path) -> MarkerCheck {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return MarkerCheck::Missing,
-        Err(e) => {
-            return MarkerCheck::Unreadable {
-                message: e.to_string(),
-            }
-        }
-    };
+    match std::fs::read_to_string(path) {
+        Ok(text) => parse_marker(&text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => MarkerCheck::Missing,
+        Err(e) => MarkerCheck::Unreadable {
+            message: e.to_string(),
+        },
+    }
+}
+
+/// Judges a marker file's text (restored, so untrusted).
+pub fn parse_marker(text: &str) -> MarkerCheck {
     #[derive(Deserialize)]
     struct VersionOnly {
         storage_version: u32,
     }
-    match serde_json::from_str::<VersionOnly>(&text) {
+    match serde_json::from_str::<VersionOnly>(text) {
         Ok(v) if v.storage_version != STORAGE_VERSION => MarkerCheck::VersionMismatch {
             found: v.storage_version,
         },
-        Ok(_) => match serde_json::from_str::<Marker>(&text) {
+        Ok(_) => match serde_json::from_str::<Marker>(text) {
             Ok(m) => MarkerCheck::Compatible(m),
             Err(e) => MarkerCheck::Unreadable {
                 message: e.to_string(),

@@ -139,7 +139,7 @@ pub async fn restore(
     let request = cache::RestoreRequest {
         key: inputs.key,
         restore_keys: inputs.restore_keys,
-        paths: inputs.paths.cache_paths(),
+        paths: inputs.paths.restore_targets(),
         workspace: inputs.workspace,
     };
     let first = cache.restore(&request).await;
@@ -188,7 +188,7 @@ async fn fall_back(
         let request = cache::RestoreRequest {
             key: &key,
             restore_keys: &[],
-            paths: inputs.paths.cache_paths(),
+            paths: inputs.paths.restore_targets(),
             workspace: inputs.workspace,
         };
         let outcome = cache.restore_exact(&request).await;
@@ -288,13 +288,9 @@ async fn attempt(
     match outcome {
         Ok(RestoreOutcome::Hit {
             matched_key,
-            rejected,
             restored,
             ..
         }) => {
-            for member in &rejected {
-                warn(notes, format!("refused archive member {member:?}"));
-            }
             // The entry's database is complete on its own; a WAL left beside it from an older
             // database would be replayed into the new one and corrupt it.
             if let Err(e) = checkpoint::remove_stale_sidecars(&inputs.paths.db()) {

@@ -3,13 +3,46 @@
 mod restore_safety;
 
 use crate::persistence::killed_writer;
-use crate::support::action::{comment_event, explain, Job, StepResult};
+use crate::support::action::{comment_event, explain, Job, Launch, Running, StepResult};
 use crate::support::cache_server::CacheServer;
+
+mod hostile;
 
 fn with_cache(job: &mut Job, server: &CacheServer) {
     for (k, v) in server.env_pairs() {
         job.set(&k, v);
     }
+}
+
+/// The scenarios run under every launch: here as the built binary (`e2e::binary::*`), and from
+/// the action's image in tests/it/container.rs (`container::*`). One list, so both stay in step.
+macro_rules! launched_scenarios {
+    ($launch:expr) => {
+        $crate::e2e::launched_scenarios!($launch;
+            post::not_persisted_makes_post_retry_the_cache_save_with_mains_key,
+            post::durable_skipped_and_declined_make_post_do_nothing,
+            scenarios::a_follow_up_comment_resumes_the_thread_and_another_issue_finds_it_as_prior_work,
+            scenarios::a_provider_auth_failure_fails_the_step_answers_once_and_still_saves_memory,
+            scenarios::a_comment_without_the_mention_is_skipped_with_the_reason,
+            scenarios::a_workspace_owned_by_the_runner_user_still_gets_its_project_identity,
+            scenarios::read_only_cache_with_s3_is_store_only_and_the_next_run_restores_from_s3,
+            scenarios::post_releases_the_lease_a_killed_main_step_left_behind,
+            scenarios::sigterm_mid_turn_saves_memory_within_the_budget,
+            scenarios::sigint_mid_turn_saves_and_the_next_run_resumes,
+            scenarios::sigint_then_sigterm_mid_turn_saves_memory_within_the_runners_budget,
+        );
+    };
+    ($launch:expr; $($module:ident :: $name:ident),* $(,)?) => {$(
+        #[tokio::test]
+        async fn $name() {
+            $crate::e2e::$module::$name($launch).await;
+        }
+    )*};
+}
+pub(crate) use launched_scenarios;
+
+mod binary {
+    super::launched_scenarios!(crate::support::action::Launch::Binary);
 }
 
 fn state(value: &str) -> StepResult {
@@ -23,13 +56,12 @@ fn state(value: &str) -> StepResult {
     }
 }
 
-mod post {
+pub(crate) mod post {
     use super::*;
 
-    #[tokio::test]
-    async fn not_persisted_makes_post_retry_the_cache_save_with_mains_key() {
+    pub async fn not_persisted_makes_post_retry_the_cache_save_with_mains_key(launch: Launch) {
         let server = CacheServer::start().await;
-        let mut job = Job::new(4242);
+        let mut job = Job::launched(4242, launch);
         with_cache(&mut job, &server);
         std::fs::create_dir_all(job.data_dir()).unwrap();
         killed_writer(&job.data_dir().join("opencode.db"), 20);
@@ -135,8 +167,7 @@ mod post {
         }
     }
 
-    #[tokio::test]
-    async fn durable_skipped_and_declined_make_post_do_nothing() {
+    pub async fn durable_skipped_and_declined_make_post_do_nothing(launch: Launch) {
         let server = CacheServer::start().await;
         for (value, needle) in [
             ("durable", "Nothing to do"),
@@ -144,7 +175,7 @@ mod post {
             ("skipped", "Nothing to do"),
             ("declined-for-safety", "declined to save for safety"),
         ] {
-            let mut job = Job::new(7);
+            let mut job = Job::launched(7, launch.clone());
             with_cache(&mut job, &server);
             std::fs::create_dir_all(job.data_dir()).unwrap();
             killed_writer(&job.data_dir().join("opencode.db"), 3);
@@ -184,6 +215,8 @@ mod post {
 }
 
 pub(crate) mod scenarios {
+    use std::time::{Duration, Instant};
+
     use serde_json::json;
 
     use super::*;
@@ -196,14 +229,21 @@ pub(crate) mod scenarios {
         pub cache: CacheServer,
         pub llm: FakeLlm,
         pub github: FakeGitHub,
+        pub launch: Launch,
     }
 
     impl World {
         pub async fn start() -> Self {
+            Self::start_with(Launch::Binary).await
+        }
+
+        /// The services, with jobs whose steps `launch` starts.
+        pub async fn start_with(launch: Launch) -> Self {
             let world = World {
                 cache: CacheServer::start().await,
                 llm: FakeLlm::start().await,
                 github: FakeGitHub::start().await,
+                launch,
             };
             // The repository's REST API sees the same cache entries.
             world.github.attach_cache(world.cache.handle());
@@ -212,7 +252,7 @@ pub(crate) mod scenarios {
 
         /// A job wired to these services, the pinned OpenCode and the fake provider.
         pub fn job(&self, run_id: u64) -> Job {
-            let mut job = Job::new(run_id);
+            let mut job = Job::launched(run_id, self.launch.clone());
             with_cache(&mut job, &self.cache);
             job.set(
                 "OPENCODE_PATH",
@@ -244,9 +284,10 @@ pub(crate) mod scenarios {
         .unwrap()
     }
 
-    #[tokio::test]
-    async fn a_follow_up_comment_resumes_the_thread_and_another_issue_finds_it_as_prior_work() {
-        let world = World::start().await;
+    pub async fn a_follow_up_comment_resumes_the_thread_and_another_issue_finds_it_as_prior_work(
+        launch: Launch,
+    ) {
+        let world = World::start_with(launch).await;
         world
             .github
             .seed_issue(5, "Flaky build", "It fails sometimes.");
@@ -335,10 +376,11 @@ pub(crate) mod scenarios {
         );
     }
 
-    #[tokio::test]
-    async fn a_provider_auth_failure_fails_the_step_answers_once_and_still_saves_memory() {
+    pub async fn a_provider_auth_failure_fails_the_step_answers_once_and_still_saves_memory(
+        launch: Launch,
+    ) {
         use crate::support::fake_llm::LlmError;
-        let world = World::start().await;
+        let world = World::start_with(launch).await;
         world.github.seed_issue(5, "t", "b");
         world.llm.set_default(Reply::Error(LlmError::Auth));
         let mut job = world.job(1200);
@@ -458,9 +500,8 @@ pub(crate) mod scenarios {
         assert_eq!(world.llm.requests().len(), 2);
     }
 
-    #[tokio::test]
-    async fn a_comment_without_the_mention_is_skipped_with_the_reason() {
-        let world = World::start().await;
+    pub async fn a_comment_without_the_mention_is_skipped_with_the_reason(launch: Launch) {
+        let world = World::start_with(launch).await;
         let mut job = world.job(201);
         job.event("issue_comment", &comment_event(5, 1, "just chatting"));
         let (_job, r) = main_step(job).await;
@@ -505,9 +546,10 @@ pub(crate) mod scenarios {
         assert!(text.contains("remember the walrus"));
     }
 
-    #[tokio::test]
-    async fn a_workspace_owned_by_the_runner_user_still_gets_its_project_identity() {
-        let world = World::start().await;
+    pub async fn a_workspace_owned_by_the_runner_user_still_gets_its_project_identity(
+        launch: Launch,
+    ) {
+        let world = World::start_with(launch).await;
         world.github.seed_issue(5, "t", "b");
         let mut job = world.job(350);
         // As on a runner: the checkout belongs to the runner's user, the container runs as root.
@@ -524,7 +566,7 @@ pub(crate) mod scenarios {
         let projects: Vec<String> = db
             .prepare("SELECT id FROM project WHERE worktree = ?1")
             .unwrap()
-            .query_map([job.workspace().to_string_lossy()], |row| row.get(0))
+            .query_map([job.step_workspace().to_string_lossy()], |row| row.get(0))
             .unwrap()
             .collect::<Result<_, _>>()
             .unwrap();
@@ -650,9 +692,10 @@ pub(crate) mod scenarios {
             .set("AWS_REGION", "us-east-1");
     }
 
-    #[tokio::test]
-    async fn read_only_cache_with_s3_is_store_only_and_the_next_run_restores_from_s3() {
-        let world = World::start().await;
+    pub async fn read_only_cache_with_s3_is_store_only_and_the_next_run_restores_from_s3(
+        launch: Launch,
+    ) {
+        let world = World::start_with(launch).await;
         world.cache.set_read_only(true);
         world.github.seed_issue(5, "t", "b");
         world.llm.push(Reply::text("the octopus knows"));
@@ -732,9 +775,8 @@ pub(crate) mod scenarios {
         assert!(text.contains("the octopus knows"));
     }
 
-    #[tokio::test]
-    async fn post_releases_the_lease_a_killed_main_step_left_behind() {
-        let world = World::start().await;
+    pub async fn post_releases_the_lease_a_killed_main_step_left_behind(launch: Launch) {
+        let world = World::start_with(launch).await;
         world.github.seed_issue(5, "t", "b");
         let prefix = crate::support::s3::unique_prefix("e2e-left");
         let mut job = world.job(750);
@@ -816,49 +858,98 @@ pub(crate) mod scenarios {
         );
     }
 
-    /// Sends `signal` once the agent's turn is under way, and returns the step and how long it
-    /// took from the signal to exit.
-    async fn signal_mid_turn(
-        world: &World,
-        job: Job,
-        signal: i32,
-    ) -> (Job, StepResult, std::time::Duration) {
+    /// Starts the main step on a turn that stalls, and returns once the turn is under way.
+    async fn stalled_turn(world: &World, job: &Job) -> Running {
         world.llm.push(Reply::Stall);
-        let child = job.spawn(&["run"], &[]);
-        let pid = child.id() as i32;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let running = job.spawn(&["run"], &[]);
+        let deadline = Instant::now() + Duration::from_secs(60);
         while world.llm.requests().is_empty() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the turn never started"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            assert!(Instant::now() < deadline, "the turn never started");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        let sent = std::time::Instant::now();
-        // SAFETY: kill(2) on the child we spawned.
-        unsafe {
-            libc::kill(pid, signal);
-        }
-        let (job, result) = tokio::task::spawn_blocking(move || {
-            let r = job.finish(child);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        running
+    }
+
+    /// Waits for a started step off the runtime's threads.
+    async fn finish(job: Job, running: Running) -> (Job, StepResult) {
+        tokio::task::spawn_blocking(move || {
+            let r = job.finish(running);
             (job, r)
         })
         .await
-        .unwrap();
+        .unwrap()
+    }
+
+    /// Sends `signal` once the agent's turn is under way, and returns the step and how long it
+    /// took from the signal to exit.
+    async fn signal_mid_turn(world: &World, job: Job, signal: i32) -> (Job, StepResult, Duration) {
+        let running = stalled_turn(world, &job).await;
+        let sent = Instant::now();
+        running.signal(signal);
+        let (job, result) = finish(job, running).await;
         (job, result, sent.elapsed())
     }
 
-    #[tokio::test]
-    async fn sigterm_mid_turn_saves_memory_within_the_budget() {
-        let world = World::start().await;
+    /// The runner's cancel with the SIGTERM close behind the SIGINT (a second cancel, or the
+    /// runner's 7.5 s stage landing mid-save): the save still fits the 2.5 s SIGTERM leaves, after
+    /// which the runner kills the step.
+    pub async fn sigint_then_sigterm_mid_turn_saves_memory_within_the_runners_budget(
+        launch: Launch,
+    ) {
+        use fro_bot::runner::cancel::SIGTERM_BUDGET;
+        let world = World::start_with(launch).await;
+        world.github.seed_issue(5, "t", "b");
+        let mut job = world.job(920);
+        job.event(
+            "issue_comment",
+            &comment_event(5, 1, "@fro-bot remember the axolotl"),
+        );
+        let mut running = stalled_turn(&world, &job).await;
+        running.signal(libc::SIGINT);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !running.exited(),
+            "the step ended within 100 ms of SIGINT, so SIGTERM would test nothing"
+        );
+        let term = Instant::now();
+        running.signal(libc::SIGTERM);
+        let killed = loop {
+            if running.exited() {
+                break false;
+            }
+            if term.elapsed() >= SIGTERM_BUDGET {
+                running.signal(libc::SIGKILL);
+                break true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let took = term.elapsed();
+        let (_job, r) = finish(job, running).await;
+        assert!(
+            !killed,
+            "still running {took:?} after SIGTERM: the runner kills it here\n{}",
+            explain(&r)
+        );
+        assert_eq!(
+            r.state.get("cacheSaved").map(String::as_str),
+            Some("durable"),
+            "{}",
+            explain(&r)
+        );
+        assert_eq!(world.cache.entries().len(), 1);
+        assert_ne!(r.code, 0, "a cancelled run is not a success");
+    }
+
+    pub async fn sigterm_mid_turn_saves_memory_within_the_budget(launch: Launch) {
+        let world = World::start_with(launch).await;
         world.github.seed_issue(5, "t", "b");
         let mut job = world.job(900);
         job.event("issue_comment", &comment_event(5, 1, "@fro-bot think hard"));
         let (_job, r, took) = signal_mid_turn(&world, job, libc::SIGTERM).await;
         // The runner kills 2.5 s after SIGTERM.
         assert!(
-            took < std::time::Duration::from_millis(2500),
+            took < Duration::from_millis(2500),
             "took {took:?}\n{}",
             explain(&r)
         );
@@ -872,9 +963,8 @@ pub(crate) mod scenarios {
         assert_ne!(r.code, 0, "a cancelled run is not a success");
     }
 
-    #[tokio::test]
-    async fn sigint_mid_turn_saves_and_the_next_run_resumes() {
-        let world = World::start().await;
+    pub async fn sigint_mid_turn_saves_and_the_next_run_resumes(launch: Launch) {
+        let world = World::start_with(launch).await;
         world.github.seed_issue(5, "t", "b");
         let mut job = world.job(910);
         job.event(
@@ -882,7 +972,7 @@ pub(crate) mod scenarios {
             &comment_event(5, 1, "@fro-bot remember the narwhal"),
         );
         let (mut job, r, took) = signal_mid_turn(&world, job, libc::SIGINT).await;
-        assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+        assert!(took < Duration::from_secs(10), "took {took:?}");
         assert_eq!(
             r.state.get("cacheSaved").map(String::as_str),
             Some("durable"),
@@ -1276,16 +1366,13 @@ mod kill_points {
             .unwrap();
             drop(conn);
             let pending = messages(&job.data_dir());
-            let child = job.spawn(
+            let running = job.spawn(
                 &["post"],
                 &[("STATE_cacheSaved".into(), "not-persisted".into())],
             );
             std::thread::sleep(span.mul_f64(i as f64 / POST_KILLS as f64));
-            // SAFETY: kill(2) on the child we spawned.
-            unsafe {
-                libc::kill(child.id() as i32, libc::SIGKILL);
-            }
-            let _ = job.finish(child);
+            running.signal(libc::SIGKILL);
+            let _ = job.finish(running);
             killed += 1;
             // The data dir survives for the next attempt; the next restore must be sound.
             let keep = tempfile::tempdir().unwrap();

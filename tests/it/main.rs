@@ -3,6 +3,7 @@
 mod support;
 
 mod cache;
+mod container;
 mod e2e;
 mod experience;
 mod github;

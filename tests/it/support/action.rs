@@ -1,22 +1,55 @@
-//! Runs the built `fro-bot` binary the way the runner runs a container action: a HOME laid out like
-//! `/github/home`, a git checkout as the workspace, an event payload file, `GITHUB_*`/`RUNNER_*`/
-//! `INPUT_*` variables, and file-command files read back through the runner's own parser.
+//! Runs a step the way the runner runs the container action: a HOME laid out like `/github/home`,
+//! a git checkout as the workspace, an event payload file, `GITHUB_*`/`RUNNER_*`/`INPUT_*`
+//! variables, and file-command files read back through the runner's own parser. A step is either
+//! the built `fro-bot` binary started directly ([`Launch::Binary`]) or the action's image started
+//! with `docker run` exactly as the runner starts it ([`Launch::Container`], docs/container.md).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use fro_bot::runner::file_command;
 
+pub use super::container::Launch;
+use super::container::{self, Container};
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_fro-bot");
 
-/// One job's filesystem: shared by its main and post steps (as `/github/home` is).
+/// One job's filesystem: shared by its main and post steps (as `/github/home` is). Under `root`:
+/// `home`, `workspace`, `workflow/event.json`, `file_commands` and `runner_temp`, the directories
+/// the runner mounts at `/github/*` for a container action.
 pub struct Job {
     pub root: tempfile::TempDir,
     pub env: BTreeMap<String, String>,
     /// As on a hosted runner: the checkout, HOME and the file-command files belong to this uid
     /// (the runner's user), not to root.
     pub runner_uid: Option<u32>,
+    pub launch: Launch,
+}
+
+/// A step that was started and not yet waited for.
+pub struct Running {
+    child: Child,
+    container: Option<Container>,
+}
+
+impl Running {
+    /// Sends `signal` the way the runner does: to the process, or `docker kill --signal` to the
+    /// container (whose PID 1 is fro-bot).
+    pub fn signal(&self, signal: i32) {
+        match &self.container {
+            Some(c) => c.signal(signal),
+            // SAFETY: kill(2) on the child we spawned.
+            None => unsafe {
+                libc::kill(self.child.id() as i32, signal);
+            },
+        }
+    }
+
+    /// Whether the step has exited (without reaping it).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
 }
 
 pub struct StepResult {
@@ -101,8 +134,13 @@ pub fn chown_r(dir: &Path, uid: u32) {
 }
 
 impl Job {
-    /// A job of run `run_id` in repository `owner/repo` on `main`.
+    /// A job of run `run_id` in repository `owner/repo` on `main`, its steps run as the binary.
     pub fn new(run_id: u64) -> Self {
+        Self::launched(run_id, Launch::Binary)
+    }
+
+    /// A job whose steps are started by `launch`.
+    pub fn launched(run_id: u64, launch: Launch) -> Self {
         let root = tempfile::tempdir().unwrap();
         // As on a runner, the job's directories are reachable by the agent's unprivileged uid.
         std::fs::set_permissions(
@@ -114,7 +152,7 @@ impl Job {
         let workspace = root.path().join("workspace");
         let files = root.path().join("file_commands");
         let temp = root.path().join("runner_temp");
-        for d in [&home, &files, &temp] {
+        for d in [&home, &files, &temp, &root.path().join("workflow")] {
             std::fs::create_dir_all(d).unwrap();
         }
         fresh_checkout(&workspace, "hello\n");
@@ -142,7 +180,10 @@ impl Job {
             ("GITHUB_ENV", s(&files.join("env"))),
             ("GITHUB_PATH", s(&files.join("path"))),
             ("GITHUB_STEP_SUMMARY", s(&files.join("summary"))),
-            ("GITHUB_EVENT_PATH", s(&root.path().join("event.json"))),
+            (
+                "GITHUB_EVENT_PATH",
+                s(&root.path().join("workflow/event.json")),
+            ),
             ("INPUT_AUTH-JSON", "{}".into()),
             ("INPUT_MATRIX-CONTEXT", "null".into()),
         ] {
@@ -151,6 +192,7 @@ impl Job {
         Job {
             root,
             env,
+            launch,
             runner_uid: None,
         }
     }
@@ -173,6 +215,14 @@ impl Job {
         self.root.path().join("workspace")
     }
 
+    /// The workspace's path as the step sees it (`/github/workspace` in the container).
+    pub fn step_workspace(&self) -> PathBuf {
+        match self.launch {
+            Launch::Binary => self.workspace(),
+            Launch::Container { .. } => container::WORKSPACE.into(),
+        }
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.home().join(".local/share/opencode")
     }
@@ -188,7 +238,7 @@ impl Job {
 
     pub fn event(&mut self, name: &str, payload: &serde_json::Value) -> &mut Self {
         std::fs::write(
-            self.root.path().join("event.json"),
+            self.root.path().join("workflow/event.json"),
             serde_json::to_vec(payload).unwrap(),
         )
         .unwrap();
@@ -216,8 +266,9 @@ impl Job {
         self.finish(child)
     }
 
-    /// Starts a step without waiting for it (to signal or kill it).
-    pub fn spawn(&self, args: &[&str], extra: &[(String, String)]) -> std::process::Child {
+    /// Starts a step without waiting for it (to signal or kill it). `args[0]` names the step
+    /// (`run`, `post`, ...): the binary gets the args, the container the matching entrypoint.
+    pub fn spawn(&self, args: &[&str], extra: &[(String, String)]) -> Running {
         for f in ["output", "state", "env", "path", "summary"] {
             let path = self.files().join(f);
             let _ = std::fs::remove_file(&path);
@@ -226,23 +277,50 @@ impl Job {
                 std::os::unix::fs::chown(&path, Some(uid), Some(uid)).unwrap();
             }
         }
-        Command::new(BIN)
-            .args(args)
-            .env_clear()
-            .envs(&self.env)
-            .envs(extra.iter().map(|(k, v)| (k, v)))
-            .current_dir(self.workspace())
+        let mut env = self.env.clone();
+        env.extend(extra.iter().cloned());
+        let (mut command, container) = match &self.launch {
+            Launch::Binary => {
+                let mut c = Command::new(BIN);
+                c.args(args)
+                    .env_clear()
+                    .envs(&env)
+                    .current_dir(self.workspace());
+                (c, None)
+            }
+            Launch::Container { image } => {
+                let (c, name) = container::command(image, self.root.path(), args, &env);
+                (c, Some(name))
+            }
+        };
+        let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("fro-bot runs")
+            .expect("the step starts");
+        Running { child, container }
     }
 
     /// Waits for a step and reads what it wrote.
-    pub fn finish(&self, child: std::process::Child) -> StepResult {
+    pub fn finish(&self, running: Running) -> StepResult {
         use std::os::unix::process::ExitStatusExt;
-        let out = child.wait_with_output().expect("fro-bot runs");
+        let Running {
+            child,
+            mut container,
+        } = running;
+        let out = child.wait_with_output().expect("the step runs");
+        if let Some(c) = container.as_mut() {
+            c.waited();
+            // 125: docker itself failed (bad mount, no image); the step never ran.
+            assert_ne!(
+                out.status.code(),
+                Some(125),
+                "docker run {} failed: {}",
+                c.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         let read = |f: &str| std::fs::read_to_string(self.files().join(f)).unwrap_or_default();
         let parse = |f: &str| -> BTreeMap<String, String> {
             file_command::parse(&read(f))

@@ -3,7 +3,9 @@
 
 pub mod action;
 pub mod cache_server;
+pub mod container;
 pub mod fake_github;
 pub mod fake_llm;
+pub mod hostile;
 pub mod s3;
 pub mod services;

@@ -1,0 +1,77 @@
+//! The action's image, run the way the GitHub runner runs a container action (docs/container.md):
+//! the e2e scenarios through `docker run` instead of the bare binary, and what the image itself
+//! must carry. Needs the image `scripts/test` builds; without Docker or the image these fail.
+
+crate::e2e::launched_scenarios!(crate::support::container::Launch::container());
+
+mod image {
+    use std::process::{Command, Stdio};
+
+    use crate::support::container::Launch;
+
+    fn sh(script: &str) -> String {
+        let Launch::Container { image } = Launch::container() else {
+            unreachable!("Launch::container returns a container")
+        };
+        let out = Command::new("docker")
+            .args([
+                "run",
+                "--rm",
+                "--network",
+                "host",
+                "--entrypoint",
+                "sh",
+                &image,
+                "-c",
+            ])
+            .arg(script)
+            .stdin(Stdio::null())
+            .output()
+            .expect("docker runs");
+        assert!(
+            out.status.success(),
+            "{script}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    #[test]
+    fn the_image_ships_the_opencode_version_the_action_declares() {
+        let action =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/action.yaml")).unwrap();
+        let declared = action
+            .split("\n  opencode-version:")
+            .nth(1)
+            .and_then(|rest| {
+                rest.lines()
+                    .find(|l| l.trim_start().starts_with("default:"))
+            })
+            .map(|l| l.split('"').nth(1).unwrap_or_default().to_string())
+            .expect("action.yaml declares opencode-version's default");
+        let shipped = sh("opencode --version && echo \"$FRO_BOT_OPENCODE_VERSION\"");
+        assert_eq!(shipped, format!("{declared}\n{declared}"));
+    }
+
+    #[test]
+    fn both_entrypoints_are_links_to_the_one_binary() {
+        let links = sh(
+            "readlink /usr/local/bin/fro-bot-run /usr/local/bin/fro-bot-post \
+                        && test -x /usr/local/bin/fro-bot && echo ok",
+        );
+        assert_eq!(links, "fro-bot\nfro-bot\nok");
+    }
+}
+
+#[test]
+fn only_paths_under_the_job_root_are_mapped_to_the_runners_mounts() {
+    use crate::support::container::in_container;
+    let root = std::path::Path::new("/tmp/job");
+    assert_eq!(in_container(root, "/tmp/job/home"), "/github/home");
+    assert_eq!(
+        in_container(root, "/tmp/job/workflow/event.json"),
+        "/github/workflow/event.json"
+    );
+    assert_eq!(in_container(root, "/tmp/jobs/x"), "/tmp/jobs/x");
+    assert_eq!(in_container(root, "octo/hello"), "octo/hello");
+}
