@@ -38,7 +38,7 @@ fn measured_run(job: &crate::support::action::Job, needle: &str) -> Measured {
     let start = Instant::now();
     let mut child = job.spawn(&["run"], &[]);
     let pid = child.id();
-    let stdout = child.stdout.take().expect("piped stdout");
+    let stdout = child.take_stdout().expect("piped stdout");
     let needle = needle.to_string();
     let reader = std::thread::spawn(move || {
         let mut text = String::new();

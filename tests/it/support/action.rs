@@ -46,6 +46,16 @@ impl Running {
         }
     }
 
+    /// The launched process: fro-bot itself for a binary launch (`docker run` for a container).
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The step's stdout, for a test that reads it as it comes (then not in the `StepResult`).
+    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.child.stdout.take()
+    }
+
     /// Whether the step has exited (without reaping it).
     pub fn exited(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(Some(_)))
