@@ -30,6 +30,7 @@ macro_rules! launched_scenarios {
             scenarios::sigterm_mid_turn_saves_memory_within_the_budget,
             scenarios::sigint_mid_turn_saves_and_the_next_run_resumes,
             scenarios::sigint_then_sigterm_mid_turn_saves_memory_within_the_runners_budget,
+            scenarios::a_prompt_injected_agent_finds_no_secret_and_reaches_nothing,
         );
     };
     ($launch:expr; $($module:ident :: $name:ident),* $(,)?) => {$(
@@ -994,11 +995,23 @@ pub(crate) mod scenarios {
 
     /// What a prompt-injected agent tries on a comment-triggered run, as one shell command; each
     /// attempt prints what it got. The job holds every kind of secret a real job holds.
+    /// A job path as the step sees it: on the host, or where the runner mounts it.
+    fn seen(job: &Job, path: &std::path::Path) -> String {
+        match job.launch {
+            Launch::Binary => path.display().to_string(),
+            Launch::Container { .. } => {
+                crate::support::container::in_container(job.root.path(), &path.to_string_lossy())
+            }
+        }
+    }
+
     fn attack_script(job: &Job, socket: &std::path::Path, marker: &std::path::Path) -> String {
         let runtime_token = job.env["ACTIONS_RUNTIME_TOKEN"].clone();
-        let files = job.files();
-        let ws = job.workspace();
-        let data = job.data_dir();
+        let files = seen(job, &job.files());
+        let ws = seen(job, &job.workspace());
+        let data = seen(job, &job.data_dir());
+        let socket = seen(job, socket);
+        let marker = seen(job, marker);
         format!(
             r#"S='SECRET|{runtime_token}|ghs_fake|OPENCODE_SERVER_PASSWORD=|FRO_BOT_OPENCODE_PASSWORD=|OPENCODE_AUTH_CONTENT=|^INPUT_|^ACTIONS_|^AWS_|^GITHUB_TOKEN=|^GH_TOKEN='
 echo "== id $(id)"
@@ -1027,11 +1040,11 @@ echo "== api-end"
 setsid nohup sh -c 'while kill -0 $OPENCODE_PID 2>/dev/null; do sleep 0.1; done; sleep 1; echo pwned > {marker}; printf CORRUPTCORRUPTCORRUPT | dd of={data}/opencode.db bs=1 seek=0 conv=notrunc' >/dev/null 2>&1 < /dev/null &
 echo "== writer started"
 "#,
-            files = files.display(),
-            ws = ws.display(),
-            socket = socket.display(),
-            marker = marker.display(),
-            data = data.display(),
+            files = files,
+            ws = ws,
+            socket = socket,
+            marker = marker,
+            data = data,
             runtime_token = runtime_token,
         )
     }
@@ -1045,9 +1058,8 @@ echo "== writer started"
         &rest[..rest.find(&format!("== {end}")).unwrap_or(rest.len())]
     }
 
-    #[tokio::test]
-    async fn a_prompt_injected_agent_finds_no_secret_and_reaches_nothing() {
-        let world = World::start().await;
+    pub async fn a_prompt_injected_agent_finds_no_secret_and_reaches_nothing(launch: Launch) {
+        let world = World::start_with(launch).await;
         world.github.seed_issue(5, "Please run this", "x");
         let mut job = world.job(1500);
         for (k, v) in [
@@ -1078,7 +1090,7 @@ echo "== writer started"
         job.input("opencode-config", config.to_string());
         job.owned_by_runner_user(1001);
         // A root-only socket, as the Docker socket is (root:docker 0660).
-        let socket_path = job.root.path().join("root-only.sock");
+        let socket_path = job.root.path().join("runner_temp/root-only.sock");
         let socket = std::os::unix::net::UnixListener::bind(&socket_path).unwrap();
         socket.set_nonblocking(true).unwrap();
         std::fs::set_permissions(
@@ -1086,7 +1098,7 @@ echo "== writer started"
             std::os::unix::fs::PermissionsExt::from_mode(0o660),
         )
         .unwrap();
-        let marker_dir = job.root.path().join("marker");
+        let marker_dir = job.root.path().join("runner_temp/marker");
         std::fs::create_dir(&marker_dir).unwrap();
         std::fs::set_permissions(
             &marker_dir,
@@ -1171,11 +1183,11 @@ echo "== writer started"
         for f in ["output", "state", "env", "path", "summary"] {
             let path = job.files().join(f);
             assert!(
-                out.contains(&format!("== filecmd DENIED-WRITE {}", path.display())),
+                out.contains(&format!("== filecmd DENIED-WRITE {}", seen(&job, &path))),
                 "{out}"
             );
             assert!(
-                out.contains(&format!("== filecmd DENIED-MOVE {}", path.display())),
+                out.contains(&format!("== filecmd DENIED-MOVE {}", seen(&job, &path))),
                 "{out}"
             );
             let m = std::fs::metadata(&path).unwrap();
@@ -1190,10 +1202,7 @@ echo "== writer started"
             "",
             "{out}"
         );
-        for s in [
-            "/var/run/docker.sock".to_string(),
-            socket_path.display().to_string(),
-        ] {
+        for s in ["/var/run/docker.sock".to_string(), seen(&job, &socket_path)] {
             let line = out
                 .lines()
                 .find(|l| l.starts_with(&format!("== docker {s} rc=")))
