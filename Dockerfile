@@ -29,8 +29,10 @@ RUN npm install -g --no-audit --no-fund "opencode-ai@${OPENCODE_VERSION}" \
 
 FROM debian:bookworm-slim
 ARG OPENCODE_VERSION
+# gh, curl and jq for the agent's repository work on schedule/dispatch runs (GH_TOKEN); ripgrep
+# on PATH, which OpenCode's search tools use instead of downloading their own on every run.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates git zstd tar \
+ && apt-get install -y --no-install-recommends ca-certificates git zstd tar gh curl jq ripgrep \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=opencode /out/opencode /usr/local/bin/opencode
 COPY --from=build /out/fro-bot /usr/local/bin/fro-bot

@@ -37,6 +37,14 @@ mod image {
     }
 
     #[test]
+    fn the_image_has_the_tools_for_repository_work() {
+        let out = sh("gh --version | head -n1; curl --version | head -n1; jq --version; rg --version | head -n1");
+        for tool in ["gh version", "curl ", "jq-", "ripgrep "] {
+            assert!(out.contains(tool), "{tool} missing: {out}");
+        }
+    }
+
+    #[test]
     fn the_image_ships_the_opencode_version_the_action_declares() {
         let action =
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/action.yaml")).unwrap();
