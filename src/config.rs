@@ -258,10 +258,25 @@ fn non_zero_ms(ms: u64) -> Option<Duration> {
 
 /// A [`Parser::Bool`](inputs::Parser::Bool) input.
 pub fn parse_bool(env: &Env, spec: &InputSpec) -> Result<bool, ConfigError> {
-    match with_default(env, spec)? {
-        v if v.eq_ignore_ascii_case("true") => Ok(true),
-        v if v.eq_ignore_ascii_case("false") => Ok(false),
-        v => Err(invalid(spec, v, "expected 'true' or 'false'")),
+    parse_choice(env, spec, [("true", true), ("false", false)])
+}
+
+/// One of two words, any case; the error names both.
+fn parse_choice<T: Copy>(
+    env: &Env,
+    spec: &InputSpec,
+    choices: [(&str, T); 2],
+) -> Result<T, ConfigError> {
+    let value = with_default(env, spec)?;
+    match choices
+        .iter()
+        .find(|(word, _)| value.eq_ignore_ascii_case(word))
+    {
+        Some((_, choice)) => Ok(*choice),
+        None => {
+            let [(a, _), (b, _)] = choices;
+            Err(invalid(spec, value, format!("expected '{a}' or '{b}'")))
+        }
     }
 }
 
@@ -287,27 +302,19 @@ fn parse_u32(env: &Env, spec: &InputSpec) -> Result<u32, ConfigError> {
 }
 
 fn parse_context_authors(env: &Env) -> Result<ContextAuthors, ConfigError> {
-    match with_default(env, &input::CONTEXT_AUTHORS)? {
-        v if v.eq_ignore_ascii_case("trusted") => Ok(ContextAuthors::Trusted),
-        v if v.eq_ignore_ascii_case("all") => Ok(ContextAuthors::All),
-        v => Err(invalid(
-            &input::CONTEXT_AUTHORS,
-            v,
-            "expected 'trusted' or 'all'",
-        )),
-    }
+    let choices = [
+        ("trusted", ContextAuthors::Trusted),
+        ("all", ContextAuthors::All),
+    ];
+    parse_choice(env, &input::CONTEXT_AUTHORS, choices)
 }
 
 fn parse_response_mode(env: &Env) -> Result<ResponseMode, ConfigError> {
-    match with_default(env, &input::RESPONSE_MODE)? {
-        v if v.eq_ignore_ascii_case("github") => Ok(ResponseMode::Github),
-        v if v.eq_ignore_ascii_case("none") => Ok(ResponseMode::None),
-        v => Err(invalid(
-            &input::RESPONSE_MODE,
-            v,
-            "expected 'github' or 'none'",
-        )),
-    }
+    let choices = [
+        ("github", ResponseMode::Github),
+        ("none", ResponseMode::None),
+    ];
+    parse_choice(env, &input::RESPONSE_MODE, choices)
 }
 
 fn parse_model(value: &str) -> Result<ModelRef, ConfigError> {
