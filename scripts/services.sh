@@ -41,6 +41,13 @@ install_services() {
 start_seaweedfs() {
   local port dir i
   port=$(free_port)
+  # Every port weed mini listens on is chosen free, so two test runs on one machine do not collide
+  # (its defaults are fixed: filer 8888, master 9333, and gRPC at +10000, past 65535 for high ports).
+  local ports=() flag
+  for flag in master.port master.port.grpc volume.port volume.port.grpc filer.port \
+    filer.port.grpc s3.port.grpc admin.port admin.port.grpc; do
+    ports+=("-$flag=$(free_port)")
+  done
   dir=$(mktemp -d "$tools/seaweedfs.XXXXXX")
   export FRO_BOT_TEST_S3_ENDPOINT="http://127.0.0.1:$port"
   export FRO_BOT_TEST_S3_BUCKET="fro-bot-test"
@@ -50,7 +57,8 @@ start_seaweedfs() {
   AWS_ACCESS_KEY_ID="$FRO_BOT_TEST_S3_ACCESS_KEY" AWS_SECRET_ACCESS_KEY="$FRO_BOT_TEST_S3_SECRET_KEY" \
     S3_BUCKET="$FRO_BOT_TEST_S3_BUCKET" \
     "$tools/venv/bin/weed" mini -dir="$dir" -ip=127.0.0.1 -ip.bind=127.0.0.1 -s3.port="$port" \
-    -webdav=false -admin.ui=false -s3.port.iceberg=0 -s3.port.lance=0 >"$dir/weed.log" 2>&1 &
+    "${ports[@]}" -webdav=false -admin.ui=false -s3.port.iceberg=0 -s3.port.lance=0 \
+    >"$dir/weed.log" 2>&1 &
   SEAWEEDFS_PID=$!
   SEAWEEDFS_DIR=$dir
   for i in $(seq 1 120); do
