@@ -6,6 +6,7 @@
 
 pub mod admit;
 pub mod agent;
+pub mod cache_merge;
 pub mod cleanup;
 pub mod context;
 pub mod dedup;

@@ -174,6 +174,8 @@ async fn save_with_key(
             sessions: sessions.as_ref(),
             // Post does not know what main restored: a retry always uploads.
             restored: None,
+            // Post does not know what main restored, so it cannot tell what to merge.
+            cache_merge: None,
         },
         // Never the object store from post: the lease is gone.
         || async { StorePublish::NotAttempted.into() },

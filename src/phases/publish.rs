@@ -12,9 +12,9 @@ use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig, LeaseHandle
 use crate::merge::{self, MergeReport, Snapshot};
 use crate::object_store as store;
 use crate::phases::context::{set_state, StoreContext};
-use crate::phases::paths::{write_marker, StatePaths};
+use crate::phases::paths::{check_marker, write_marker, MarkerCheck, StatePaths};
 use crate::phases::report::LeaseReport;
-use crate::phases::session_map::{self, Map};
+use crate::phases::session_map;
 use crate::runner::env::state;
 use crate::runner::{failpoint, log, FileCommands};
 use crate::save_result::StorePublish;
@@ -37,13 +37,14 @@ pub struct PublishInputs<'a> {
     pub workspace: &'a Path,
     /// The store's ETag when this run restored (`None`: there was no copy).
     pub expected_etag: Option<String>,
-    /// The sessions as restored: without it a newer copy cannot be merged, so it is not
-    /// overwritten either.
+    /// The sessions the store's copy had when this run restored it (the store's copies descend
+    /// from one another, so a session a newer one lacks was deleted there); an empty snapshot
+    /// when the run did not restore from the store. `None`: unknown, so a newer copy is not
+    /// merged, nor overwritten.
     pub restored: Option<&'a Snapshot>,
     /// For the marker rewritten after a merge.
     pub run_id: &'a str,
     pub now_ms: u64,
-    pub sessions: Option<&'a Map>,
     pub lease_config: LeaseConfig,
     pub lease_wait: Duration,
 }
@@ -96,7 +97,11 @@ impl PublishReport {
                 m.taken.len(),
                 m.identical
             ));
-            for c in &m.conflicts {
+            for c in m
+                .conflicts
+                .iter()
+                .filter(|c| c.lost_messages > 0 || !c.lost_sessions.is_empty())
+            {
                 notes.push(format!(
                     "conflict on session `{}` ({}): both runs changed it; the later activity ({:?}) was kept, the other turn ({} message(s)) is not in memory",
                     c.root,
@@ -319,9 +324,14 @@ fn adopt_merged(inputs: &PublishInputs<'_>, merged: &Path) -> StorePublish {
         ));
         return StorePublish::Published;
     }
-    let map = inputs
-        .sessions
-        .map(|ours| session_map::after_merge(&db, inputs.workspace, ours));
+    // The marker the save wrote just before the publish holds this run's map.
+    let ours = match check_marker(&inputs.paths.marker()) {
+        MarkerCheck::Compatible(marker) => marker.sessions,
+        MarkerCheck::Missing
+        | MarkerCheck::Unreadable { .. }
+        | MarkerCheck::VersionMismatch { .. } => None,
+    };
+    let map = ours.map(|ours| session_map::after_merge(&db, inputs.workspace, &ours));
     if let Err(e) = write_marker(inputs.paths, inputs.run_id, inputs.now_ms, map.as_ref()) {
         tracing::warn!("cannot rewrite the memory marker after the merge: {e}");
         let _ = std::fs::remove_file(inputs.paths.marker());

@@ -362,7 +362,7 @@ fn drop_restored_storage(
 /// A cache key as the log and summary show it: keys under our prefixes can be written by anyone
 /// with cache write access, so control characters (a newline starting a workflow command) and
 /// backticks are replaced.
-fn shown(key: &str) -> String {
+pub(crate) fn shown(key: &str) -> String {
     key.chars()
         .map(|c| if c.is_control() || c == '`' { '?' } else { c })
         .collect()

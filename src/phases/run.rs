@@ -10,6 +10,7 @@ use crate::merge::Snapshot;
 use crate::opencode::{Agent, TurnOutcome};
 use crate::phases::admit::{admit, Admission};
 use crate::phases::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
+use crate::phases::cache_merge::CacheMergeInputs;
 use crate::phases::cleanup::{stop_agent, Stopped};
 use crate::phases::context::{
     set_output, set_state, ExitStatus, Mode, RestoredCopy, RunContext, RunExit,
@@ -202,6 +203,7 @@ async fn cleanup_and_save(
         strays_remained,
     } = stop_agent(agent, agent_run, retention, &ctx.cancel).await;
     let save_key = ctx.keys.save_key();
+    let restore_keys = ctx.keys.restore_prefixes();
     let sessions = restored.sessions.after_run(
         &ctx.paths.db(),
         &ctx.workspace,
@@ -228,7 +230,18 @@ async fn cleanup_and_save(
         shadow_guard: restored.shadow_guard.as_deref(),
         sessions: Some(&sessions),
         restored: ctx.restored_copy.as_ref(),
+        cache_merge: ctx.cache.as_ref().map(|cache| CacheMergeInputs {
+            cache,
+            catalog: crate::phases::fallback::catalog(Some(cache), ctx.gh.as_ref()),
+            restore_keys: &restore_keys,
+            primary_key: &ctx.keys.primary,
+            paths: &ctx.paths,
+            workspace: &ctx.workspace,
+            source: restored.source,
+            restored_key: restored.matched_key.as_deref(),
+        }),
     };
+    let no_sessions = Snapshot::empty();
     let publish = || async {
         let Some(store) = ctx.store.as_ref() else {
             return PublishReport::from(StorePublish::Disabled);
@@ -240,10 +253,12 @@ async fn cleanup_and_save(
             paths: &ctx.paths,
             workspace: &ctx.workspace,
             expected_etag: restored.store_etag.clone(),
-            restored: ctx.restored_sessions.as_ref(),
+            restored: match restored.source {
+                RestoreSource::Storage => ctx.restored_sessions.as_ref(),
+                RestoreSource::Cache | RestoreSource::None => Some(&no_sessions),
+            },
             run_id: &ctx.run_id,
             now_ms: now_ms(),
-            sessions: Some(&sessions),
             lease_config: LeaseConfig::default(),
             lease_wait: LEASE_WAIT,
         })
@@ -281,7 +296,8 @@ fn record_save(ctx: &mut RunContext, saved: SaveReport) {
     if let Some(lease) = saved.publish.lease.clone() {
         ctx.report.lease = lease;
     }
-    ctx.report.publish_notes = saved.publish.notes();
+    ctx.report.concurrency_notes = saved.cache_merge.notes();
+    ctx.report.concurrency_notes.extend(saved.publish.notes());
     ctx.report.checkpoint = saved.checkpoint;
     ctx.report.scrub = saved.scrub;
     ctx.report.save = Some(saved.result);

@@ -7,6 +7,9 @@ use std::path::Path;
 
 use crate::cache::{self, CacheError};
 use crate::checkpoint::{self, CheckpointOutcome};
+use crate::phases::cache_merge::{
+    merge_newer_entries, merge_saved_meanwhile, CacheMergeInputs, CacheMergeReport, MAX_RESAVES,
+};
 use crate::phases::context::{sha256_file, RestoredCopy};
 use crate::phases::paths::{write_marker, StatePaths};
 use crate::phases::publish::PublishReport;
@@ -30,6 +33,8 @@ pub struct SaveInputs<'a> {
     pub sessions: Option<&'a Map>,
     /// The database as restored: when the one to save is identical, nothing is uploaded.
     pub restored: Option<&'a RestoredCopy>,
+    /// Merge what other runs saved to the cache meanwhile (`None`: post, which cannot).
+    pub cache_merge: Option<CacheMergeInputs<'a>>,
 }
 
 #[derive(Debug, Clone)]
@@ -39,6 +44,7 @@ pub struct SaveReport {
     /// What scrubbing secrets out of the database did (`None`: it did not get that far).
     pub scrub: Option<ScrubOutcome>,
     pub publish: PublishReport,
+    pub cache_merge: CacheMergeReport,
     /// The cache answered that the key is already taken (an entry exists or is being written).
     pub key_taken: bool,
 }
@@ -57,6 +63,7 @@ where
         checkpoint,
         scrub: None,
         publish: PublishReport::from(StorePublish::NotAttempted),
+        cache_merge: CacheMergeReport::default(),
         key_taken: false,
     };
     let (cp, scrub) = match prepare(&inputs).await {
@@ -77,7 +84,22 @@ where
             return not_saved(result, Some(cp));
         }
     }
-    let marker = write_marker(inputs.paths, inputs.run_id, inputs.now_ms, inputs.sessions);
+    let cache_merge = match &inputs.cache_merge {
+        Some(merge) => merge_newer_entries(merge).await,
+        None => CacheMergeReport::default(),
+    };
+    // The merged entries' threads, with this run's over them.
+    let sessions = inputs.sessions.map(|ours| {
+        let mut map = cache_merge.sessions.clone();
+        map.extend(ours.iter().map(|(k, v)| (k.clone(), v.clone())));
+        map
+    });
+    let marker = write_marker(
+        inputs.paths,
+        inputs.run_id,
+        inputs.now_ms,
+        sessions.as_ref(),
+    );
     if let Err(e) = marker {
         // The marker is advisory (a missing one reads as compatible): save without it.
         tracing::warn!("cannot write the memory marker: {e}");
@@ -87,14 +109,68 @@ where
     failpoint::hit("save:after-marker");
     let publish = publish().await;
     let store_persisted = publish.outcome == StorePublish::Published;
-    let (result, key_taken) = save_to_cache(&inputs, store_persisted).await;
+    let (mut result, key_taken) = save_to_cache(&inputs, inputs.save_key, store_persisted).await;
+    let mut cache_merge = cache_merge;
+    if result.outcome == SaveOutcome::Persisted {
+        if let Some(merge) = &inputs.cache_merge {
+            if let Some(again) =
+                resave_merged(&inputs, merge, &mut cache_merge, store_persisted).await
+            {
+                result = again;
+            }
+        }
+    }
     SaveReport {
         result,
         checkpoint: Some(cp),
         scrub: Some(scrub),
         publish,
+        cache_merge,
         key_taken,
     }
+}
+
+/// Entries other runs committed while this one saved may lack its sessions; the newest of them is
+/// what the next run restores. When one did, the merge of them is saved again under
+/// `{save key}-{n}` (docs/design.md#concurrent-runs); the first entry stands if that fails.
+async fn resave_merged(
+    inputs: &SaveInputs<'_>,
+    merge: &CacheMergeInputs<'_>,
+    report: &mut CacheMergeReport,
+    store_persisted: bool,
+) -> Option<CacheSaveResult> {
+    let mut own = vec![inputs.save_key.to_string()];
+    let mut last = None;
+    for round in 1..=MAX_RESAVES {
+        if !merge_saved_meanwhile(merge, report, &own).await {
+            break;
+        }
+        let sessions = inputs.sessions.map(|ours| {
+            let mut map = report.sessions.clone();
+            map.extend(ours.iter().map(|(k, v)| (k.clone(), v.clone())));
+            map
+        });
+        if let Err(e) = write_marker(
+            inputs.paths,
+            inputs.run_id,
+            inputs.now_ms,
+            sessions.as_ref(),
+        ) {
+            tracing::warn!("cannot rewrite the memory marker: {e}");
+        }
+        let key = format!("{}-{}", inputs.save_key, round + 1);
+        let (result, _) = save_to_cache(inputs, &key, store_persisted).await;
+        if result.outcome != SaveOutcome::Persisted {
+            report.skipped.push(format!(
+                "saving the merge again as `{key}` failed: {}",
+                result.detail
+            ));
+            break;
+        }
+        own.push(key);
+        last = Some(result);
+    }
+    last
 }
 
 /// Why nothing is saved: the result, and the checkpoint when it ran.
@@ -206,7 +282,11 @@ async fn scrub(db: std::path::PathBuf) -> Result<ScrubOutcome, String> {
 }
 
 /// The Actions cache write; also whether the key was already taken (post's fallback key).
-async fn save_to_cache(inputs: &SaveInputs<'_>, store_persisted: bool) -> (CacheSaveResult, bool) {
+async fn save_to_cache(
+    inputs: &SaveInputs<'_>,
+    key: &str,
+    store_persisted: bool,
+) -> (CacheSaveResult, bool) {
     let cache = match inputs.cache {
         None => {
             let detail = format!(
@@ -232,16 +312,13 @@ async fn save_to_cache(inputs: &SaveInputs<'_>, store_persisted: bool) -> (Cache
         Some(cache) => cache,
     };
     let request = cache::SaveRequest {
-        key: inputs.save_key,
+        key,
         paths: inputs.paths.cache_paths(),
         workspace: inputs.workspace,
     };
     match cache.save(&request).await {
         Ok(receipt) => {
-            let detail = format!(
-                "saved as `{}` ({} bytes)",
-                inputs.save_key, receipt.size_bytes
-            );
+            let detail = format!("saved as `{key}` ({} bytes)", receipt.size_bytes);
             let result = CacheSaveResult::new(SaveOutcome::Persisted, store_persisted, detail);
             (result, false)
         }

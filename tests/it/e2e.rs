@@ -1606,5 +1606,6 @@ mod local {
     }
 }
 
+mod concurrent;
 /// Untrusted text in, nothing secret out (docs/security.md).
 mod untrusted;

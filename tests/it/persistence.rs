@@ -120,6 +120,7 @@ pub mod phases {
                     shadow_guard: None,
                     sessions: None,
                     restored: None,
+                    cache_merge: None,
                 },
                 || async { StorePublish::Disabled.into() },
             )

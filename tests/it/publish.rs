@@ -115,7 +115,6 @@ async fn publish_run(
         restored: Some(restored),
         run_id: &run_id.to_string(),
         now_ms: fro_bot::runner::now_ms(),
-        sessions: Some(&Default::default()),
         lease_config: LeaseConfig::default(),
         lease_wait: Duration::from_secs(300),
     })

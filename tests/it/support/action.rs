@@ -25,7 +25,14 @@ pub struct Job {
     /// (the runner's user), not to root.
     pub runner_uid: Option<u32>,
     pub launch: Launch,
+    /// Binary steps see the job's directories at [`FIXED_ROOT`] (see [`Job::at_fixed_root`]).
+    pub fixed_root: bool,
 }
+
+/// Where [`Job::at_fixed_root`] jobs see their directories, as every container job sees its own
+/// at `/github/*`: the cache version and member names come from these paths, so jobs that run at
+/// the same time on one machine share memory only if they see the same ones.
+pub const FIXED_ROOT: &str = "/tmp/fro-bot-e2e-job";
 
 /// A step that was started and not yet waited for.
 pub struct Running {
@@ -115,6 +122,10 @@ pub fn git(dir: &Path, args: &[&str]) {
         .env("GIT_AUTHOR_EMAIL", "t@example.com")
         .env("GIT_COMMITTER_NAME", "t")
         .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        // Fixed dates: the same content makes the same commit in every job, as one repository's
+        // checkouts on separate runners do (OpenCode's project id is the root commit).
+        .env("GIT_AUTHOR_DATE", "2026-01-01T00:00:00Z")
+        .env("GIT_COMMITTER_DATE", "2026-01-01T00:00:00Z")
         .stdout(Stdio::null())
         .status()
         .expect("git runs");
@@ -204,6 +215,7 @@ impl Job {
             env,
             launch,
             runner_uid: None,
+            fixed_root: false,
         }
     }
 
@@ -228,6 +240,7 @@ impl Job {
     /// The workspace's path as the step sees it (`/github/workspace` in the container).
     pub fn step_workspace(&self) -> PathBuf {
         match self.launch {
+            Launch::Binary if self.fixed_root => PathBuf::from(FIXED_ROOT).join("workspace"),
             Launch::Binary => self.workspace(),
             Launch::Container { .. } => container::WORKSPACE.into(),
         }
@@ -290,6 +303,7 @@ impl Job {
         let mut env = self.env.clone();
         env.extend(extra.iter().cloned());
         let (mut command, container) = match &self.launch {
+            Launch::Binary if self.fixed_root => (self.fixed_root_command(args, &env), None),
             Launch::Binary => {
                 let mut c = Command::new(BIN);
                 c.args(args)
@@ -310,6 +324,62 @@ impl Job {
             .spawn()
             .expect("the step starts");
         Running { child, container }
+    }
+
+    /// Steps of this job run in a mount namespace of their own, with the job's root bound at
+    /// [`FIXED_ROOT`] and every path in the environment pointing there, so several jobs can run
+    /// at once with the same paths, as on separate runners.
+    pub fn at_fixed_root(&mut self) -> &mut Self {
+        self.fixed_root = true;
+        self
+    }
+
+    fn fixed_root_command(&self, args: &[&str], env: &BTreeMap<String, String>) -> Command {
+        std::fs::create_dir_all(FIXED_ROOT).unwrap();
+        let root = self.root.path().to_string_lossy().into_owned();
+        let env: BTreeMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.replace(&root, FIXED_ROOT)))
+            .collect();
+        let cstr = |s: &str| std::ffi::CString::new(s).unwrap();
+        let (src, dst) = (cstr(&root), cstr(FIXED_ROOT));
+        let workspace = cstr(&format!("{FIXED_ROOT}/workspace"));
+        let mut c = Command::new(BIN);
+        c.args(args).env_clear().envs(&env);
+        // No shell in between: it would drop the `INPUT_*` names that hold a dash.
+        let in_namespace = move || -> std::io::Result<()> {
+            let check = |rc: libc::c_int| match rc {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            };
+            let none = std::ptr::null();
+            // SAFETY: plain syscalls on NUL-terminated strings owned by the closure, in the
+            // child between fork and exec.
+            unsafe {
+                check(libc::unshare(libc::CLONE_NEWNS))?;
+                let flags = libc::MS_REC | libc::MS_PRIVATE;
+                check(libc::mount(
+                    none,
+                    c"/".as_ptr(),
+                    none,
+                    flags,
+                    none as *const _,
+                ))?;
+                check(libc::mount(
+                    src.as_ptr(),
+                    dst.as_ptr(),
+                    none,
+                    libc::MS_BIND,
+                    none as *const _,
+                ))?;
+                check(libc::chdir(workspace.as_ptr()))
+            }
+        };
+        // SAFETY: the closure only makes syscalls (async-signal-safe).
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut c, in_namespace);
+        }
+        c
     }
 
     /// Waits for a step and reads what it wrote.

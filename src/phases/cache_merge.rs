@@ -1,0 +1,300 @@
+//! The cache side of concurrent runs (docs/design.md#concurrent-runs): before saving, the entries
+//! other runs saved under the restore prefixes since this run restored are downloaded beside the
+//! live memory, checked like any restored entry, and this run's sessions are merged into them —
+//! so the entry saved next holds every thread, and the next run (which restores only the newest)
+//! loses none. A failure at any step keeps this run's own database: never worse than no merge.
+
+use std::path::Path;
+
+use crate::cache::{self, RestoreOutcome};
+use crate::checkpoint::{self, ProbeOutcome};
+use crate::merge::{self, MergeReport, Snapshot};
+use crate::phases::fallback::{Catalog, Listing};
+use crate::phases::paths::{check_marker, MarkerCheck, StatePaths, MARKER_FILE};
+use crate::phases::report::RestoreSource;
+use crate::phases::restore::shown;
+use crate::phases::sanitize::{self, SanitizeOutcome};
+use crate::phases::session_map::Map;
+
+/// Entries merged at most per save: the newest ones, when a burst of runs saved since.
+const MAX_ENTRIES: usize = 8;
+/// Saves again at most this many times when entries committed during the save lack this run's
+/// sessions (see [`merge_saved_meanwhile`]).
+pub const MAX_RESAVES: usize = 2;
+
+pub struct CacheMergeInputs<'a> {
+    pub cache: &'a cache::Backend,
+    pub catalog: Catalog<'a>,
+    pub restore_keys: &'a [String],
+    pub primary_key: &'a str,
+    pub paths: &'a StatePaths,
+    pub workspace: &'a Path,
+    /// Where this run's memory came from, and the cache entry when it was one.
+    pub source: RestoreSource,
+    pub restored_key: Option<&'a str>,
+}
+
+/// What the merge did, for the summary.
+#[derive(Debug, Clone, Default)]
+pub struct CacheMergeReport {
+    /// Entries merged in, oldest first, with what each merge reported.
+    pub merged: Vec<(String, MergeReport)>,
+    /// Entries that could not be used, and why (kept out; this run's sessions still saved).
+    pub skipped: Vec<String>,
+    /// The threads the merged entries' markers map, for this run's marker.
+    pub sessions: Map,
+    /// Every key the listing before the save showed (`None`: no listing), so what appears
+    /// during the save can be told apart.
+    pub listed: Option<Vec<String>>,
+}
+
+impl CacheMergeReport {
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes: Vec<String> = self
+            .merged
+            .iter()
+            .map(|(key, m)| {
+                format!(
+                    "merged into `{}` (saved by another run meanwhile): {} thread(s) written into it",
+                    shown(key),
+                    m.taken.len()
+                )
+            })
+            .collect();
+        for (_, m) in &self.merged {
+            for c in m
+                .conflicts
+                .iter()
+                .filter(|c| c.lost_messages > 0 || !c.lost_sessions.is_empty())
+            {
+                notes.push(format!(
+                    "conflict on session `{}` ({}): both runs changed it; the later activity ({:?}) was kept, the other turn ({} message(s)) is not in memory",
+                    c.root,
+                    c.title.as_deref().unwrap_or("untitled"),
+                    c.winner,
+                    c.lost_messages
+                ));
+            }
+        }
+        notes.extend(self.skipped.iter().cloned());
+        notes
+    }
+}
+
+/// Merges the entries saved since this run restored into its database (in place, atomically by
+/// rename). Returns what it did; errors are reported in it, never raised.
+pub async fn merge_newer_entries(inputs: &CacheMergeInputs<'_>) -> CacheMergeReport {
+    let mut report = CacheMergeReport::default();
+    if !inputs.cache.can_restore() {
+        return report;
+    }
+    let candidates = match candidates(inputs, &mut report).await {
+        Ok(keys) => keys,
+        Err(message) => {
+            report.skipped.push(message);
+            return report;
+        }
+    };
+    for key in candidates.into_iter().rev() {
+        match merge_one(inputs, &key).await {
+            Ok((merge_report, sessions, _)) => {
+                for (k, v) in sessions {
+                    report.sessions.entry(k).or_insert(v);
+                }
+                report.merged.push((key, merge_report));
+            }
+            Err(why) => report.skipped.push(format!(
+                "the entry `{}` saved meanwhile was not merged: {why}",
+                shown(&key)
+            )),
+        }
+    }
+    report
+}
+
+/// The entries saved since this run restored, newest first: those listed before the restored
+/// entry; after a store restore or a miss, the newest (a store restore holds what the store
+/// had, so only a save that reached the cache alone can be missing from it).
+async fn candidates(
+    inputs: &CacheMergeInputs<'_>,
+    report: &mut CacheMergeReport,
+) -> Result<Vec<String>, String> {
+    let version = cache::version(inputs.paths.cache_paths());
+    let keys = match inputs
+        .catalog
+        .list(inputs.restore_keys, &version, &[])
+        .await
+    {
+        Listing::Keys { keys, .. } => keys,
+        Listing::Failed { .. } => return newest_by_lookup(inputs).await,
+    };
+    report.listed = Some(keys.clone());
+    let newer: Vec<String> = match inputs.restored_key {
+        Some(restored) => match keys.iter().position(|k| k == restored) {
+            Some(at) => keys[..at].to_vec(),
+            // Not listed (another prefix, or evicted): only the newest can be told apart.
+            None => keys.into_iter().take(1).collect(),
+        },
+        None => match inputs.source {
+            RestoreSource::Storage => keys.into_iter().take(1).collect(),
+            RestoreSource::Cache | RestoreSource::None => keys,
+        },
+    };
+    Ok(newer.into_iter().take(MAX_ENTRIES).collect())
+}
+
+/// Without a listing (no `actions: read`), the lookup still names the newest entry.
+async fn newest_by_lookup(inputs: &CacheMergeInputs<'_>) -> Result<Vec<String>, String> {
+    let scratch = scratch(inputs.paths)?;
+    let request = cache::RestoreRequest {
+        key: inputs.primary_key,
+        restore_keys: inputs.restore_keys,
+        paths: inputs.paths.restore_targets(),
+        workspace: inputs.workspace,
+        into: Some(scratch.path()),
+    };
+    match inputs.cache.restore(&request).await {
+        Ok(RestoreOutcome::Hit { matched_key, .. })
+            if Some(matched_key.as_str()) != inputs.restored_key =>
+        {
+            Ok(vec![matched_key])
+        }
+        Ok(_) => Ok(Vec::new()),
+        Err(e) => Err(format!("cannot look up entries saved meanwhile: {e}")),
+    }
+}
+
+fn scratch(paths: &StatePaths) -> Result<tempfile::TempDir, String> {
+    tempfile::Builder::new()
+        .prefix(".fro-bot-merge")
+        .tempdir_in(&paths.data_dir)
+        .map_err(|e| format!("cannot make a scratch dir: {e}"))
+}
+
+/// Downloads `key` beside the live memory, checks it as restore does, and merges this run's
+/// database into it; the result replaces this run's database. Also the entry's session map.
+async fn merge_one(
+    inputs: &CacheMergeInputs<'_>,
+    key: &str,
+) -> Result<(MergeReport, Map, bool), String> {
+    let scratch = scratch(inputs.paths)?;
+    let request = cache::RestoreRequest {
+        key,
+        restore_keys: &[],
+        paths: inputs.paths.restore_targets(),
+        workspace: inputs.workspace,
+        into: Some(scratch.path()),
+    };
+    match inputs.cache.restore_exact(&request).await {
+        Ok(RestoreOutcome::Hit { .. }) => {}
+        Ok(RestoreOutcome::Miss) => return Err("it is gone".into()),
+        Ok(RestoreOutcome::Unrestorable { reason, .. }) => return Err(reason),
+        Err(e) => return Err(e.to_string()),
+    }
+    let base = scratch.path().join(checkpoint::DB_FILE);
+    let sessions = match check_marker(&scratch.path().join(MARKER_FILE)) {
+        MarkerCheck::Compatible(marker) => marker.sessions.unwrap_or_default(),
+        MarkerCheck::VersionMismatch { found } => return Err(format!("storage version {found}")),
+        MarkerCheck::Missing | MarkerCheck::Unreadable { .. } => Map::new(),
+    };
+    let out = scratch.path().join("merged.db");
+    // Now, not when the save began: an entry saved since holds activity after that, which the
+    // sanitizer would otherwise clamp (and so change) as if it came from the future.
+    let now_ms = crate::opencode::system_now_ms();
+    let ours = inputs.paths.db();
+    let (merged, contributed) = {
+        let (base, out) = (base.clone(), out.clone());
+        tokio::task::spawn_blocking(move || check_and_merge(&base, &ours, &out, now_ms))
+            .await
+            .map_err(|e| format!("merge task failed: {e}"))??
+    };
+    replace(&out, &inputs.paths.db())?;
+    Ok((merged, sessions, contributed))
+}
+
+/// After this run's entry was saved: entries other runs committed during the save (not in the
+/// listing taken before it) may lack this run's sessions, and the newest of them is what the next
+/// run restores. They are merged in; whether anything of theirs was new to this run's database
+/// (then the caller saves again, under a key of its own).
+pub async fn merge_saved_meanwhile(
+    inputs: &CacheMergeInputs<'_>,
+    report: &mut CacheMergeReport,
+    own_keys: &[String],
+) -> bool {
+    let Some(listed) = report.listed.clone() else {
+        return false;
+    };
+    let version = cache::version(inputs.paths.cache_paths());
+    let Listing::Keys { keys, .. } = inputs
+        .catalog
+        .list(inputs.restore_keys, &version, &[])
+        .await
+    else {
+        return false;
+    };
+    let fresh: Vec<String> = keys
+        .iter()
+        .filter(|k| !listed.contains(k) && !own_keys.contains(k))
+        .take(MAX_ENTRIES)
+        .cloned()
+        .collect();
+    let mut contributed = false;
+    for key in fresh.into_iter().rev() {
+        match merge_one(inputs, &key).await {
+            Ok((merge_report, sessions, new_to_us)) => {
+                for (k, v) in sessions {
+                    report.sessions.entry(k).or_insert(v);
+                }
+                report.merged.push((key, merge_report));
+                contributed |= new_to_us;
+            }
+            Err(why) => report.skipped.push(format!(
+                "the entry `{}` saved meanwhile was not merged: {why}",
+                shown(&key)
+            )),
+        }
+    }
+    report.listed = Some(keys);
+    contributed
+}
+
+/// The entry is untrusted like any restored one: readable, sanitized, then merged.
+///
+/// An entry saved meanwhile need not descend from what this run restored (it may come from a run
+/// that restored older memory, or from the store's lineage), so a session it lacks was not
+/// deleted by it: the merge is against an empty snapshot — every session on either side is kept,
+/// and where both hold one, the later activity wins.
+fn check_and_merge(
+    base: &Path,
+    ours: &Path,
+    out: &Path,
+    now_ms: i64,
+) -> Result<(MergeReport, bool), String> {
+    if !base.is_file() {
+        return Err("it holds no session database".into());
+    }
+    if let ProbeOutcome::Failed { message, .. } = checkpoint::probe(base) {
+        return Err(format!("unreadable: {message}"));
+    }
+    match sanitize::sanitize(base, now_ms) {
+        SanitizeOutcome::Clean { .. } => {}
+        SanitizeOutcome::Corrupt { message } | SanitizeOutcome::Failed { message } => {
+            return Err(message)
+        }
+    }
+    // Whether the entry holds a session, or a version of one, that this run's database lacks.
+    let theirs = Snapshot::capture(base).map_err(|e| e.to_string())?;
+    let mine = Snapshot::capture(ours).map_err(|e| e.to_string())?;
+    let new_to_us = theirs
+        .sessions
+        .iter()
+        .any(|(id, v)| mine.sessions.get(id) != Some(v));
+    let report = merge::merge(base, ours, &Snapshot::empty(), out).map_err(|e| e.to_string())?;
+    Ok((report, new_to_us))
+}
+
+fn replace(merged: &Path, db: &Path) -> Result<(), String> {
+    checkpoint::remove_stale_sidecars(db)
+        .and_then(|()| std::fs::rename(merged, db))
+        .map_err(|e| format!("cannot put the merged database in place: {e}"))
+}
