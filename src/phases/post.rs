@@ -154,6 +154,9 @@ async fn save_with_key(
     let sessions: Option<crate::phases::session_map::Map> = env
         .state(state::SESSION_MAP)
         .and_then(|json| serde_json::from_str(json).ok());
+    let trust: Option<crate::trust::TrustMap> = env
+        .state(state::SESSION_TRUST)
+        .and_then(|json| serde_json::from_str(json).ok());
     save(
         SaveInputs {
             paths,
@@ -173,6 +176,7 @@ async fn save_with_key(
             // A shadow guard makes main record declined-for-safety at once: post never gets here.
             shadow_guard: None,
             sessions: sessions.as_ref(),
+            trust: trust.as_ref(),
             // Post does not know what main restored: a retry always uploads.
             restored: None,
         },

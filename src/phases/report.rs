@@ -75,6 +75,9 @@ pub struct RestoreReport {
     pub notes: Vec<String>,
     /// Which sessions this memory lets fro-bot resume (`phases::session_map`).
     pub sessions: SessionMap,
+    /// Who wrote each restored session (docs/security.md#trust-follows-memory); empty for
+    /// fresh memory, memory from the object store (no marker) and markers from before trust.
+    pub trust: crate::trust::TrustMap,
     /// Set when an entry existed but none could be restored and older memory may remain: the
     /// save is declined with this reason, so it cannot hide that memory.
     pub shadow_guard: Option<String>,
@@ -89,8 +92,27 @@ impl RestoreReport {
             store_etag: None,
             notes: Vec::new(),
             sessions: SessionMap::default(),
+            trust: crate::trust::TrustMap::new(),
             shadow_guard: None,
         }
+    }
+
+    /// The trust records to save after a run that wrote `session` as `written`: the restored
+    /// ones, with that session's lowered by what this run read (never raised).
+    pub fn trust_after_run(
+        &self,
+        session: Option<&str>,
+        written: Option<&crate::trust::SessionTrust>,
+    ) -> crate::trust::TrustMap {
+        let mut map = self.trust.clone();
+        if let (Some(id), Some(written)) = (session, written) {
+            let record = match map.get(id) {
+                Some(old) => written.clone().lowered_by(old),
+                None => written.clone(),
+            };
+            map.insert(id.to_string(), record);
+        }
+        map
     }
 }
 
@@ -204,6 +226,7 @@ mod tests {
                 store_etag: Some("\"e\"".into()),
                 notes: vec!["removed a stale WAL".into()],
                 sessions: SessionMap::Legacy,
+                trust: crate::trust::TrustMap::new(),
                 shadow_guard: None,
             }),
             save: Some(CacheSaveResult::new(

@@ -103,7 +103,10 @@ async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Ag
     let mut agent_run = AgentRun::default();
     let agent = match ctx.cancel.is_cancelled() {
         true => Err("cancelled before the agent started".to_string()),
-        false => start_agent(ctx).await,
+        false => {
+            let view = crate::phases::agent::trust_view(&ctx.plan, restored);
+            start_agent(ctx, &view).await
+        }
     };
     let agent = match agent {
         Ok(a) => a,
@@ -195,6 +198,10 @@ async fn cleanup_and_save(
         // Post records the same map if it has to retry the save.
         ctx.set_state(state::SESSION_MAP, &json);
     }
+    let trust = restored.trust_after_run(agent_run.session_id.as_deref(), agent_run.trust.as_ref());
+    if let Ok(json) = serde_json::to_string(&trust) {
+        ctx.set_state(state::SESSION_TRUST, &json);
+    }
     let inputs = SaveInputs {
         paths: &ctx.paths,
         workspace: &ctx.workspace,
@@ -211,6 +218,7 @@ async fn cleanup_and_save(
         now_ms: now_ms(),
         shadow_guard: restored.shadow_guard.as_deref(),
         sessions: Some(&sessions),
+        trust: Some(&trust),
         restored: ctx.restored_copy.as_ref(),
     };
     let expected_etag = restored.store_etag.as_deref();

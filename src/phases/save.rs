@@ -33,6 +33,9 @@ pub struct SaveInputs<'a> {
     pub shadow_guard: Option<&'a str>,
     /// The session map to record in the marker; `None` keeps the one on disk.
     pub sessions: Option<&'a Map>,
+    /// The trust records to record in the marker (docs/security.md#trust-follows-memory);
+    /// `None` keeps the ones on disk.
+    pub trust: Option<&'a crate::trust::TrustMap>,
     /// The database as restored: when the one to save is identical, nothing is uploaded.
     pub restored: Option<&'a RestoredCopy>,
 }
@@ -81,7 +84,13 @@ where
             return not_saved(result, Some(cp));
         }
     }
-    let marker = write_marker(inputs.paths, inputs.run_id, inputs.now_ms, inputs.sessions);
+    let marker = write_marker(
+        inputs.paths,
+        inputs.run_id,
+        inputs.now_ms,
+        inputs.sessions,
+        inputs.trust,
+    );
     if let Err(e) = marker {
         // The marker is advisory (a missing one reads as compatible): save without it.
         tracing::warn!("cannot write the memory marker: {e}");

@@ -76,16 +76,25 @@ impl SessionMap {
 /// Drops entries whose session no longer exists (pruned or deleted), so the map stays bounded by
 /// the sessions kept. On a read error the map is kept as it is.
 pub fn retain_existing(db: &Path, map: &mut Map) {
-    let existing = (|| -> rusqlite::Result<std::collections::BTreeSet<String>> {
-        let conn = open_read_only(db)?;
-        let mut stmt = conn.prepare("SELECT id FROM session")?;
-        let ids = stmt.query_map([], |row| row.get::<_, String>(0))?;
-        ids.collect()
-    })();
-    match existing {
+    match existing_ids(db) {
         Ok(ids) => map.retain(|_, id| ids.contains(id)),
         Err(e) => tracing::debug!("session map kept unfiltered: {e}"),
     }
+}
+
+/// The same for the trust records (session id → who wrote it).
+pub fn retain_existing_trust(db: &Path, map: &mut crate::trust::TrustMap) {
+    match existing_ids(db) {
+        Ok(ids) => map.retain(|id, _| ids.contains(id)),
+        Err(e) => tracing::debug!("trust records kept unfiltered: {e}"),
+    }
+}
+
+fn existing_ids(db: &Path) -> rusqlite::Result<std::collections::BTreeSet<String>> {
+    let conn = open_read_only(db)?;
+    let mut stmt = conn.prepare("SELECT id FROM session")?;
+    let ids = stmt.query_map([], |row| row.get::<_, String>(0))?;
+    ids.collect()
 }
 
 fn open_read_only(db: &Path) -> rusqlite::Result<Connection> {

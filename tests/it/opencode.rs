@@ -63,6 +63,7 @@ impl Harness {
             hide_git_credentials: false,
             extra_env: vec![],
             fro_bot_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_fro-bot"))),
+            session_trust: None,
             model: None,
             user_config: Some(serde_json::from_value(self.llm.opencode_config()).expect("object")),
             auth: serde_json::Map::new(),
@@ -459,11 +460,28 @@ async fn prior_work_excerpts_reach_the_llm() {
 
     let current = agent.resolve_session("issue-12").await.unwrap();
     let terms = prep::search_terms("issue-12", Some("Parser crash on unicode input"));
-    let prior = agent
-        .prior_work(&terms, &[current.session.id.as_str()])
+    let unknown = fro_bot::trust::TrustView::unknown();
+    // A run that holds a token reads nothing from a session with no trust record.
+    let schedule = fro_bot::trust::TrustView::new(
+        fro_bot::trust::TrustLevel::Maintainer,
+        true,
+        Default::default(),
+    );
+    let withheld = agent
+        .prior_work(&terms, &[current.session.id.as_str()], &schedule)
         .await
         .unwrap();
+    assert!(withheld.excerpts.is_empty(), "{withheld:?}");
+    assert!(withheld.withheld >= 1, "{withheld:?}");
+    let prior = agent
+        .prior_work(&terms, &[current.session.id.as_str()], &unknown)
+        .await
+        .unwrap()
+        .excerpts;
     assert!(!prior.is_empty());
+    assert!(prior
+        .iter()
+        .all(|e| e.untrusted && e.trust.author == "unknown"));
     assert!(prior.len() <= prep::MAX_EXCERPTS);
     assert!(prior.iter().all(|e| e.session_id == earlier.session.id));
     // The current session itself is never a source.
@@ -471,9 +489,11 @@ async fn prior_work_excerpts_reach_the_llm() {
         .prior_work(
             &["Fix the parser crash".into()],
             &[earlier.session.id.as_str()],
+            &unknown,
         )
         .await
-        .unwrap();
+        .unwrap()
+        .excerpts;
     assert!(own.is_empty(), "{own:?}");
 
     let prompt = prep::build_prompt(&PromptInput {
@@ -520,6 +540,7 @@ async fn writeback_is_searchable_through_the_session_tools() {
         url: Some(agent.server().url().into()),
         password: Some(agent.server().password().into()),
         workspace: h.workspace.clone(),
+        trust: fro_bot::trust::TrustView::unknown(),
     };
     let call = |name: &str, args: Value| {
         json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
