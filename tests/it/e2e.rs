@@ -1571,3 +1571,6 @@ mod local {
 
 /// Untrusted text in, nothing secret out (docs/security.md).
 mod untrusted;
+
+/// Trust follows memory (docs/security.md#trust-follows-memory).
+mod trust;
