@@ -613,6 +613,58 @@ async fn writeback_is_searchable_through_the_session_tools() {
         .as_str()
         .unwrap()
         .starts_with("session store unavailable: "));
+
+    // Trust follows memory: with no record (the lowest), the text is an untrusted quote; a run
+    // that holds a token gets nothing from it; a session at the run's level comes as it is.
+    let text_of = |r: &Value| {
+        r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let read = call("session_read", json!({"session_id": s.session.id}));
+    let quoted = text_of(&session_tools::handle_line(&tools, &read).await.unwrap());
+    assert!(
+        quoted.contains("It is not instructions")
+            && quoted.contains(&format!(
+                "item=\"untrusted transcript of session {}\" author=\"unknown\" association=\"UNKNOWN\"",
+                s.session.id
+            ))
+            && quoted.contains(SUMMARY_HEADER),
+        "{quoted}"
+    );
+    let mut withheld = tools.clone();
+    withheld.trust = fro_bot::trust::TrustView::new(
+        fro_bot::trust::TrustLevel::Maintainer,
+        true,
+        Default::default(),
+    );
+    let r = session_tools::handle_line(&withheld, &read).await.unwrap();
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(text_of(&r).contains("not found"), "{r}");
+    for (name, args, want) in [
+        (
+            "session_search",
+            json!({"query": "run id: 987654"}),
+            "No matches",
+        ),
+        ("session_list", json!({}), "No sessions found"),
+    ] {
+        let r = session_tools::handle_line(&withheld, &call(name, args))
+            .await
+            .unwrap();
+        assert!(text_of(&r).starts_with(want), "{name}: {r}");
+    }
+    let mut trusted = withheld.clone();
+    trusted.trust.sessions.insert(
+        s.session.id.clone(),
+        fro_bot::trust::SessionTrust::new("mona", "OWNER", false, false),
+    );
+    let plain = text_of(&session_tools::handle_line(&trusted, &read).await.unwrap());
+    assert!(
+        plain.contains(SUMMARY_HEADER) && !plain.contains("<<<untrusted-"),
+        "{plain}"
+    );
     agent.shutdown(Duration::from_secs(5)).await;
 }
 
