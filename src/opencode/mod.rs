@@ -208,8 +208,8 @@ struct Confinement {
     _proxy: Proxy,
     /// Kept until the server is gone.
     _binary: Option<PrivateBinary>,
-    /// The session tools' trust view, read by them while the agent runs.
-    _trust_file: Option<tempfile::NamedTempFile>,
+    /// The session tools' trust view, read by them at each call while the agent runs.
+    trust: Option<(crate::trust::TrustView, tempfile::NamedTempFile)>,
 }
 
 /// What [`Agent::release`] found.
@@ -305,6 +305,7 @@ impl Agent {
             None => None,
         };
         let trust_path = trust_file.as_ref().map(|f| f.path().to_path_buf());
+        let trust = opts.session_trust.clone().zip(trust_file);
         let workspace = opts.workspace.clone();
         let exe = opts.fro_bot_exe.clone();
         let model = opts.model.clone();
@@ -356,13 +357,28 @@ impl Agent {
                 notes,
                 _proxy: proxy,
                 _binary: binary,
-                _trust_file: trust_file,
+                trust,
             },
         })
     }
 
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// Adds this run's own session to the session tools' view, so the agent can read it back.
+    pub fn record_own_session(
+        &mut self,
+        id: &str,
+        trust: &crate::trust::SessionTrust,
+    ) -> std::io::Result<()> {
+        let Some((view, file)) = self.confinement.trust.as_mut() else {
+            return Ok(());
+        };
+        view.sessions.insert(id.to_string(), trust.clone());
+        // Replaced whole (a rename), so a tool reading meanwhile sees the old view or the new.
+        let fresh = session_tools::write_trust_file(view)?;
+        fresh.persist(file.path()).map(drop).map_err(|e| e.error)
     }
 
     pub fn server(&self) -> &Server {

@@ -238,7 +238,7 @@ fn entity_context(
 
 /// Resolves the session, prepares the prompt (context, prior work), runs the turn and writes the
 /// run summary back into the session.
-pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
+pub(crate) async fn drive_agent(agent: &mut Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
     let started_prep = Instant::now();
     let plan = inputs.plan;
     if let Err(message) = preflight(agent, inputs.settings).await {
@@ -272,6 +272,9 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
     );
     out.session_id = Some(resolved.session.id.clone());
     let (prompt, trust) = prepare_prompt(agent, inputs, &resolved.session.id).await;
+    if let Err(e) = agent.record_own_session(&resolved.session.id, &trust) {
+        tracing::warn!("the session tools will not find this run's own session: {e}");
+    }
     out.trust = Some(trust);
     out.prep_time = started_prep.elapsed();
 

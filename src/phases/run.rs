@@ -108,7 +108,7 @@ async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Ag
             start_agent(ctx, &view).await
         }
     };
-    let agent = match agent {
+    let mut agent = match agent {
         Ok(a) => a,
         Err(message) => {
             match ctx.cancel.is_cancelled() {
@@ -131,7 +131,7 @@ async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Ag
             cancel: &ctx.cancel,
             started: ctx.started,
         };
-        drive_agent(&agent, &inputs, &mut agent_run).await;
+        drive_agent(&mut agent, &inputs, &mut agent_run).await;
         let prep = agent_run.prep_time;
         ctx.report.record_phase("session-prep", prep);
         ctx.report

@@ -197,7 +197,7 @@ async fn a_schedule_run_never_sees_an_outsiders_thread_and_a_maintainer_run_quot
 
     // Run 4: a schedule run. Neither the prompt nor the session tools give it any of eve's text,
     // nor the session that quoted it; the trusted thread still comes through.
-    let (job, _r, prompt, everything) = schedule(&world, job, 3303).await;
+    let (job, r, prompt, everything) = schedule(&world, job, 3303).await;
     assert!(
         !everything.contains(OUTSIDER),
         "a schedule run read the outsider's text: {everything}"
@@ -221,6 +221,10 @@ async fn a_schedule_run_never_sees_an_outsiders_thread_and_a_maintainer_run_quot
     assert!(
         results.contains(&trusted) && results.contains(TRUSTED),
         "the tools answered, with the trusted session: {results}"
+    );
+    assert!(
+        results.contains(r.output("session-id")),
+        "the run's own session is listed: {results}"
     );
     drop(job);
 }
@@ -272,8 +276,9 @@ async fn a_forged_trust_record_is_lowered_again_and_memory_without_records_count
     );
     let requests = world.llm.requests();
     let results = tool_results(&requests[requests.len() - 1..]);
-    assert!(
-        results.contains("No matches") && results.contains("No sessions found"),
-        "{results}"
-    );
+    // The tools find the run's own session only.
+    for id in [&trusted, &outsider] {
+        assert!(!results.contains(id.as_str()), "{id}: {results}");
+    }
+    assert!(results.contains(r.output("session-id")), "{results}");
 }
