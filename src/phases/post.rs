@@ -154,9 +154,12 @@ async fn save_with_key(
     let sessions: Option<crate::phases::session_map::Map> = env
         .state(state::SESSION_MAP)
         .and_then(|json| serde_json::from_str(json).ok());
-    let trust: Option<crate::trust::TrustMap> = env
+    // Without main's records none are kept: the marker on disk is where the agent could write
+    // during its turn, and a missing record is the safe side (docs/security.md).
+    let trust: crate::trust::TrustMap = env
         .state(state::SESSION_TRUST)
-        .and_then(|json| serde_json::from_str(json).ok());
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_default();
     save(
         SaveInputs {
             paths,
@@ -176,7 +179,7 @@ async fn save_with_key(
             // A shadow guard makes main record declined-for-safety at once: post never gets here.
             shadow_guard: None,
             sessions: sessions.as_ref(),
-            trust: trust.as_ref(),
+            trust: Some(&trust),
             // Post does not know what main restored: a retry always uploads.
             restored: None,
         },

@@ -1251,6 +1251,7 @@ mod kill_points {
     const MAIN_POINTS: &[&str] = &[
         "run:admitted",
         "run:after-shutdown",
+        "save:after-scrub",
         "save:after-checkpoint",
         "save:after-marker",
         "cache:after-archive",
@@ -1350,6 +1351,20 @@ mod kill_points {
             let (j, post) = post_step(job, main).await;
             job = j;
             assert_eq!(post.code, 0, "{point}: post always exits 0");
+            if *point == "save:after-scrub" {
+                // Main died before its marker: post records main's trust records from the state.
+                let marker: serde_json::Value = serde_json::from_slice(
+                    &std::fs::read(job.data_dir().join("fro-bot.json")).unwrap(),
+                )
+                .unwrap();
+                let trust = marker["trust"].as_object().cloned().unwrap_or_default();
+                assert!(
+                    trust
+                        .values()
+                        .any(|r| r["author"] == "mona" && r["level"] == "maintainer"),
+                    "{marker}"
+                );
+            }
             let restored = next_restore(&job, &world.cache).await;
             if restored == durable {
                 previous += 1;
