@@ -90,6 +90,18 @@ impl StatePaths {
         self.data_dir.join(AUTH_FILE)
     }
 
+    /// Deletes `storage/`, OpenCode's legacy JSON storage: the scrub reads only the database, so
+    /// whatever an OpenCode version wrote there never reaches a cache entry.
+    pub fn remove_legacy_storage(&self) -> std::io::Result<bool> {
+        let dir = self.data_dir.join(checkpoint::LEGACY_STORAGE_DIR);
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&dir).map(|()| true),
+            Ok(_) => std::fs::remove_file(&dir).map(|()| true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Deletes `auth.json`: credentials never reach a cache entry, and never come from one.
     pub fn remove_auth_file(&self) -> std::io::Result<bool> {
         match std::fs::remove_file(self.auth_file()) {

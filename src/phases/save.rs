@@ -143,6 +143,14 @@ async fn prepare(inputs: &SaveInputs<'_>) -> Result<(CheckpointOutcome, ScrubOut
             None,
         ));
     }
+    // Nor does the legacy JSON storage, which the scrub does not read (OpenCode 1.18 reads
+    // nothing there; the restore drops it too).
+    if let Err(e) = inputs.paths.remove_legacy_storage() {
+        return Err((
+            declined(format!("cannot remove storage/ before saving: {e}")),
+            None,
+        ));
+    }
     let db = inputs.paths.db();
     // Secrets out before the checkpoint folds everything into the file that is saved. A failure
     // is reported after the checkpoint and the corruption probe, so a corrupt database still

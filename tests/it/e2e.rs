@@ -66,6 +66,14 @@ pub(crate) mod post {
         with_cache(&mut job, &server);
         std::fs::create_dir_all(job.data_dir()).unwrap();
         killed_writer(&job.data_dir().join("opencode.db"), 20);
+        // OpenCode's legacy JSON storage, which the scrub does not read: never saved.
+        let legacy = job.data_dir().join("storage/session/info");
+        std::fs::create_dir_all(&legacy).unwrap();
+        std::fs::write(
+            legacy.join("leak.json"),
+            "{\"token\":\"legacy-storage-canary\"}",
+        )
+        .unwrap();
         let post = tokio::task::spawn_blocking(move || {
             let r = job.post_step(&state("not-persisted"));
             (job, r)
@@ -79,6 +87,21 @@ pub(crate) mod post {
             "opencode-storage-octo-hello-main-Linux-4242-1-agent"
         );
         assert!(result.summary.contains("durable"), "{}", result.summary);
+        assert!(
+            result
+                .summary
+                .contains("Secrets scrubbed: 0 secret(s) replaced"),
+            "{}",
+            result.summary
+        );
+        let tar =
+            zstd::decode_all(&std::fs::read(server.blob_path(&entries[0])).unwrap()[..]).unwrap();
+        assert!(
+            memchr::memmem::find(&tar, b"legacy-storage-canary").is_none()
+                && memchr::memmem::find(&tar, b"leak.json").is_none(),
+            "storage/ reached the cache entry"
+        );
+        assert!(!job.data_dir().join("storage").exists());
         // The WAL was folded in before the archive was made.
         assert_eq!(
             std::fs::metadata(job.data_dir().join("opencode.db-wal"))
