@@ -188,7 +188,6 @@ async fn save_with_key(
                 agent_still_running: false,
                 server_quiescent: true,
                 strays_remained: false,
-                lease_lost: false,
             },
             cache: backend,
             save_key,
@@ -202,7 +201,7 @@ async fn save_with_key(
             restored: None,
         },
         // Never the object store from post: the lease is gone.
-        || async { StorePublish::NotAttempted },
+        || async { StorePublish::NotAttempted.into() },
     )
     .await
 }

@@ -14,4 +14,5 @@ mod object_store;
 mod opencode;
 mod persistence;
 mod proxy;
+mod publish;
 mod structure;
