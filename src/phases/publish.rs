@@ -44,6 +44,8 @@ pub struct PublishInputs<'a> {
     pub run_id: &'a str,
     pub now_ms: u64,
     pub sessions: Option<&'a Map>,
+    /// For the marker rewritten after a merge (docs/security.md#trust-follows-memory).
+    pub trust: &'a crate::trust::TrustMap,
     pub lease_config: LeaseConfig,
     pub lease_wait: Duration,
 }
@@ -309,6 +311,8 @@ async fn merge_newer(
 /// marker naming both runs' threads, so the Actions cache entry saved next holds the same.
 fn adopt_merged(inputs: &PublishInputs<'_>, merged: &Path) -> StorePublish {
     let db = inputs.paths.db();
+    // What this run wrote, to tell which merged sessions keep their trust records.
+    let ours = merge::Snapshot::capture(&db).ok();
     let adopted =
         crate::checkpoint::remove_stale_sidecars(&db).and_then(|()| std::fs::rename(merged, &db));
     if let Err(e) = adopted {
@@ -322,7 +326,20 @@ fn adopt_merged(inputs: &PublishInputs<'_>, merged: &Path) -> StorePublish {
     let map = inputs
         .sessions
         .map(|ours| session_map::after_merge(&db, inputs.workspace, ours));
-    if let Err(e) = write_marker(inputs.paths, inputs.run_id, inputs.now_ms, map.as_ref()) {
+    let trust = match (&ours, inputs.restored, merge::Snapshot::capture(&db)) {
+        (Some(ours), Some(restored), Ok(merged)) => {
+            session_map::trust_after_merge(inputs.trust, ours, restored, &merged)
+        }
+        // Without the versions nothing tells whose a session is: no records (the lowest).
+        _ => crate::trust::TrustMap::new(),
+    };
+    if let Err(e) = write_marker(
+        inputs.paths,
+        inputs.run_id,
+        inputs.now_ms,
+        map.as_ref(),
+        Some(&trust),
+    ) {
         tracing::warn!("cannot rewrite the memory marker after the merge: {e}");
         let _ = std::fs::remove_file(inputs.paths.marker());
     }

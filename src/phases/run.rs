@@ -252,6 +252,7 @@ async fn cleanup_and_save(
             run_id: &ctx.run_id,
             now_ms: now_ms(),
             sessions: Some(&sessions),
+            trust: &trust,
             lease_config: LeaseConfig::default(),
             lease_wait: LEASE_WAIT,
         })

@@ -116,6 +116,7 @@ async fn publish_run(
         run_id: &run_id.to_string(),
         now_ms: fro_bot::runner::now_ms(),
         sessions: Some(&Default::default()),
+        trust: &Default::default(),
         lease_config: LeaseConfig::default(),
         lease_wait: Duration::from_secs(300),
     })
