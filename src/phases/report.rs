@@ -97,16 +97,19 @@ impl RestoreReport {
         }
     }
 
-    /// The trust records to save after a run that wrote `session` as `written`: the restored
-    /// ones, with that session's lowered by what this run read (never raised).
+    /// The trust records to save after a run that wrote `sessions` as `written`: the restored
+    /// ones, with those sessions' lowered by what this run read (never raised).
     pub fn trust_after_run(
         &self,
-        session: Option<&str>,
+        sessions: &[&str],
         written: Option<&crate::trust::SessionTrust>,
     ) -> crate::trust::TrustMap {
         let mut map = self.trust.clone();
-        if let (Some(id), Some(written)) = (session, written) {
-            let record = match map.get(id) {
+        let Some(written) = written else {
+            return map;
+        };
+        for id in sessions {
+            let record = match map.get(*id) {
                 Some(old) => written.clone().lowered_by(old),
                 None => written.clone(),
             };
@@ -221,6 +224,22 @@ impl PersistenceReport {
 mod tests {
     use super::*;
     use crate::save_result::SaveOutcome;
+
+    #[test]
+    fn a_written_sessions_record_only_goes_down() {
+        use crate::trust::{SessionTrust, TrustLevel};
+        let mut restored = RestoreReport::miss();
+        let eve = SessionTrust::new("eve", "NONE", false, false);
+        restored.trust.insert("ses_old".into(), eve.clone());
+        let mona = SessionTrust::new("mona", "OWNER", false, false);
+        let map = restored.trust_after_run(&["ses_old", "ses_new"], Some(&mona));
+        assert_eq!(
+            map["ses_old"], eve,
+            "an outsider's session stays the outsider's"
+        );
+        assert_eq!(map["ses_new"].level, TrustLevel::Maintainer);
+        assert_eq!(restored.trust_after_run(&["ses_x"], None), restored.trust);
+    }
 
     #[test]
     fn summary_names_every_part() {

@@ -215,7 +215,12 @@ async fn cleanup_and_save(
         // Post records the same map if it has to retry the save.
         ctx.set_state(state::SESSION_MAP, &json);
     }
-    let trust = restored.trust_after_run(agent_run.session_id.as_deref(), agent_run.trust.as_ref());
+    // A session the turn replaced (context overflow) got the same prompt: lowered the same way.
+    let written: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
+        .into_iter()
+        .filter_map(|s| s.as_deref())
+        .collect();
+    let trust = restored.trust_after_run(&written, agent_run.trust.as_ref());
     if let Ok(json) = serde_json::to_string(&trust) {
         ctx.set_state(state::SESSION_TRUST, &json);
     }
