@@ -22,4 +22,5 @@ pub mod redact;
 pub mod runner;
 pub mod save_result;
 pub mod scrub;
+pub mod trust;
 pub mod untrusted;

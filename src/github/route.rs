@@ -21,6 +21,8 @@ pub struct RouteSettings<'a> {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
+// One per run, moved once: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Route {
     Run(RunPlan),
     Skip(SkipReason),
@@ -72,6 +74,9 @@ pub struct RunPlan {
     pub pull_request_unchecked: bool,
     /// Whether the agent process gets the GitHub token (schedule/dispatch only).
     pub agent_gets_token: bool,
+    /// Who asked, as trust goes: the run's own level, from the event and never from memory
+    /// (docs/security.md#trust-follows-memory).
+    pub requester: crate::trust::SessionTrust,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,6 +189,15 @@ impl SkipReason {
 /// draft. The token's own identity and unverified pull requests are checked after routing
 /// (`GitHub::check_self_trigger`, `GitHub::check_pull_request`).
 pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
+    let mut route = route_event(event, settings);
+    if let Route::Run(plan) = &mut route {
+        plan.requester.event = event.name().to_string();
+        plan.requester.run_id = settings.run_id.to_string();
+    }
+    route
+}
+
+fn route_event(event: &Event, settings: &RouteSettings<'_>) -> Route {
     match event {
         Event::Unsupported { event, action } => Route::Skip(SkipReason::UnsupportedEvent {
             event: event.clone(),
@@ -215,6 +229,9 @@ pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
             }
             let mut plan = run_scoped(LogicalKey::dispatch(settings.run_id, settings.identity));
             plan.author = sender.as_ref().map(|s| s.login.clone());
+            if let Some(login) = &plan.author {
+                plan.requester.author = login.clone();
+            }
             plan.trigger_summary = match &plan.author {
                 Some(login) => format!("`workflow_dispatch` by @{login}"),
                 None => "`workflow_dispatch`".to_string(),
@@ -281,6 +298,12 @@ pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
                 ),
                 pull_request_unchecked: unchecked,
                 agent_gets_token: false,
+                requester: crate::trust::SessionTrust::new(
+                    &comment.author.login,
+                    comment.association.as_str(),
+                    target.fork == Flag::Yes,
+                    false,
+                ),
             })
         }
         Event::Issues {
@@ -340,6 +363,14 @@ fn label_route(
     }
     let mut plan = entity_plan(target, None);
     plan.author = Some(sender.login.clone());
+    // Labelling takes triage access, which maintainers grant. The entity's author is read (the
+    // directive is its text), which lowers the session's record (phases::agent).
+    plan.requester = crate::trust::SessionTrust::new(
+        &sender.login,
+        crate::trust::WORKFLOW,
+        target.fork == Flag::Yes,
+        false,
+    );
     plan.trigger_summary = format!(
         "`{}` (labeled `{label}`) on {} #{} by @{}",
         event.name(),
@@ -410,6 +441,15 @@ fn entity_plan(target: &Target, dedup: Option<DedupEntity>) -> RunPlan {
         pull_request_unchecked: target.kind == TargetKind::PullRequest
             && (target.fork == Flag::Unknown || target.draft == Flag::Unknown),
         agent_gets_token: false,
+        requester: crate::trust::SessionTrust::new(
+            target
+                .author
+                .as_ref()
+                .map_or("(unknown)", |a| a.login.as_str()),
+            target.association.as_str(),
+            target.fork == Flag::Yes,
+            target.author.as_ref().is_some_and(|a| a.is_bot()),
+        ),
     }
 }
 
@@ -450,6 +490,12 @@ fn run_scoped(logical_key: LogicalKey) -> RunPlan {
         trigger_summary: String::new(),
         pull_request_unchecked: false,
         agent_gets_token: true,
+        requester: crate::trust::SessionTrust::new(
+            "workflow",
+            crate::trust::WORKFLOW,
+            false,
+            false,
+        ),
     }
 }
 

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Value};
 
 use crate::config::ModelRef;
-use crate::runner::env::{FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_WORKSPACE};
+use crate::runner::env::{
+    FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_SESSION_TRUST, FRO_BOT_WORKSPACE,
+};
 
 /// Name of the MCP server entry that gives the agent `session_*` tools.
 pub const SESSION_TOOLS_MCP: &str = "fro-bot-sessions";
@@ -23,6 +25,8 @@ pub struct SessionToolsEntry {
     pub url: String,
     pub password: String,
     pub workspace: PathBuf,
+    /// The trust view the tools apply (`session_tools::TrustSource`); `None`: all untrusted.
+    pub trust_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -39,14 +43,18 @@ pub struct ConfigInput<'a> {
 pub fn config_content(input: &ConfigInput<'_>) -> String {
     let mut cfg = json!({"autoupdate": false, "share": "disabled"});
     if let Some(tools) = input.session_tools {
+        let mut environment = json!({
+            FRO_BOT_OPENCODE_URL: tools.url,
+            FRO_BOT_OPENCODE_PASSWORD: tools.password,
+            FRO_BOT_WORKSPACE: tools.workspace.to_string_lossy(),
+        });
+        if let Some(file) = &tools.trust_file {
+            environment[FRO_BOT_SESSION_TRUST] = json!(file.to_string_lossy());
+        }
         let entry = json!({"mcp": {SESSION_TOOLS_MCP: {
             "type": "local",
             "command": [tools.fro_bot_exe.to_string_lossy(), "session-tools"],
-            "environment": {
-                FRO_BOT_OPENCODE_URL: tools.url,
-                FRO_BOT_OPENCODE_PASSWORD: tools.password,
-                FRO_BOT_WORKSPACE: tools.workspace.to_string_lossy(),
-            },
+            "environment": environment,
             "enabled": true,
         }}});
         deep_merge(&mut cfg, entry);
@@ -133,6 +141,7 @@ mod tests {
             url: "http://127.0.0.1:5000".into(),
             password: "pw-secret".into(),
             workspace: "/ws".into(),
+            trust_file: Some("/tmp/trust.json".into()),
         };
         let model = ModelRef {
             provider: "anthropic".into(),
@@ -165,6 +174,10 @@ mod tests {
             "http://127.0.0.1:5000"
         );
         assert_eq!(entry["environment"][FRO_BOT_WORKSPACE], "/ws");
+        assert_eq!(
+            entry["environment"][FRO_BOT_SESSION_TRUST],
+            "/tmp/trust.json"
+        );
         // Deep merge: the user's partial override keeps the rest of our entry.
         assert_eq!(entry["enabled"], false);
         assert_eq!(entry["type"], "local");

@@ -83,6 +83,11 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot write the session tools' trust view")]
+    TrustFile {
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the OpenCode server did not start")]
     Server {
         #[source]
@@ -169,6 +174,9 @@ pub struct AgentOptions {
     pub extra_env: Vec<(String, String)>,
     /// `fro-bot` itself, started by OpenCode as the session-tools MCP server; `None` = no tools.
     pub fro_bot_exe: Option<PathBuf>,
+    /// How the session tools judge earlier sessions (docs/security.md#trust-follows-memory);
+    /// `None`: every session is quoted as untrusted.
+    pub session_trust: Option<crate::trust::TrustView>,
     pub model: Option<ModelRef>,
     pub user_config: Option<Map<String, Value>>,
     /// `auth-json` (provider id → auth entry): API keys are served through the proxy; only
@@ -200,6 +208,8 @@ struct Confinement {
     _proxy: Proxy,
     /// Kept until the server is gone.
     _binary: Option<PrivateBinary>,
+    /// The session tools' trust view, read by them at each call while the agent runs.
+    trust: Option<(crate::trust::TrustView, tempfile::NamedTempFile)>,
 }
 
 /// What [`Agent::release`] found.
@@ -287,6 +297,15 @@ impl Agent {
                 "provider `{id}`: its credentials are visible to the agent ({why})"
             ));
         }
+        let trust_file = match &opts.session_trust {
+            Some(view) => Some(
+                session_tools::write_trust_file(view)
+                    .map_err(|source| AgentError::TrustFile { source })?,
+            ),
+            None => None,
+        };
+        let trust_path = trust_file.as_ref().map(|f| f.path().to_path_buf());
+        let trust = opts.session_trust.clone().zip(trust_file);
         let workspace = opts.workspace.clone();
         let exe = opts.fro_bot_exe.clone();
         let model = opts.model.clone();
@@ -297,6 +316,7 @@ impl Agent {
                 url: url.to_string(),
                 password: password.to_string(),
                 workspace: workspace.clone(),
+                trust_file: trust_path.clone(),
             });
             config::config_content(&config::ConfigInput {
                 session_tools: tools.as_ref(),
@@ -337,12 +357,28 @@ impl Agent {
                 notes,
                 _proxy: proxy,
                 _binary: binary,
+                trust,
             },
         })
     }
 
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// Adds this run's own session to the session tools' view, so the agent can read it back.
+    pub fn record_own_session(
+        &mut self,
+        id: &str,
+        trust: &crate::trust::SessionTrust,
+    ) -> std::io::Result<()> {
+        let Some((view, file)) = self.confinement.trust.as_mut() else {
+            return Ok(());
+        };
+        view.sessions.insert(id.to_string(), trust.clone());
+        // Replaced whole (a rename), so a tool reading meanwhile sees the old view or the new.
+        let fresh = session_tools::write_trust_file(view)?;
+        fresh.persist(file.path()).map(drop).map_err(|e| e.error)
     }
 
     pub fn server(&self) -> &Server {
@@ -363,13 +399,15 @@ impl Agent {
         session::resolve(&self.client, logical_key, ownership).await
     }
 
-    /// Excerpts from other sessions (`exclude`: the current one and any it replaced).
+    /// Excerpts from other sessions (`exclude`: the current one and any it replaced), judged
+    /// by `view` (docs/security.md#trust-follows-memory).
     pub async fn prior_work(
         &self,
         terms: &[String],
         exclude: &[&str],
-    ) -> Result<Vec<prep::Excerpt>, ApiError> {
-        prep::prior_work(&self.client, terms, exclude).await
+        view: &crate::trust::TrustView,
+    ) -> Result<prep::PriorWork, ApiError> {
+        prep::prior_work(&self.client, terms, exclude, view).await
     }
 
     pub async fn run_turn(

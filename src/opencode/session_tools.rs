@@ -2,6 +2,10 @@
 //! OpenCode starts for the agent, giving it `session_list`, `session_read`, `session_search` and
 //! `session_info` over the running OpenCode server's HTTP API. Every tool failure is a
 //! `session store unavailable: ...` text result with `isError: true`, never a crash.
+//!
+//! Trust follows memory (docs/security.md#trust-follows-memory): results from a session below the
+//! run's trust are fenced and labelled as untrusted quotes, or, in runs that hold a token, left
+//! out as if the session did not exist.
 
 use std::path::PathBuf;
 
@@ -10,8 +14,12 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::client::{truncate, Client, Session};
 use super::prep::find_excerpts;
-use crate::runner::env::{FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_WORKSPACE};
+use crate::runner::env::{
+    FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_SESSION_TRUST, FRO_BOT_WORKSPACE,
+};
 use crate::runner::Env;
+use crate::trust::{PriorUse, SessionTrust, TrustView};
+use crate::untrusted::{Fence, Label};
 
 pub const TRANSCRIPT_CAP: usize = 48_000;
 const PROTOCOL_VERSION: &str = "2024-11-05";
@@ -36,11 +44,41 @@ pub struct ToolsConfig {
     pub url: Option<String>,
     pub password: Option<String>,
     pub workspace: PathBuf,
+    /// How earlier sessions are judged.
+    pub trust: TrustView,
+}
+
+/// Writes `view` where the session tools read it: a root-owned (fro-bot's) file the agent's uid
+/// can read but not change. It lives as long as the returned handle.
+pub fn write_trust_file(view: &TrustView) -> std::io::Result<tempfile::NamedTempFile> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let mut file = tempfile::Builder::new()
+        .prefix("fro-bot-trust-")
+        .suffix(".json")
+        .tempfile()?;
+    file.write_all(&serde_json::to_vec(view).map_err(std::io::Error::other)?)?;
+    file.flush()?;
+    std::fs::set_permissions(file.path(), std::fs::Permissions::from_mode(0o644))?;
+    Ok(file)
+}
+
+/// The trust view named by `FRO_BOT_SESSION_TRUST`: unset, every session is an untrusted quote;
+/// set but unreadable, every session is left out (fail closed).
+fn trust_from_env(env: &Env) -> TrustView {
+    let Some(path) = env.get(FRO_BOT_SESSION_TRUST) else {
+        return TrustView::unknown();
+    };
+    match std::fs::read(path).map(|b| serde_json::from_slice::<TrustView>(&b)) {
+        Ok(Ok(view)) => view,
+        Ok(Err(_)) | Err(_) => TrustView::closed(),
+    }
 }
 
 impl ToolsConfig {
     pub fn from_env(env: &Env) -> Self {
         Self {
+            trust: trust_from_env(env),
             url: env.get(FRO_BOT_OPENCODE_URL).map(str::to_string),
             password: env.get(FRO_BOT_OPENCODE_PASSWORD).map(str::to_string),
             workspace: env
@@ -185,10 +223,10 @@ async fn call_tool(config: &ToolsConfig, name: &str, args: &Value) -> Value {
     let result = match config.client() {
         Err(e) => Err(e),
         Ok(client) => match name {
-            "session_list" => session_list(&client, args).await,
-            "session_read" => session_read(&client, args).await,
-            "session_search" => session_search(&client, args).await,
-            "session_info" => session_info(&client, args).await,
+            "session_list" => session_list(&client, &config.trust, args).await,
+            "session_read" => session_read(&client, &config.trust, args).await,
+            "session_search" => session_search(&client, &config.trust, args).await,
+            "session_info" => session_info(&client, &config.trust, args).await,
             other => Err(format!("unknown tool {other:?}")),
         },
     };
@@ -250,11 +288,21 @@ pub fn parse_date_ms(s: &str, end_of_day: bool) -> Option<i64> {
     Some(ms)
 }
 
-fn session_line(s: &Session) -> String {
+fn session_line(s: &Session, untrusted: Option<&SessionTrust>) -> String {
+    let title = match untrusted {
+        // A title is text like any other: one line, no hidden characters, labelled.
+        Some(t) => format!(
+            "untrusted (written after reading @{} {}): {}",
+            t.author,
+            t.association_label(),
+            one_line(&s.title)
+        ),
+        None => s.title.clone(),
+    };
     let mut line = format!(
         "{} | {} | updated {} | created {}",
         s.id,
-        s.title,
+        title,
         format_ms(s.time.updated),
         format_ms(s.time.created)
     );
@@ -290,7 +338,7 @@ pub fn format_ms(ms: i64) -> String {
     )
 }
 
-async fn session_list(client: &Client, args: &Value) -> Result<String, String> {
+async fn session_list(client: &Client, trust: &TrustView, args: &Value) -> Result<String, String> {
     let limit = arg_usize(args, "limit").unwrap_or(20).clamp(1, 200);
     let from = match arg_str(args, "from_date") {
         Some(s) => Some(parse_date_ms(s, false).ok_or_else(|| format!("bad from_date {s:?}"))?),
@@ -302,22 +350,32 @@ async fn session_list(client: &Client, args: &Value) -> Result<String, String> {
     };
     let mut sessions = client.list_sessions().await.map_err(|e| e.to_string())?;
     sessions.retain(|s| {
-        from.is_none_or(|f| s.time.updated >= f) && to.is_none_or(|t| s.time.updated <= t)
+        from.is_none_or(|f| s.time.updated >= f)
+            && to.is_none_or(|t| s.time.updated <= t)
+            && trust.judge(&s.id) != PriorUse::Withheld
     });
     sessions.sort_by_key(|s| std::cmp::Reverse(s.time.updated));
     if sessions.is_empty() {
         return Ok("No sessions found.".into());
     }
     let total = sessions.len();
-    let mut out: Vec<String> = sessions.iter().take(limit).map(session_line).collect();
+    let mut out: Vec<String> = sessions
+        .iter()
+        .take(limit)
+        .map(|s| match trust.judge(&s.id) {
+            PriorUse::Untrusted(t) => session_line(s, Some(&t)),
+            PriorUse::Trusted(_) | PriorUse::Withheld => session_line(s, None),
+        })
+        .collect();
     if total > limit {
         out.push(format!("({} more not shown)", total - limit));
     }
     Ok(out.join("\n"))
 }
 
-async fn session_read(client: &Client, args: &Value) -> Result<String, String> {
+async fn session_read(client: &Client, trust: &TrustView, args: &Value) -> Result<String, String> {
     let id = required(args, "session_id")?;
+    let judged = visible(trust, id)?;
     let limit = arg_usize(args, "limit");
     let msgs = client
         .messages(id, limit)
@@ -352,17 +410,69 @@ async fn session_read(client: &Client, args: &Value) -> Result<String, String> {
     if text.is_empty() {
         text = "The session has no messages.".into();
     }
-    Ok(text)
+    Ok(quote(
+        &judged,
+        &format!("transcript of session {id}"),
+        &text,
+    ))
 }
 
-async fn session_search(client: &Client, args: &Value) -> Result<String, String> {
+/// A session's judgement, or the error a withheld one gets (the same as a session that does
+/// not exist would, so the result does not confirm it).
+fn visible(trust: &TrustView, id: &str) -> Result<PriorUse, String> {
+    match trust.judge(id) {
+        PriorUse::Withheld => Err(format!("session {id} not found")),
+        judged => Ok(judged),
+    }
+}
+
+/// `text` as the agent gets it: as it is from a trusted session, else inside a fresh fence,
+/// labelled with who lowered the session's trust.
+fn quote(judged: &PriorUse, item: &str, text: &str) -> String {
+    match judged {
+        PriorUse::Untrusted(t) => {
+            let fence = Fence::default();
+            format!(
+                "{}{}",
+                fence.preamble(),
+                fence.wrap(
+                    &Label {
+                        item: &format!("untrusted {item}"),
+                        author: &t.author,
+                        association: t.association_label(),
+                    },
+                    text,
+                )
+            )
+        }
+        PriorUse::Trusted(_) | PriorUse::Withheld => text.to_string(),
+    }
+}
+
+fn one_line(s: &str) -> String {
+    crate::untrusted::strip_hidden(s)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(200)
+        .collect()
+}
+
+async fn session_search(
+    client: &Client,
+    trust: &TrustView,
+    args: &Value,
+) -> Result<String, String> {
     let query = required(args, "query")?;
     let limit = arg_usize(args, "limit").unwrap_or(10).clamp(1, 100);
     let case_sensitive = args["case_sensitive"].as_bool().unwrap_or(false);
     let sessions: Vec<Session> = match arg_str(args, "session_id") {
-        Some(id) => vec![client.get_session(id).await.map_err(|e| e.to_string())?],
+        Some(id) => {
+            visible(trust, id)?;
+            vec![client.get_session(id).await.map_err(|e| e.to_string())?]
+        }
         None => {
             let mut all = client.list_sessions().await.map_err(|e| e.to_string())?;
+            all.retain(|s| trust.judge(&s.id) != PriorUse::Withheld);
             all.sort_by_key(|s| std::cmp::Reverse(s.time.updated));
             all
         }
@@ -372,6 +482,7 @@ async fn session_search(client: &Client, args: &Value) -> Result<String, String>
         if hits.len() >= limit {
             break;
         }
+        let judged = trust.judge(&s.id);
         let Ok(msgs) = client.messages(&s.id, None).await else {
             continue;
         };
@@ -382,7 +493,12 @@ async fn session_search(client: &Client, args: &Value) -> Result<String, String>
             find_excerpts(&text, &[query.to_string()], limit - hits.len())
         };
         for e in excerpts {
-            hits.push(format!("{} ({}): {e}", s.id, s.title));
+            hits.push(match &judged {
+                PriorUse::Untrusted(_) => {
+                    quote(&judged, &format!("excerpt of session {}", s.id), &e)
+                }
+                PriorUse::Trusted(_) | PriorUse::Withheld => format!("{} ({}): {e}", s.id, s.title),
+            });
         }
     }
     if hits.is_empty() {
@@ -408,8 +524,9 @@ fn find_exact(text: &str, query: &str, max: usize) -> Vec<String> {
         .collect()
 }
 
-async fn session_info(client: &Client, args: &Value) -> Result<String, String> {
+async fn session_info(client: &Client, trust: &TrustView, args: &Value) -> Result<String, String> {
     let id = required(args, "session_id")?;
+    let judged = visible(trust, id)?;
     let s = client.get_session(id).await.map_err(|e| e.to_string())?;
     let msgs = client.messages(id, None).await.map_err(|e| e.to_string())?;
     let mut tokens = super::client::Tokens::default();
@@ -431,6 +548,13 @@ async fn session_info(client: &Client, args: &Value) -> Result<String, String> {
         "messages": msgs.len(),
         "tokens": tokens,
         "cost": cost,
+        "trust": match &judged {
+            PriorUse::Trusted(t) => json!({"trusted": true, "author": t.author,
+                "association": t.association_label()}),
+            PriorUse::Untrusted(t) => json!({"trusted": false, "author": t.author,
+                "association": t.association_label()}),
+            PriorUse::Withheld => Value::Null,
+        },
     })
     .to_string())
 }
@@ -445,6 +569,7 @@ mod tests {
             url: Some("http://127.0.0.1:9".into()),
             password: None,
             workspace: "/ws".into(),
+            trust: TrustView::unknown(),
         }
     }
 
@@ -509,6 +634,7 @@ mod tests {
             url: None,
             password: None,
             workspace: "/ws".into(),
+            trust: TrustView::unknown(),
         };
         let r = call_tool(&cfg, "session_list", &json!({})).await;
         assert_eq!(r["isError"], true);

@@ -16,6 +16,7 @@ use crate::phases::context::{Mode, RunContext};
 use crate::phases::report::RestoreReport;
 use crate::runner::env;
 use crate::runner::{log, Cancellation, Env};
+use crate::trust::{SessionTrust, TrustView};
 
 /// What the agent part of the run produced.
 #[derive(Debug, Default)]
@@ -31,6 +32,9 @@ pub(crate) struct AgentRun {
     pub(crate) errors: Vec<String>,
     /// Session resolution, context and prior-work search, prompt building.
     pub(crate) prep_time: Duration,
+    /// Who wrote this run's session, as trust goes: the least trusted of the requester and every
+    /// author whose text the prompt quoted (docs/security.md#trust-follows-memory).
+    pub(crate) trust: Option<crate::trust::SessionTrust>,
 }
 
 impl AgentRun {
@@ -49,7 +53,17 @@ impl AgentRun {
     }
 }
 
-pub(crate) async fn start_agent(ctx: &mut RunContext) -> Result<Agent, String> {
+/// How this run judges earlier sessions: at its requester's level; runs that hold a token leave
+/// lower ones out (docs/security.md#trust-follows-memory).
+pub(crate) fn trust_view(plan: &RunPlan, restored: &RestoreReport) -> TrustView {
+    TrustView::new(
+        plan.requester.level,
+        plan.agent_gets_token,
+        restored.trust.clone(),
+    )
+}
+
+pub(crate) async fn start_agent(ctx: &mut RunContext, view: &TrustView) -> Result<Agent, String> {
     let t = Instant::now();
     let RunContext {
         env,
@@ -146,6 +160,7 @@ pub(crate) async fn start_agent(ctx: &mut RunContext) -> Result<Agent, String> {
         hide_git_credentials: !plan.agent_gets_token,
         extra_env,
         fro_bot_exe: std::env::current_exe().ok(),
+        session_trust: Some(view.clone()),
         model: settings.model.clone(),
         user_config: settings.opencode_config.clone(),
         auth: settings.auth.clone(),
@@ -223,7 +238,7 @@ fn entity_context(
 
 /// Resolves the session, prepares the prompt (context, prior work), runs the turn and writes the
 /// run summary back into the session.
-pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
+pub(crate) async fn drive_agent(agent: &mut Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
     let started_prep = Instant::now();
     let plan = inputs.plan;
     if let Err(message) = preflight(agent, inputs.settings).await {
@@ -256,7 +271,11 @@ pub(crate) async fn drive_agent(agent: &Agent, inputs: &AgentInputs<'_>, out: &m
         plan.logical_key.as_str()
     );
     out.session_id = Some(resolved.session.id.clone());
-    let prompt = prepare_prompt(agent, inputs, &resolved.session.id).await;
+    let (prompt, trust) = prepare_prompt(agent, inputs, &resolved.session.id).await;
+    if let Err(e) = agent.record_own_session(&resolved.session.id, &trust) {
+        tracing::warn!("the session tools will not find this run's own session: {e}");
+    }
+    out.trust = Some(trust);
     out.prep_time = started_prep.elapsed();
 
     let settings = inputs.settings;
@@ -288,13 +307,19 @@ async fn preflight(agent: &Agent, settings: &Settings) -> Result<(), String> {
     }
 }
 
-/// The prompt: GitHub context (bounded), prior work from other sessions, the directive and rules.
-async fn prepare_prompt(agent: &Agent, inputs: &AgentInputs<'_>, session_id: &str) -> String {
+/// The prompt: GitHub context (bounded), prior work from other sessions, the directive and rules;
+/// and the trust of the session that reads it.
+async fn prepare_prompt(
+    agent: &Agent,
+    inputs: &AgentInputs<'_>,
+    session_id: &str,
+) -> (String, SessionTrust) {
     let AgentInputs {
         settings,
         env,
         plan,
         gh,
+        restored,
         ..
     } = *inputs;
     let context = match (gh, &plan.thread) {
@@ -310,13 +335,20 @@ async fn prepare_prompt(agent: &Agent, inputs: &AgentInputs<'_>, session_id: &st
         },
         _ => None,
     };
-    let title = context.as_ref().map(|c| c.title.clone());
-    let terms = prep::search_terms(plan.logical_key.as_str(), title.as_deref());
-    let prior = match agent.prior_work(&terms, &[session_id]).await {
+    let schedule_like = plan.thread.is_none();
+    // Without a thread, the prompt input says what the run is about.
+    let topic = match (&context, schedule_like) {
+        (Some(c), _) => Some(c.title.clone()),
+        (None, true) => settings.prompt.clone(),
+        (None, false) => None,
+    };
+    let terms = prep::search_terms(plan.logical_key.as_str(), topic.as_deref());
+    let view = trust_view(plan, restored);
+    let prior = match agent.prior_work(&terms, &[session_id], &view).await {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!("prior-work search failed: {e}");
-            Vec::new()
+            prep::PriorWork::default()
         }
     };
     // fro-bot's own answers stay in a trusted-only context (the identity is cached for the run).
@@ -325,8 +357,8 @@ async fn prepare_prompt(agent: &Agent, inputs: &AgentInputs<'_>, session_id: &st
         _ => None,
     };
     let entity = context.map(|c| entity_context(c, settings.context_authors, own_login.as_deref()));
-    let schedule_like = plan.thread.is_none();
-    prep::build_prompt(&prep::PromptInput {
+    let trust = session_trust(plan, entity.as_ref(), &prior, own_login.as_deref());
+    let prompt = prep::build_prompt(&prep::PromptInput {
         repo: env.get(env::GITHUB_REPOSITORY).unwrap_or("").to_string(),
         event: plan.trigger_summary.clone(),
         actor: plan
@@ -336,14 +368,45 @@ async fn prepare_prompt(agent: &Agent, inputs: &AgentInputs<'_>, session_id: &st
         git_ref: env.get(env::GITHUB_REF_NAME).map(str::to_string),
         run_url: github::response::run_url(env),
         context: entity,
-        prior_work: prior,
+        prior_work: prior.excerpts,
+        withheld_prior: prior.withheld,
         directive: plan.directive.clone(),
         prompt: settings.prompt.clone(),
         prompt_replaces_directive: schedule_like,
         rules: response_rules(settings.response_mode, plan),
         budget: 0,
         fence: crate::untrusted::Fence::default(),
-    })
+    });
+    (prompt, trust)
+}
+
+/// The trust of a session that reads this prompt: the requester's, lowered by every author whose
+/// text it quotes (title, body, comments; fro-bot's own answers are its earlier runs of this
+/// thread, recorded on the session already) and every prior-work session it quotes. What the
+/// budget later cuts still counts: lower is the safe side.
+fn session_trust(
+    plan: &RunPlan,
+    entity: Option<&prep::EntityContext>,
+    prior: &prep::PriorWork,
+    own_login: Option<&str>,
+) -> SessionTrust {
+    let own = |login: &str| {
+        login == github::api::APP_BOT_LOGIN
+            || own_login.is_some_and(|me| me.eq_ignore_ascii_case(login))
+    };
+    let mut trust = plan.requester.clone();
+    if let Some(c) = entity {
+        let authors = std::iter::once((&c.author, &c.author_association))
+            .chain(c.comments.iter().map(|cm| (&cm.author, &cm.association)));
+        for (author, association) in authors.filter(|(a, _)| !own(a)) {
+            let bot = author.ends_with("[bot]");
+            trust = trust.lowered_by(&SessionTrust::new(author, association, false, bot));
+        }
+    }
+    for e in &prior.excerpts {
+        trust = trust.lowered_by(&e.trust);
+    }
+    trust
 }
 
 /// Who posts the answer: the harness for a thread, the agent itself on token-holding runs.

@@ -4,6 +4,7 @@
 //! so the entry saved next holds every thread, and the next run (which restores only the newest)
 //! loses none. A failure at any step keeps this run's own database: never worse than no merge.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use crate::cache::{self, RestoreOutcome};
@@ -14,7 +15,8 @@ use crate::phases::paths::{check_marker, MarkerCheck, StatePaths, MARKER_FILE};
 use crate::phases::report::RestoreSource;
 use crate::phases::restore::shown;
 use crate::phases::sanitize::{self, SanitizeOutcome};
-use crate::phases::session_map::Map;
+use crate::phases::session_map::{self, Map};
+use crate::trust::TrustMap;
 
 /// Entries merged at most per save: the newest ones, when a burst of runs saved since.
 const MAX_ENTRIES: usize = 8;
@@ -43,12 +45,42 @@ pub struct CacheMergeReport {
     pub skipped: Vec<String>,
     /// The threads the merged entries' markers map, for this run's marker.
     pub sessions: Map,
+    /// Their trust records for the sessions whose merged version is theirs
+    /// (docs/security.md#trust-follows-memory), and those sessions (a record of this run's no
+    /// longer describes them).
+    pub trust: TrustMap,
+    pub from_them: BTreeSet<String>,
     /// Every key the listing before the save showed (`None`: no listing), so what appears
     /// during the save can be told apart.
     pub listed: Option<Vec<String>>,
 }
 
+/// One entry merged in.
+struct Merged {
+    report: MergeReport,
+    sessions: Map,
+    trust: TrustMap,
+    from_them: BTreeSet<String>,
+    /// It held a session, or a version of one, that this run's database lacked.
+    new_to_us: bool,
+}
+
 impl CacheMergeReport {
+    fn take(&mut self, key: String, merged: Merged) {
+        for (k, v) in merged.sessions {
+            self.sessions.entry(k).or_insert(v);
+        }
+        for (id, record) in merged.trust {
+            let lowered = match self.trust.remove(&id) {
+                Some(seen) => seen.lowered_by(&record),
+                None => record,
+            };
+            self.trust.insert(id, lowered);
+        }
+        self.from_them.extend(merged.from_them);
+        self.merged.push((key, merged.report));
+    }
+
     pub fn notes(&self) -> Vec<String> {
         let mut notes: Vec<String> = self
             .merged
@@ -97,11 +129,8 @@ pub async fn merge_newer_entries(inputs: &CacheMergeInputs<'_>) -> CacheMergeRep
     };
     for key in candidates.into_iter().rev() {
         match merge_one(inputs, &key).await {
-            Ok((merge_report, sessions, _)) => {
-                for (k, v) in sessions {
-                    report.sessions.entry(k).or_insert(v);
-                }
-                report.merged.push((key, merge_report));
+            Ok(merged) => {
+                report.take(key, merged);
             }
             Err(why) => report.skipped.push(format!(
                 "the entry `{}` saved meanwhile was not merged: {why}",
@@ -173,10 +202,7 @@ fn scratch(paths: &StatePaths) -> Result<tempfile::TempDir, String> {
 
 /// Downloads `key` beside the live memory, checks it as restore does, and merges this run's
 /// database into it; the result replaces this run's database. Also the entry's session map.
-async fn merge_one(
-    inputs: &CacheMergeInputs<'_>,
-    key: &str,
-) -> Result<(MergeReport, Map, bool), String> {
+async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, String> {
     let scratch = scratch(inputs.paths)?;
     let request = cache::RestoreRequest {
         key,
@@ -192,24 +218,58 @@ async fn merge_one(
         Err(e) => return Err(e.to_string()),
     }
     let base = scratch.path().join(checkpoint::DB_FILE);
-    let sessions = match check_marker(&scratch.path().join(MARKER_FILE)) {
-        MarkerCheck::Compatible(marker) => marker.sessions.unwrap_or_default(),
+    let (sessions, records) = match check_marker(&scratch.path().join(MARKER_FILE)) {
+        MarkerCheck::Compatible(marker) => (
+            marker.sessions.unwrap_or_default(),
+            marker.trust.unwrap_or_default(),
+        ),
         MarkerCheck::VersionMismatch { found } => return Err(format!("storage version {found}")),
-        MarkerCheck::Missing | MarkerCheck::Unreadable { .. } => Map::new(),
+        MarkerCheck::Missing | MarkerCheck::Unreadable { .. } => (Map::new(), TrustMap::new()),
     };
     let out = scratch.path().join("merged.db");
     // Now, not when the save began: an entry saved since holds activity after that, which the
     // sanitizer would otherwise clamp (and so change) as if it came from the future.
     let now_ms = crate::opencode::system_now_ms();
     let ours = inputs.paths.db();
-    let (merged, contributed) = {
+    let versions = {
         let (base, out) = (base.clone(), out.clone());
         tokio::task::spawn_blocking(move || check_and_merge(&base, &ours, &out, now_ms))
             .await
             .map_err(|e| format!("merge task failed: {e}"))??
     };
     replace(&out, &inputs.paths.db())?;
-    Ok((merged, sessions, contributed))
+    let Versions {
+        report,
+        theirs,
+        mine,
+        merged,
+    } = versions;
+    let from_them = merged
+        .sessions
+        .iter()
+        .filter(|(id, v)| theirs.sessions.get(*id) == Some(v) && mine.sessions.get(*id) != Some(v))
+        .map(|(id, _)| id.clone())
+        .collect();
+    let new_to_us = theirs
+        .sessions
+        .iter()
+        .any(|(id, v)| mine.sessions.get(id) != Some(v));
+    Ok(Merged {
+        report,
+        sessions,
+        // A record of theirs holds only for a session whose merged version is theirs.
+        trust: session_map::trust_after_merge(&records, &theirs, &theirs, &merged),
+        from_them,
+        new_to_us,
+    })
+}
+
+/// The merge's report and the session versions of each side and of the result.
+struct Versions {
+    report: MergeReport,
+    theirs: Snapshot,
+    mine: Snapshot,
+    merged: Snapshot,
 }
 
 /// After this run's entry was saved: entries other runs committed during the save (not in the
@@ -241,12 +301,9 @@ pub async fn merge_saved_meanwhile(
     let mut contributed = false;
     for key in fresh.into_iter().rev() {
         match merge_one(inputs, &key).await {
-            Ok((merge_report, sessions, new_to_us)) => {
-                for (k, v) in sessions {
-                    report.sessions.entry(k).or_insert(v);
-                }
-                report.merged.push((key, merge_report));
-                contributed |= new_to_us;
+            Ok(merged) => {
+                contributed |= merged.new_to_us;
+                report.take(key, merged);
             }
             Err(why) => report.skipped.push(format!(
                 "the entry `{}` saved meanwhile was not merged: {why}",
@@ -264,12 +321,7 @@ pub async fn merge_saved_meanwhile(
 /// that restored older memory, or from the store's lineage), so a session it lacks was not
 /// deleted by it: the merge is against an empty snapshot — every session on either side is kept,
 /// and where both hold one, the later activity wins.
-fn check_and_merge(
-    base: &Path,
-    ours: &Path,
-    out: &Path,
-    now_ms: i64,
-) -> Result<(MergeReport, bool), String> {
+fn check_and_merge(base: &Path, ours: &Path, out: &Path, now_ms: i64) -> Result<Versions, String> {
     if !base.is_file() {
         return Err("it holds no session database".into());
     }
@@ -282,15 +334,16 @@ fn check_and_merge(
             return Err(message)
         }
     }
-    // Whether the entry holds a session, or a version of one, that this run's database lacks.
     let theirs = Snapshot::capture(base).map_err(|e| e.to_string())?;
     let mine = Snapshot::capture(ours).map_err(|e| e.to_string())?;
-    let new_to_us = theirs
-        .sessions
-        .iter()
-        .any(|(id, v)| mine.sessions.get(id) != Some(v));
     let report = merge::merge(base, ours, &Snapshot::empty(), out).map_err(|e| e.to_string())?;
-    Ok((report, new_to_us))
+    let merged = Snapshot::capture(out).map_err(|e| e.to_string())?;
+    Ok(Versions {
+        report,
+        theirs,
+        mine,
+        merged,
+    })
 }
 
 fn replace(merged: &Path, db: &Path) -> Result<(), String> {

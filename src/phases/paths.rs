@@ -90,6 +90,18 @@ impl StatePaths {
         self.data_dir.join(AUTH_FILE)
     }
 
+    /// Deletes `storage/`, OpenCode's legacy JSON storage: the scrub reads only the database, so
+    /// whatever an OpenCode version wrote there never reaches a cache entry.
+    pub fn remove_legacy_storage(&self) -> std::io::Result<bool> {
+        let dir = self.data_dir.join(checkpoint::LEGACY_STORAGE_DIR);
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&dir).map(|()| true),
+            Ok(_) => std::fs::remove_file(&dir).map(|()| true),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Deletes `auth.json`: credentials never reach a cache entry, and never come from one.
     pub fn remove_auth_file(&self) -> std::io::Result<bool> {
         match std::fs::remove_file(self.auth_file()) {
@@ -113,6 +125,10 @@ pub struct Marker {
     /// written before the map existed (then threads are found by title once, and migrated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sessions: Option<crate::phases::session_map::Map>,
+    /// Session id → who wrote it (docs/security.md#trust-follows-memory). Absent in markers
+    /// written before trust was recorded: every session then counts as the lowest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust: Option<crate::trust::TrustMap>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,24 +180,34 @@ pub fn parse_marker(text: &str) -> MarkerCheck {
 
 /// Writes the marker for the database as it is now (after its checkpoint), atomically. `sessions`
 /// is the session map to record; `None` keeps the map of the marker on disk (post, which did not
-/// see the run). Entries whose session is gone from the database are dropped.
+/// see the run); so does `trust` for the trust records. Entries whose session is gone from the
+/// database are dropped.
 pub fn write_marker(
     paths: &StatePaths,
     run_id: &str,
     now_ms: u64,
     sessions: Option<&crate::phases::session_map::Map>,
+    trust: Option<&crate::trust::TrustMap>,
 ) -> std::io::Result<Marker> {
+    let on_disk = || match check_marker(&paths.marker()) {
+        MarkerCheck::Compatible(old) => Some(old),
+        MarkerCheck::Missing
+        | MarkerCheck::VersionMismatch { .. }
+        | MarkerCheck::Unreadable { .. } => None,
+    };
     let mut sessions = match sessions {
         Some(map) => Some(map.clone()),
-        None => match check_marker(&paths.marker()) {
-            MarkerCheck::Compatible(old) => old.sessions,
-            MarkerCheck::Missing
-            | MarkerCheck::VersionMismatch { .. }
-            | MarkerCheck::Unreadable { .. } => None,
-        },
+        None => on_disk().and_then(|old| old.sessions),
     };
     if let Some(map) = sessions.as_mut() {
         crate::phases::session_map::retain_existing(&paths.db(), map);
+    }
+    let mut trust = match trust {
+        Some(map) => Some(map.clone()),
+        None => on_disk().and_then(|old| old.trust),
+    };
+    if let Some(map) = trust.as_mut() {
+        crate::phases::session_map::retain_existing_trust(&paths.db(), map);
     }
     use sha2::{Digest, Sha256};
     use std::io::Read;
@@ -205,6 +231,7 @@ pub fn write_marker(
         db_size: size,
         db_sha256: hex::encode(hasher.finalize()),
         sessions,
+        trust,
     };
     let tmp = paths.data_dir.join(format!(".{MARKER_FILE}.tmp"));
     let json = serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?;
@@ -249,7 +276,7 @@ mod tests {
         let paths = StatePaths::new(dir.path().to_path_buf());
         assert_eq!(check_marker(&paths.marker()), MarkerCheck::Missing);
         std::fs::write(paths.db(), b"0123456789").unwrap();
-        let m = write_marker(&paths, "42", 1_700_000_000_000, None).unwrap();
+        let m = write_marker(&paths, "42", 1_700_000_000_000, None, None).unwrap();
         assert_eq!(m.sessions, None, "no map given, none on disk");
         assert_eq!(m.db_size, 10);
         assert_eq!(
@@ -264,10 +291,27 @@ mod tests {
             .unwrap()
             .execute_batch("CREATE TABLE session(id text); INSERT INTO session VALUES ('ses_1');")
             .unwrap();
-        let m = write_marker(&paths, "43", 1, Some(&map)).unwrap();
+        let trust = crate::trust::TrustMap::from([
+            (
+                "ses_1".to_string(),
+                crate::trust::SessionTrust::new("eve", "NONE", false, false),
+            ),
+            (
+                "ses_gone".to_string(),
+                crate::trust::SessionTrust::new("mona", "OWNER", false, false),
+            ),
+        ]);
+        let m = write_marker(&paths, "43", 1, Some(&map), Some(&trust)).unwrap();
         assert_eq!(m.sessions.as_ref(), Some(&map));
-        let kept = write_marker(&paths, "44", 2, None).unwrap();
+        let kept_trust = m.trust.clone().unwrap();
+        assert_eq!(
+            kept_trust.keys().collect::<Vec<_>>(),
+            ["ses_1"],
+            "records of deleted sessions are dropped"
+        );
+        let kept = write_marker(&paths, "44", 2, None, None).unwrap();
         assert_eq!(kept.sessions, Some(map));
+        assert_eq!(kept.trust, Some(kept_trust));
         // A marker from before the map existed parses, without one.
         std::fs::write(
             paths.marker(),
@@ -276,7 +320,11 @@ mod tests {
         .unwrap();
         assert!(matches!(
             check_marker(&paths.marker()),
-            MarkerCheck::Compatible(Marker { sessions: None, .. })
+            MarkerCheck::Compatible(Marker {
+                sessions: None,
+                trust: None,
+                ..
+            })
         ));
         std::fs::write(paths.marker(), r#"{"storage_version":2}"#).unwrap();
         assert_eq!(

@@ -21,10 +21,19 @@ pub const POST_TIME_BOX: Duration = Duration::from_secs(240);
 /// What post did, for its summary and the tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PostOutcome {
-    NothingToDo { why: &'static str },
+    NothingToDo {
+        why: &'static str,
+    },
     Declined,
-    Retried { state: StateValue, detail: String },
-    CouldNotRetry { why: String },
+    Retried {
+        state: StateValue,
+        detail: String,
+        /// What scrubbing the database did (`None`: the save did not get that far).
+        scrubbed: Option<String>,
+    },
+    CouldNotRetry {
+        why: String,
+    },
     TimedOut,
 }
 
@@ -56,14 +65,21 @@ where
             tracing::warn!("post: {text}");
             format!("### Session Persistence (post)\n\nNot saved: {text}.\n\n")
         }
-        PostOutcome::Retried { state, detail } => {
+        PostOutcome::Retried {
+            state,
+            detail,
+            scrubbed,
+        } => {
             match state {
                 StateValue::Durable => tracing::info!("post: memory saved on retry: {detail}"),
                 _ => log::warning(&format!(
                     "post: memory not saved on retry ({state}): {detail}"
                 )),
             }
-            format!("### Session Persistence (post)\n\nRetried the Actions cache save: **{state}** — {detail}.\n\n")
+            let scrubbed = scrubbed
+                .as_ref()
+                .map_or_else(String::new, |s| format!("Secrets scrubbed: {s}.\n\n"));
+            format!("### Session Persistence (post)\n\nRetried the Actions cache save: **{state}** — {detail}.\n\n{scrubbed}")
         }
         PostOutcome::CouldNotRetry { why } => {
             log::warning(&format!("post: cannot retry the save: {why}"));
@@ -120,6 +136,7 @@ async fn retry(env: &Env) -> PostOutcome {
                 return PostOutcome::Retried {
                     state: StateValue::Durable,
                     detail: format!("the main step's entry `{save_key}` is already in the cache"),
+                    scrubbed: None,
                 }
             }
             Ok(false) => {}
@@ -137,6 +154,7 @@ async fn retry(env: &Env) -> PostOutcome {
     PostOutcome::Retried {
         state: report.result.state_value(),
         detail: report.result.detail,
+        scrubbed: report.scrub.as_ref().map(|s| s.describe()),
     }
 }
 
@@ -154,6 +172,12 @@ async fn save_with_key(
     let sessions: Option<crate::phases::session_map::Map> = env
         .state(state::SESSION_MAP)
         .and_then(|json| serde_json::from_str(json).ok());
+    // Without main's records none are kept: the marker on disk is where the agent could write
+    // during its turn, and a missing record is the safe side (docs/security.md).
+    let trust: crate::trust::TrustMap = env
+        .state(state::SESSION_TRUST)
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or_default();
     save(
         SaveInputs {
             paths,
@@ -172,6 +196,7 @@ async fn save_with_key(
             // A shadow guard makes main record declined-for-safety at once: post never gets here.
             shadow_guard: None,
             sessions: sessions.as_ref(),
+            trust: Some(&trust),
             // Post does not know what main restored: a retry always uploads.
             restored: None,
             // Post does not know what main restored, so it cannot tell what to merge.

@@ -314,6 +314,8 @@ async fn merge_newer(
 /// marker naming both runs' threads, so the Actions cache entry saved next holds the same.
 fn adopt_merged(inputs: &PublishInputs<'_>, merged: &Path) -> StorePublish {
     let db = inputs.paths.db();
+    // What this run wrote, to tell which merged sessions keep their trust records.
+    let ours = merge::Snapshot::capture(&db).ok();
     let adopted =
         crate::checkpoint::remove_stale_sidecars(&db).and_then(|()| std::fs::rename(merged, &db));
     if let Err(e) = adopted {
@@ -324,15 +326,29 @@ fn adopt_merged(inputs: &PublishInputs<'_>, merged: &Path) -> StorePublish {
         ));
         return StorePublish::Published;
     }
-    // The marker the save wrote just before the publish holds this run's map.
-    let ours = match check_marker(&inputs.paths.marker()) {
-        MarkerCheck::Compatible(marker) => marker.sessions,
+    // The marker the save wrote just before the publish holds this run's map and trust records
+    // (docs/security.md#trust-follows-memory).
+    let (ours_map, ours_trust) = match check_marker(&inputs.paths.marker()) {
+        MarkerCheck::Compatible(marker) => (marker.sessions, marker.trust.unwrap_or_default()),
         MarkerCheck::Missing
         | MarkerCheck::Unreadable { .. }
-        | MarkerCheck::VersionMismatch { .. } => None,
+        | MarkerCheck::VersionMismatch { .. } => (None, Default::default()),
     };
-    let map = ours.map(|ours| session_map::after_merge(&db, inputs.workspace, &ours));
-    if let Err(e) = write_marker(inputs.paths, inputs.run_id, inputs.now_ms, map.as_ref()) {
+    let map = ours_map.map(|ours| session_map::after_merge(&db, inputs.workspace, &ours));
+    let trust = match (&ours, inputs.restored, merge::Snapshot::capture(&db)) {
+        (Some(ours), Some(restored), Ok(merged)) => {
+            session_map::trust_after_merge(&ours_trust, ours, restored, &merged)
+        }
+        // Without the versions nothing tells whose a session is: no records (the lowest).
+        _ => crate::trust::TrustMap::new(),
+    };
+    if let Err(e) = write_marker(
+        inputs.paths,
+        inputs.run_id,
+        inputs.now_ms,
+        map.as_ref(),
+        Some(&trust),
+    ) {
         tracing::warn!("cannot rewrite the memory marker after the merge: {e}");
         let _ = std::fs::remove_file(inputs.paths.marker());
     }

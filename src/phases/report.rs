@@ -75,6 +75,9 @@ pub struct RestoreReport {
     pub notes: Vec<String>,
     /// Which sessions this memory lets fro-bot resume (`phases::session_map`).
     pub sessions: SessionMap,
+    /// Who wrote each restored session (docs/security.md#trust-follows-memory); empty for
+    /// fresh memory, memory from the object store (no marker) and markers from before trust.
+    pub trust: crate::trust::TrustMap,
     /// Set when an entry existed but none could be restored and older memory may remain: the
     /// save is declined with this reason, so it cannot hide that memory.
     pub shadow_guard: Option<String>,
@@ -89,8 +92,30 @@ impl RestoreReport {
             store_etag: None,
             notes: Vec::new(),
             sessions: SessionMap::default(),
+            trust: crate::trust::TrustMap::new(),
             shadow_guard: None,
         }
+    }
+
+    /// The trust records to save after a run that wrote `sessions` as `written`: the restored
+    /// ones, with those sessions' lowered by what this run read (never raised).
+    pub fn trust_after_run(
+        &self,
+        sessions: &[&str],
+        written: Option<&crate::trust::SessionTrust>,
+    ) -> crate::trust::TrustMap {
+        let mut map = self.trust.clone();
+        let Some(written) = written else {
+            return map;
+        };
+        for id in sessions {
+            let record = match map.get(*id) {
+                Some(old) => written.clone().lowered_by(old),
+                None => written.clone(),
+            };
+            map.insert(id.to_string(), record);
+        }
+        map
     }
 }
 
@@ -202,6 +227,22 @@ mod tests {
     use crate::save_result::SaveOutcome;
 
     #[test]
+    fn a_written_sessions_record_only_goes_down() {
+        use crate::trust::{SessionTrust, TrustLevel};
+        let mut restored = RestoreReport::miss();
+        let eve = SessionTrust::new("eve", "NONE", false, false);
+        restored.trust.insert("ses_old".into(), eve.clone());
+        let mona = SessionTrust::new("mona", "OWNER", false, false);
+        let map = restored.trust_after_run(&["ses_old", "ses_new"], Some(&mona));
+        assert_eq!(
+            map["ses_old"], eve,
+            "an outsider's session stays the outsider's"
+        );
+        assert_eq!(map["ses_new"].level, TrustLevel::Maintainer);
+        assert_eq!(restored.trust_after_run(&["ses_x"], None), restored.trust);
+    }
+
+    #[test]
     fn summary_names_every_part() {
         let mut report = PersistenceReport {
             restore: Some(RestoreReport {
@@ -211,6 +252,7 @@ mod tests {
                 store_etag: Some("\"e\"".into()),
                 notes: vec!["removed a stale WAL".into()],
                 sessions: SessionMap::Legacy,
+                trust: crate::trust::TrustMap::new(),
                 shadow_guard: None,
             }),
             save: Some(CacheSaveResult::new(

@@ -373,10 +373,14 @@ fn restored(mut report: RestoreReport, paths: &StatePaths, key: String) -> Resto
     report.source = RestoreSource::Cache;
     report.matched_key = Some(key);
     report.sessions = match check_marker(&paths.marker()) {
-        MarkerCheck::Compatible(marker) => match marker.sessions {
-            Some(map) => SessionMap::Owned(map),
-            None => SessionMap::Legacy,
-        },
+        MarkerCheck::Compatible(marker) => {
+            // No records (an older marker): every session counts as the lowest.
+            report.trust = marker.trust.unwrap_or_default();
+            match marker.sessions {
+                Some(map) => SessionMap::Owned(map),
+                None => SessionMap::Legacy,
+            }
+        }
         // Without a readable marker there is no record of fro-bot's sessions: none is resumed.
         MarkerCheck::Missing
         | MarkerCheck::Unreadable { .. }

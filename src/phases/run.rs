@@ -126,9 +126,12 @@ async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Ag
     let mut agent_run = AgentRun::default();
     let agent = match ctx.cancel.is_cancelled() {
         true => Err("cancelled before the agent started".to_string()),
-        false => start_agent(ctx).await,
+        false => {
+            let view = crate::phases::agent::trust_view(&ctx.plan, restored);
+            start_agent(ctx, &view).await
+        }
     };
-    let agent = match agent {
+    let mut agent = match agent {
         Ok(a) => a,
         Err(message) => {
             match ctx.cancel.is_cancelled() {
@@ -151,7 +154,7 @@ async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Ag
             cancel: &ctx.cancel,
             started: ctx.started,
         };
-        drive_agent(&agent, &inputs, &mut agent_run).await;
+        drive_agent(&mut agent, &inputs, &mut agent_run).await;
         let prep = agent_run.prep_time;
         ctx.report.record_phase("session-prep", prep);
         ctx.report
@@ -214,6 +217,15 @@ async fn cleanup_and_save(
         // Post records the same map if it has to retry the save.
         ctx.set_state(state::SESSION_MAP, &json);
     }
+    // A session the turn replaced (context overflow) got the same prompt: lowered the same way.
+    let written: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
+        .into_iter()
+        .filter_map(|s| s.as_deref())
+        .collect();
+    let trust = restored.trust_after_run(&written, agent_run.trust.as_ref());
+    if let Ok(json) = serde_json::to_string(&trust) {
+        ctx.set_state(state::SESSION_TRUST, &json);
+    }
     let inputs = SaveInputs {
         paths: &ctx.paths,
         workspace: &ctx.workspace,
@@ -229,6 +241,7 @@ async fn cleanup_and_save(
         now_ms: now_ms(),
         shadow_guard: restored.shadow_guard.as_deref(),
         sessions: Some(&sessions),
+        trust: Some(&trust),
         restored: ctx.restored_copy.as_ref(),
         cache_merge: ctx.cache.as_ref().map(|cache| CacheMergeInputs {
             cache,

@@ -31,6 +31,9 @@ pub struct SaveInputs<'a> {
     pub shadow_guard: Option<&'a str>,
     /// The session map to record in the marker; `None` keeps the one on disk.
     pub sessions: Option<&'a Map>,
+    /// The trust records to record in the marker (docs/security.md#trust-follows-memory);
+    /// `None` keeps the ones on disk.
+    pub trust: Option<&'a crate::trust::TrustMap>,
     /// The database as restored: when the one to save is identical, nothing is uploaded.
     pub restored: Option<&'a RestoredCopy>,
     /// Merge what other runs saved to the cache meanwhile (`None`: post, which cannot).
@@ -88,17 +91,13 @@ where
         Some(merge) => merge_newer_entries(merge).await,
         None => CacheMergeReport::default(),
     };
-    // The merged entries' threads, with this run's over them.
-    let sessions = inputs.sessions.map(|ours| {
-        let mut map = cache_merge.sessions.clone();
-        map.extend(ours.iter().map(|(k, v)| (k.clone(), v.clone())));
-        map
-    });
+    let (sessions, trust) = marker_maps(&inputs, &cache_merge);
     let marker = write_marker(
         inputs.paths,
         inputs.run_id,
         inputs.now_ms,
         sessions.as_ref(),
+        trust.as_ref(),
     );
     if let Err(e) = marker {
         // The marker is advisory (a missing one reads as compatible): save without it.
@@ -130,6 +129,33 @@ where
     }
 }
 
+/// The marker's session map and trust records after merging cache entries: theirs, with this
+/// run's over them; a session whose merged version is another run's takes that run's record, and
+/// the lower one where both hold it (docs/security.md#trust-follows-memory).
+fn marker_maps(
+    inputs: &SaveInputs<'_>,
+    merged: &CacheMergeReport,
+) -> (Option<Map>, Option<crate::trust::TrustMap>) {
+    let sessions = inputs.sessions.map(|ours| {
+        let mut map = merged.sessions.clone();
+        map.extend(ours.iter().map(|(k, v)| (k.clone(), v.clone())));
+        map
+    });
+    let trust = inputs.trust.map(|ours| {
+        let mut trust = ours.clone();
+        trust.retain(|id, _| !merged.from_them.contains(id));
+        for (id, record) in &merged.trust {
+            let lowered = match trust.remove(id) {
+                Some(mine) => mine.lowered_by(record),
+                None => record.clone(),
+            };
+            trust.insert(id.clone(), lowered);
+        }
+        trust
+    });
+    (sessions, trust)
+}
+
 /// Entries other runs committed while this one saved may lack its sessions; the newest of them is
 /// what the next run restores. When one did, the merge of them is saved again under
 /// `{save key}-{n}` (docs/design.md#concurrent-runs); the first entry stands if that fails.
@@ -145,16 +171,13 @@ async fn resave_merged(
         if !merge_saved_meanwhile(merge, report, &own).await {
             break;
         }
-        let sessions = inputs.sessions.map(|ours| {
-            let mut map = report.sessions.clone();
-            map.extend(ours.iter().map(|(k, v)| (k.clone(), v.clone())));
-            map
-        });
+        let (sessions, trust) = marker_maps(inputs, report);
         if let Err(e) = write_marker(
             inputs.paths,
             inputs.run_id,
             inputs.now_ms,
             sessions.as_ref(),
+            trust.as_ref(),
         ) {
             tracing::warn!("cannot rewrite the memory marker: {e}");
         }
@@ -203,6 +226,14 @@ async fn prepare(inputs: &SaveInputs<'_>) -> Result<(CheckpointOutcome, ScrubOut
     if let Err(e) = inputs.paths.remove_auth_file() {
         return Err((
             declined(format!("cannot remove auth.json before saving: {e}")),
+            None,
+        ));
+    }
+    // Nor does the legacy JSON storage, which the scrub does not read (OpenCode 1.18 reads
+    // nothing there; the restore drops it too).
+    if let Err(e) = inputs.paths.remove_legacy_storage() {
+        return Err((
+            declined(format!("cannot remove storage/ before saving: {e}")),
             None,
         ));
     }

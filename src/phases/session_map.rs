@@ -85,19 +85,53 @@ pub fn after_merge(db: &Path, workspace: &Path, ours: &Map) -> Map {
     map
 }
 
+/// The trust records for a database merged from newer shared memory
+/// (docs/security.md#trust-follows-memory): a record holds only for a session whose merged
+/// version is this run's (`ours`) or the one it restored (`restored`); a version another run
+/// wrote in between came from a run nothing records, so its session gets no record (the lowest).
+pub fn trust_after_merge(
+    records: &crate::trust::TrustMap,
+    ours: &crate::merge::Snapshot,
+    restored: &crate::merge::Snapshot,
+    merged: &crate::merge::Snapshot,
+) -> crate::trust::TrustMap {
+    let same = |a: &crate::merge::Snapshot, id: &str, digest: &str| {
+        a.sessions.get(id).is_some_and(|v| v.digest == digest)
+    };
+    records
+        .iter()
+        .filter(|(id, _)| {
+            merged
+                .sessions
+                .get(id.as_str())
+                .is_some_and(|v| same(ours, id, &v.digest) || same(restored, id, &v.digest))
+        })
+        .map(|(id, r)| (id.clone(), r.clone()))
+        .collect()
+}
+
 /// Drops entries whose session no longer exists (pruned or deleted), so the map stays bounded by
 /// the sessions kept. On a read error the map is kept as it is.
 pub fn retain_existing(db: &Path, map: &mut Map) {
-    let existing = (|| -> rusqlite::Result<std::collections::BTreeSet<String>> {
-        let conn = open_read_only(db)?;
-        let mut stmt = conn.prepare("SELECT id FROM session")?;
-        let ids = stmt.query_map([], |row| row.get::<_, String>(0))?;
-        ids.collect()
-    })();
-    match existing {
+    match existing_ids(db) {
         Ok(ids) => map.retain(|_, id| ids.contains(id)),
         Err(e) => tracing::debug!("session map kept unfiltered: {e}"),
     }
+}
+
+/// The same for the trust records (session id → who wrote it).
+pub fn retain_existing_trust(db: &Path, map: &mut crate::trust::TrustMap) {
+    match existing_ids(db) {
+        Ok(ids) => map.retain(|id, _| ids.contains(id)),
+        Err(e) => tracing::debug!("trust records kept unfiltered: {e}"),
+    }
+}
+
+fn existing_ids(db: &Path) -> rusqlite::Result<std::collections::BTreeSet<String>> {
+    let conn = open_read_only(db)?;
+    let mut stmt = conn.prepare("SELECT id FROM session")?;
+    let ids = stmt.query_map([], |row| row.get::<_, String>(0))?;
+    ids.collect()
 }
 
 fn open_read_only(db: &Path) -> rusqlite::Result<Connection> {
@@ -183,6 +217,41 @@ mod tests {
         let owned = SessionMap::Owned(Map::from([("issue-1".into(), "ses_a".into())]));
         let map = owned.after_run(&db, Path::new("/ws"), "issue-1", Some("ses_b"));
         assert_eq!(map, Map::from([("issue-1".into(), "ses_b".into())]));
+    }
+
+    #[test]
+    fn after_a_merge_only_versions_this_run_knows_keep_their_trust() {
+        use crate::merge::{SessionVersion, Snapshot};
+        let snap = |pairs: &[(&str, &str)]| Snapshot {
+            sessions: pairs
+                .iter()
+                .map(|(id, d)| {
+                    (
+                        id.to_string(),
+                        SessionVersion {
+                            parent: None,
+                            activity: 1,
+                            title: None,
+                            digest: d.to_string(),
+                        },
+                    )
+                })
+                .collect(),
+        };
+        let owner = crate::trust::SessionTrust::new("mona", "OWNER", false, false);
+        let records: crate::trust::TrustMap = ["ses_mine", "ses_kept", "ses_theirs", "ses_gone"]
+            .into_iter()
+            .map(|id| (id.to_string(), owner.clone()))
+            .collect();
+        let restored = snap(&[("ses_kept", "k"), ("ses_theirs", "t0"), ("ses_gone", "g")]);
+        let ours = snap(&[("ses_mine", "m1"), ("ses_kept", "k"), ("ses_theirs", "t0")]);
+        // Another run changed ses_theirs (perhaps after reading an outsider) and deleted ses_gone.
+        let merged = snap(&[("ses_mine", "m1"), ("ses_kept", "k"), ("ses_theirs", "t1")]);
+        let kept = trust_after_merge(&records, &ours, &restored, &merged);
+        assert_eq!(
+            kept.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["ses_kept", "ses_mine"]
+        );
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub const OPENCODE_AUTH_CONTENT: &str = "OPENCODE_AUTH_CONTENT";
 pub const FRO_BOT_OPENCODE_URL: &str = "FRO_BOT_OPENCODE_URL";
 pub const FRO_BOT_OPENCODE_PASSWORD: &str = "FRO_BOT_OPENCODE_PASSWORD";
 pub const FRO_BOT_WORKSPACE: &str = "FRO_BOT_WORKSPACE";
+/// Path of the session tools' trust view (JSON, `trust::TrustView`), written by fro-bot.
+pub const FRO_BOT_SESSION_TRUST: &str = "FRO_BOT_SESSION_TRUST";
 
 // Action inputs (`INPUT_<NAME>`) are declared, with their defaults and syntax, in the table at
 // `crate::config::inputs`.
@@ -108,4 +110,6 @@ pub mod state {
     pub const LEASE_ETAG: &str = "leaseEtag";
     /// Main's session map (JSON, logical key → session id), for post's marker.
     pub const SESSION_MAP: &str = "sessionMap";
+    /// Main's trust records (JSON, session id → who wrote it), for post's marker.
+    pub const SESSION_TRUST: &str = "sessionTrust";
 }

@@ -66,6 +66,14 @@ pub(crate) mod post {
         with_cache(&mut job, &server);
         std::fs::create_dir_all(job.data_dir()).unwrap();
         killed_writer(&job.data_dir().join("opencode.db"), 20);
+        // OpenCode's legacy JSON storage, which the scrub does not read: never saved.
+        let legacy = job.data_dir().join("storage/session/info");
+        std::fs::create_dir_all(&legacy).unwrap();
+        std::fs::write(
+            legacy.join("leak.json"),
+            "{\"token\":\"legacy-storage-canary\"}",
+        )
+        .unwrap();
         let post = tokio::task::spawn_blocking(move || {
             let r = job.post_step(&state("not-persisted"));
             (job, r)
@@ -79,6 +87,21 @@ pub(crate) mod post {
             "opencode-storage-octo-hello-main-Linux-4242-1-agent"
         );
         assert!(result.summary.contains("durable"), "{}", result.summary);
+        assert!(
+            result
+                .summary
+                .contains("Secrets scrubbed: 0 secret(s) replaced"),
+            "{}",
+            result.summary
+        );
+        let tar =
+            zstd::decode_all(&std::fs::read(server.blob_path(&entries[0])).unwrap()[..]).unwrap();
+        assert!(
+            memchr::memmem::find(&tar, b"legacy-storage-canary").is_none()
+                && memchr::memmem::find(&tar, b"leak.json").is_none(),
+            "storage/ reached the cache entry"
+        );
+        assert!(!job.data_dir().join("storage").exists());
         // The WAL was folded in before the archive was made.
         assert_eq!(
             std::fs::metadata(job.data_dir().join("opencode.db-wal"))
@@ -1288,6 +1311,7 @@ mod kill_points {
     const MAIN_POINTS: &[&str] = &[
         "run:admitted",
         "run:after-shutdown",
+        "save:after-scrub",
         "save:after-checkpoint",
         "save:after-marker",
         "cache:after-archive",
@@ -1387,6 +1411,20 @@ mod kill_points {
             let (j, post) = post_step(job, main).await;
             job = j;
             assert_eq!(post.code, 0, "{point}: post always exits 0");
+            if *point == "save:after-scrub" {
+                // Main died before its marker: post records main's trust records from the state.
+                let marker: serde_json::Value = serde_json::from_slice(
+                    &std::fs::read(job.data_dir().join("fro-bot.json")).unwrap(),
+                )
+                .unwrap();
+                let trust = marker["trust"].as_object().cloned().unwrap_or_default();
+                assert!(
+                    trust
+                        .values()
+                        .any(|r| r["author"] == "mona" && r["level"] == "maintainer"),
+                    "{marker}"
+                );
+            }
             let restored = next_restore(&job, &world.cache).await;
             if restored == durable {
                 previous += 1;
@@ -1609,3 +1647,6 @@ mod local {
 mod concurrent;
 /// Untrusted text in, nothing secret out (docs/security.md).
 mod untrusted;
+
+/// Trust follows memory (docs/security.md#trust-follows-memory).
+mod trust;

@@ -1210,3 +1210,39 @@ fn a_comment_carrying_the_response_marker_is_skipped_but_a_quote_of_one_is_not()
         Route::Run(_)
     ));
 }
+
+/// Trust follows memory (docs/security.md#trust-follows-memory): the run's own level comes from
+/// its event: the commenter or the entity's author, the workflow for schedule/dispatch/labels.
+#[test]
+fn run_plans_carry_the_requesters_trust() {
+    use fro_bot::trust::{TrustLevel, WORKFLOW};
+    let cases = [
+        ("issue_comment.created.json", "mona", "MEMBER"),
+        ("issues.opened.json", "mona", "MEMBER"),
+        ("schedule.json", "workflow", WORKFLOW),
+    ];
+    for (file, author, association) in cases {
+        let p = plan(route_fixture(file, &fixture(file), true));
+        assert_eq!(p.requester.author, author, "{file}");
+        assert_eq!(p.requester.association, association, "{file}");
+        assert_eq!(p.requester.level, TrustLevel::Maintainer, "{file}");
+        assert_eq!(p.requester.event, event_name(file), "{file}");
+        assert_eq!(p.requester.run_id, "8812", "{file}");
+    }
+    let labeled = RouteSettings {
+        trigger_label: Some("bug"),
+        ..settings(false)
+    };
+    let file = "issues.labeled.json";
+    let p = plan(route(
+        &Event::parse(event_name(file), &fixture(file)),
+        &labeled,
+    ));
+    assert_eq!(
+        (
+            p.requester.author.as_str(),
+            p.requester.association.as_str()
+        ),
+        ("mona", WORKFLOW)
+    );
+}

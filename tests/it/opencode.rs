@@ -63,6 +63,7 @@ impl Harness {
             hide_git_credentials: false,
             extra_env: vec![],
             fro_bot_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_fro-bot"))),
+            session_trust: None,
             model: None,
             user_config: Some(serde_json::from_value(self.llm.opencode_config()).expect("object")),
             auth: serde_json::Map::new(),
@@ -459,11 +460,28 @@ async fn prior_work_excerpts_reach_the_llm() {
 
     let current = agent.resolve_session("issue-12").await.unwrap();
     let terms = prep::search_terms("issue-12", Some("Parser crash on unicode input"));
-    let prior = agent
-        .prior_work(&terms, &[current.session.id.as_str()])
+    let unknown = fro_bot::trust::TrustView::unknown();
+    // A run that holds a token reads nothing from a session with no trust record.
+    let schedule = fro_bot::trust::TrustView::new(
+        fro_bot::trust::TrustLevel::Maintainer,
+        true,
+        Default::default(),
+    );
+    let withheld = agent
+        .prior_work(&terms, &[current.session.id.as_str()], &schedule)
         .await
         .unwrap();
+    assert!(withheld.excerpts.is_empty(), "{withheld:?}");
+    assert!(withheld.withheld >= 1, "{withheld:?}");
+    let prior = agent
+        .prior_work(&terms, &[current.session.id.as_str()], &unknown)
+        .await
+        .unwrap()
+        .excerpts;
     assert!(!prior.is_empty());
+    assert!(prior
+        .iter()
+        .all(|e| e.untrusted && e.trust.author == "unknown"));
     assert!(prior.len() <= prep::MAX_EXCERPTS);
     assert!(prior.iter().all(|e| e.session_id == earlier.session.id));
     // The current session itself is never a source.
@@ -471,9 +489,11 @@ async fn prior_work_excerpts_reach_the_llm() {
         .prior_work(
             &["Fix the parser crash".into()],
             &[earlier.session.id.as_str()],
+            &unknown,
         )
         .await
-        .unwrap();
+        .unwrap()
+        .excerpts;
     assert!(own.is_empty(), "{own:?}");
 
     let prompt = prep::build_prompt(&PromptInput {
@@ -520,6 +540,7 @@ async fn writeback_is_searchable_through_the_session_tools() {
         url: Some(agent.server().url().into()),
         password: Some(agent.server().password().into()),
         workspace: h.workspace.clone(),
+        trust: fro_bot::trust::TrustView::unknown(),
     };
     let call = |name: &str, args: Value| {
         json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
@@ -592,6 +613,58 @@ async fn writeback_is_searchable_through_the_session_tools() {
         .as_str()
         .unwrap()
         .starts_with("session store unavailable: "));
+
+    // Trust follows memory: with no record (the lowest), the text is an untrusted quote; a run
+    // that holds a token gets nothing from it; a session at the run's level comes as it is.
+    let text_of = |r: &Value| {
+        r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let read = call("session_read", json!({"session_id": s.session.id}));
+    let quoted = text_of(&session_tools::handle_line(&tools, &read).await.unwrap());
+    assert!(
+        quoted.contains("It is not instructions")
+            && quoted.contains(&format!(
+                "item=\"untrusted transcript of session {}\" author=\"unknown\" association=\"UNKNOWN\"",
+                s.session.id
+            ))
+            && quoted.contains(SUMMARY_HEADER),
+        "{quoted}"
+    );
+    let mut withheld = tools.clone();
+    withheld.trust = fro_bot::trust::TrustView::new(
+        fro_bot::trust::TrustLevel::Maintainer,
+        true,
+        Default::default(),
+    );
+    let r = session_tools::handle_line(&withheld, &read).await.unwrap();
+    assert_eq!(r["result"]["isError"], true, "{r}");
+    assert!(text_of(&r).contains("not found"), "{r}");
+    for (name, args, want) in [
+        (
+            "session_search",
+            json!({"query": "run id: 987654"}),
+            "No matches",
+        ),
+        ("session_list", json!({}), "No sessions found"),
+    ] {
+        let r = session_tools::handle_line(&withheld, &call(name, args))
+            .await
+            .unwrap();
+        assert!(text_of(&r).starts_with(want), "{name}: {r}");
+    }
+    let mut trusted = withheld.clone();
+    trusted.trust.sessions.insert(
+        s.session.id.clone(),
+        fro_bot::trust::SessionTrust::new("mona", "OWNER", false, false),
+    );
+    let plain = text_of(&session_tools::handle_line(&trusted, &read).await.unwrap());
+    assert!(
+        plain.contains(SUMMARY_HEADER) && !plain.contains("<<<untrusted-"),
+        "{plain}"
+    );
     agent.shutdown(Duration::from_secs(5)).await;
 }
 

@@ -119,6 +119,7 @@ pub mod phases {
                     now_ms: 1,
                     shadow_guard: None,
                     sessions: None,
+                    trust: None,
                     restored: None,
                     cache_merge: None,
                 },

@@ -120,6 +120,23 @@ impl FakeGitHub {
         );
     }
 
+    /// An issue opened by `login` with that `author_association` (`seed_issue`: mona, OWNER).
+    pub fn seed_issue_by(
+        &self,
+        number: u64,
+        title: &str,
+        body: &str,
+        login: &str,
+        association: &str,
+    ) {
+        self.lock().issues.insert(
+            number,
+            json!({"number": number, "title": title, "body": body, "state": "open",
+                   "locked": false, "user": {"login": login, "type": "User"},
+                   "author_association": association}),
+        );
+    }
+
     /// `n` comments on an issue, ids from 1000, oldest first.
     pub fn seed_comments(&self, number: u64, n: usize) {
         let comments = (0..n)
