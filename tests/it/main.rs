@@ -15,3 +15,4 @@ mod opencode;
 mod persistence;
 mod proxy;
 mod structure;
+mod tracking;
