@@ -73,17 +73,20 @@ pub(crate) fn cancelled_body(
 pub(crate) const CANCELLED: &str =
     "I was stopped before I could finish: the run was cancelled. Mention me again to retry.";
 
-/// The answer, or — when a failed turn left none — a sentence saying so, so the person who asked
-/// is not left waiting in silence. `None`: a completed turn with nothing written.
+/// The answer; for a turn that did not complete, what stopped it too (after any partial answer),
+/// so the person who asked is not left waiting in silence. `None`: a completed turn with nothing
+/// written.
 fn final_text(agent_run: &AgentRun) -> Option<String> {
-    let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
-    agent_run.answer.clone().or_else(|| {
-        (!succeeded).then(|| {
-            format!(
-                "I could not finish this one: the agent {}. The run log has the details; mention me again to retry.",
-                agent_run.outcome_text()
-            )
-        })
+    if agent_run.outcome == Some(TurnOutcome::Completed) {
+        return agent_run.answer.clone();
+    }
+    let stopped = format!(
+        "I could not finish this one: the agent {}. The run log has the details; mention me again to retry.",
+        agent_run.outcome_text()
+    );
+    Some(match &agent_run.answer {
+        Some(partial) => format!("{partial}\n\n---\n\n{stopped}"),
+        None => stopped,
     })
 }
 

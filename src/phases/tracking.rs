@@ -99,6 +99,10 @@ impl std::fmt::Debug for Tracker {
 /// answer is then posted at the end as a new comment.
 pub(crate) async fn open(ctx: &RunContext) -> Option<Arc<Tracker>> {
     let (gh, thread) = (ctx.gh.as_ref()?, ctx.plan.thread.as_ref()?);
+    if ctx.cancel.is_cancelled() {
+        // Nothing will run: no comment to leave behind.
+        return None;
+    }
     match ctx.settings.response_mode {
         ResponseMode::None => return None,
         ResponseMode::Github => {}

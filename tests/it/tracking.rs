@@ -198,6 +198,28 @@ async fn a_failed_run_leaves_the_comment_saying_so() {
 }
 
 #[tokio::test]
+async fn a_timed_out_run_leaves_the_comment_saying_so() {
+    let world = World::start().await;
+    world.github.seed_issue(5, "t", "b");
+    world.llm.push(Reply::Stall);
+    let mut job = job_on(&world, 1625, 5, 1626, "@fro-bot take forever");
+    job.input("timeout", "3000");
+    let (_job, r) = main_step(job).await;
+    assert_eq!(r.code, 1, "{}", explain(&r));
+    let created = world.github.created_comments();
+    assert_eq!(created.len(), 1, "{created:?}");
+    assert!(
+        created[0].1.contains("could not finish") && created[0].1.contains("timed out"),
+        "{}",
+        created[0].1
+    );
+    assert_eq!(
+        writes(&world.github).first().map(String::as_str),
+        Some("POST")
+    );
+}
+
+#[tokio::test]
 async fn a_cancelled_run_leaves_the_comment_saying_so_within_the_budget() {
     let world = World::start().await;
     world.github.seed_issue(5, "t", "b");

@@ -123,7 +123,11 @@ async fn secrets_and_token_shapes_never_reach_the_comment_summary_log_cache_or_s
     assert_clean("the posted comment", body.as_bytes(), &needles);
     // And every body the tracking comment showed on the way (working, progress).
     for (i, version) in world.github.comment_versions().iter().enumerate() {
-        assert_clean(&format!("comment version {i}"), version.as_bytes(), &needles);
+        assert_clean(
+            &format!("comment version {i}"),
+            version.as_bytes(),
+            &needles,
+        );
     }
     assert!(
         body.contains("plain=***") && body.contains("shape: ***"),
