@@ -335,6 +335,7 @@ fn child(args: &[String]) {
                     restore_keys: &[],
                     paths: &targets(paths),
                     workspace: &workspace,
+                    into: None,
                 }))
                 .expect("restore");
             assert!(matches!(outcome, RestoreOutcome::Hit { .. }), "miss");

@@ -153,8 +153,6 @@ pub enum GateRefusal {
     ServerNotQuiescent,
     /// Processes the agent started survived the kill: they may still write the database.
     StraysRemained,
-    /// The lease was held but lost: another run may own the shared memory now.
-    LeaseLost,
 }
 
 impl GateRefusal {
@@ -169,7 +167,6 @@ impl GateRefusal {
             GateRefusal::StraysRemained => {
                 "processes the agent started were still alive after SIGKILL"
             }
-            GateRefusal::LeaseLost => "the coordination lease was held but lost during the run",
         }
     }
 }
@@ -180,7 +177,6 @@ pub struct GateInputs {
     pub agent_still_running: bool,
     pub server_quiescent: bool,
     pub strays_remained: bool,
-    pub lease_lost: bool,
 }
 
 pub fn safety_gate(inputs: GateInputs) -> Option<GateRefusal> {
@@ -190,8 +186,6 @@ pub fn safety_gate(inputs: GateInputs) -> Option<GateRefusal> {
         Some(GateRefusal::ServerNotQuiescent)
     } else if inputs.strays_remained {
         Some(GateRefusal::StraysRemained)
-    } else if inputs.lease_lost {
-        Some(GateRefusal::LeaseLost)
     } else {
         None
     }
@@ -201,8 +195,7 @@ pub fn safety_gate(inputs: GateInputs) -> Option<GateRefusal> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StorePublish {
     Published,
-    WithheldNoLease,
-    /// The lease was held but may not publish now (lost, released, or about to expire).
+    /// The lease could not be had, or may not publish now (lost, released, about to expire).
     Withheld {
         reason: String,
     },
@@ -219,10 +212,9 @@ impl StorePublish {
     pub fn describe(&self) -> String {
         match self {
             StorePublish::Published => "published".into(),
-            StorePublish::WithheldNoLease => "withheld (no lease acquired)".into(),
             StorePublish::Withheld { reason } => format!("withheld ({reason})"),
             StorePublish::Conflict => {
-                "conflict (another run published newer memory; not overwritten)".into()
+                "conflict (another run published newer memory that could not be merged; not overwritten)".into()
             }
             StorePublish::Failed { message } => format!("failed: {message}"),
             StorePublish::Disabled => "disabled".into(),
@@ -345,7 +337,6 @@ mod tests {
             agent_still_running: true,
             server_quiescent: false,
             strays_remained: true,
-            lease_lost: true,
         };
         assert_eq!(safety_gate(all), Some(GateRefusal::AgentStillRunning));
         let two = GateInputs {
@@ -362,11 +353,6 @@ mod tests {
             strays_remained: false,
             ..strays
         };
-        assert_eq!(safety_gate(one), Some(GateRefusal::LeaseLost));
-        let none = GateInputs {
-            lease_lost: false,
-            ..one
-        };
-        assert_eq!(safety_gate(none), None);
+        assert_eq!(safety_gate(one), None);
     }
 }

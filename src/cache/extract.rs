@@ -242,7 +242,44 @@ pub fn extract_confined(
         .min()
         .unwrap_or(u64::MAX);
     let limits = Limits::for_entry(size, free);
-    extract_stream(Pipelined::spawn(file), targets, workspace, limits, archive)
+    extract_stream(
+        Pipelined::spawn(file),
+        targets,
+        workspace,
+        limits,
+        archive,
+        None,
+    )
+}
+
+/// [`extract_confined`], but each target is written to `into/{its file name}` instead of its own
+/// path (member names still come from the targets): an entry read beside the live memory, for a
+/// merge, without touching it.
+pub fn extract_confined_into(
+    archive: &Path,
+    targets: &[CachePath],
+    workspace: &Path,
+    into: &Path,
+) -> Result<ExtractReport, CacheError> {
+    let archive_err = |detail: &str, source: io::Error| CacheError::Archive {
+        path: archive.to_path_buf(),
+        detail: detail.to_string(),
+        source,
+    };
+    let file = File::open(archive).map_err(|e| archive_err("cannot open", e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| archive_err("cannot stat", e))?
+        .len();
+    let limits = Limits::for_entry(size, limits::free_bytes(into).unwrap_or(u64::MAX));
+    extract_stream(
+        Pipelined::spawn(file),
+        targets,
+        workspace,
+        limits,
+        archive,
+        Some(into),
+    )
 }
 
 /// Extracts an uncompressed tar stream confined to `targets` under `limits` (the fuzz targets and
@@ -253,7 +290,14 @@ pub fn extract_tar(
     workspace: &Path,
     limits: Limits,
 ) -> Result<ExtractReport, CacheError> {
-    extract_stream(tar, targets, workspace, limits, Path::new("<tar stream>"))
+    extract_stream(
+        tar,
+        targets,
+        workspace,
+        limits,
+        Path::new("<tar stream>"),
+        None,
+    )
 }
 
 fn extract_stream(
@@ -262,14 +306,20 @@ fn extract_stream(
     workspace: &Path,
     limits: Limits,
     archive: &Path,
+    into: Option<&Path>,
 ) -> Result<ExtractReport, CacheError> {
     let workspace = paths::normalize(workspace);
     let mut targets: Vec<Target> = targets
         .iter()
         .map(|t| {
             let path = paths::resolve(&workspace, &t.path);
+            let member = paths::member_name(&workspace, &path);
+            let path = match (into, path.file_name()) {
+                (Some(dir), Some(name)) => dir.join(name),
+                _ => path,
+            };
             Target {
-                member: paths::member_name(&workspace, &path),
+                member,
                 path,
                 kind: t.kind,
                 staging: None,

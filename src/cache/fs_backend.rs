@@ -122,7 +122,7 @@ impl FsBackend {
             return Ok(RestoreOutcome::Miss);
         };
         let archive = self.dir.join(&entry.archive);
-        let extracted = extract_blocking(archive, req.paths, req.workspace).await;
+        let extracted = extract_blocking(archive, req.paths, req.workspace, req.into).await;
         hit_or_unrestorable(entry.key, extracted, entry.size_bytes)
     }
 

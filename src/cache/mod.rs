@@ -22,8 +22,8 @@ pub use archive::{write_archive, ArchiveSummary};
 pub use blob::TransferOptions;
 pub use error::CacheError;
 pub use extract::{
-    extract_confined, extract_tar, CachePath, ExtractReport, PathKind, RejectReason, Rejection,
-    WINDOW_LOG_MAX,
+    extract_confined, extract_confined_into, extract_tar, CachePath, ExtractReport, PathKind,
+    RejectReason, Rejection, WINDOW_LOG_MAX,
 };
 pub use fs_backend::{FsBackend, FsEntry};
 pub use limits::{Cap, Limits};
@@ -83,6 +83,8 @@ pub struct RestoreRequest<'a> {
     pub paths: &'a [CachePath],
     /// Member names are relative to it.
     pub workspace: &'a Path,
+    /// Write each path to `{into}/{its file name}` instead (`extract_confined_into`).
+    pub into: Option<&'a Path>,
 }
 
 impl RestoreRequest<'_> {
@@ -204,7 +206,7 @@ impl ActionsCacheClient {
         let tmp = scratch_dir(self.scratch.as_deref())?;
         let archive = tmp.path().join(ARCHIVE_NAME);
         let size_bytes = self.blob.download(&hit.download_url, &archive).await?;
-        let extracted = extract_blocking(archive, req.paths, req.workspace).await;
+        let extracted = extract_blocking(archive, req.paths, req.workspace, req.into).await;
         hit_or_unrestorable(hit.matched_key, extracted, size_bytes)
     }
 
@@ -444,12 +446,17 @@ pub(crate) async fn extract_blocking(
     archive: PathBuf,
     paths: &[CachePath],
     workspace: &Path,
+    into: Option<&Path>,
 ) -> Result<ExtractReport, CacheError> {
     let paths = paths.to_vec();
     let workspace = workspace.to_path_buf();
-    tokio::task::spawn_blocking(move || extract_confined(&archive, &paths, &workspace))
-        .await
-        .map_err(|source| CacheError::Task { source })?
+    let into = into.map(Path::to_path_buf);
+    tokio::task::spawn_blocking(move || match into {
+        Some(dir) => extract_confined_into(&archive, &paths, &workspace, &dir),
+        None => extract_confined(&archive, &paths, &workspace),
+    })
+    .await
+    .map_err(|source| CacheError::Task { source })?
 }
 
 #[cfg(test)]

@@ -24,6 +24,11 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 pub const POST_RELEASE_DEADLINE: Duration = Duration::from_secs(10);
 /// Acquire rereads at most this many times when the record changes under it.
 const ACQUIRE_ATTEMPTS: usize = 3;
+/// How far a holder's clock may run ahead of the store's before its record is bounded by
+/// `LastModified` (see [`LeaseRecord::effective_expiry`]).
+const CLOCK_SKEW_MS: u64 = 30_000;
+/// The longest pause between two asks of [`Lease::acquire_waiting`].
+const MAX_WAIT_PAUSE: Duration = Duration::from_secs(4);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseConfig {
@@ -198,6 +203,10 @@ impl Lease {
         clock: Arc<dyn Clock>,
     ) -> AcquireOutcome {
         let ttl_ms = config.ttl_ms();
+        // No live record is older than its holder's TTL (renewals rewrite it every ttl/4).
+        let max_ttl_ms = ttl_ms
+            .max(LeaseConfig::default().ttl_ms())
+            .saturating_add(CLOCK_SKEW_MS);
         let mut last_seen = None;
         for _ in 0..ACQUIRE_ATTEMPTS {
             let record = LeaseRecord::new(holder, 1, clock.now_ms(), ttl_ms);
@@ -218,14 +227,18 @@ impl Lease {
             }
             let body = match timed("read", config.call_timeout, store.get_bytes(key)).await {
                 Ok(GetOutcome::Found(body)) => body,
-                // Released between our put and our read: try again.
+                // Deleted between our put and our read (an older fro-bot releases by deleting).
                 Ok(GetOutcome::NotFound) => continue,
                 Err(error) => return AcquireOutcome::Error { error },
             };
             let now = clock.now_ms();
             let default_ttl_ms = LeaseConfig::default().ttl_ms();
             let (holder_id, expires_at, generation) = match LeaseRecord::parse(&body.bytes) {
-                Some(existing) => (existing.holder_id, existing.expires_at, existing.generation),
+                Some(existing) => (
+                    existing.holder_id.clone(),
+                    existing.effective_expiry(body.last_modified_ms, max_ttl_ms),
+                    existing.generation,
+                ),
                 None => (
                     "(unreadable lease record)".to_string(),
                     body.last_modified_ms
@@ -240,7 +253,8 @@ impl Lease {
                     expires_at,
                 };
             }
-            let record = LeaseRecord::new(holder, generation + 1, now, ttl_ms);
+            // Released or expired: the next generation, so a stale holder's token is lower.
+            let record = LeaseRecord::new(holder, generation.saturating_add(1), now, ttl_ms);
             let put = store.put_bytes(
                 key,
                 record.to_bytes(),
@@ -249,7 +263,7 @@ impl Lease {
             );
             match timed("takeover", config.call_timeout, put).await {
                 Ok(PutOutcome::Written { etag }) => {
-                    tracing::info!("took over an expired lease from {holder_id}");
+                    tracing::debug!("took the lease after {holder_id} (generation {generation})");
                     return AcquireOutcome::Acquired(LeaseHandle::start(
                         store, key, record, etag, config, clock,
                     ));
@@ -264,6 +278,35 @@ impl Lease {
         AcquireOutcome::HeldByOther {
             holder_id,
             expires_at,
+        }
+    }
+
+    /// [`Lease::acquire`], asking again with jittered, growing pauses while another run holds the
+    /// lease, for at most `wait`. Also how many times it waited (the summary reports it).
+    pub async fn acquire_waiting(
+        store: &ObjectStore,
+        key: &str,
+        holder: &Holder,
+        config: LeaseConfig,
+        clock: Arc<dyn Clock>,
+        wait: Duration,
+    ) -> (AcquireOutcome, u32) {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut pause = Duration::from_millis(200);
+        let mut waits = 0;
+        loop {
+            let outcome = Self::acquire(store, key, holder, config, clock.clone()).await;
+            let AcquireOutcome::HeldByOther { .. } = outcome else {
+                return (outcome, waits);
+            };
+            // Between half and one and a half times the pause: contenders spread out.
+            let jittered = pause.mul_f64(0.5 + rand::random::<f64>());
+            if tokio::time::Instant::now() + jittered >= deadline {
+                return (outcome, waits);
+            }
+            tokio::time::sleep(jittered).await;
+            waits += 1;
+            pause = (pause * 2).min(MAX_WAIT_PAUSE);
         }
     }
 }
@@ -505,13 +548,17 @@ impl LeaseHandle {
         if snap.lost.is_some() || snap.released {
             return ReleaseOutcome::NotHeld;
         }
-        let del = self
-            .shared
-            .store
-            .delete(&self.shared.key, Condition::IfMatch(&st.etag));
-        match timed("release", self.shared.config.call_timeout, del).await {
-            Ok(DeleteOutcome::Deleted) => ReleaseOutcome::Released,
-            Ok(DeleteOutcome::PreconditionFailed) => ReleaseOutcome::NotHeld,
+        // The record stays, released: the next holder's generation follows this one's.
+        let released = st.record.released(self.shared.clock.now_ms());
+        let put = self.shared.store.put_bytes(
+            &self.shared.key,
+            released.to_bytes(),
+            Condition::IfMatch(&st.etag),
+            ObjectKind::LeaseRecord,
+        );
+        match timed("release", self.shared.config.call_timeout, put).await {
+            Ok(PutOutcome::Written { .. }) => ReleaseOutcome::Released,
+            Ok(PutOutcome::PreconditionFailed) => ReleaseOutcome::NotHeld,
             Err(error) => ReleaseOutcome::Failed { error },
         }
     }
@@ -523,23 +570,42 @@ impl Drop for LeaseHandle {
     }
 }
 
-/// For `fro-bot post`: deletes the lease main left behind, if it still has main's ETag. Every
-/// request is abandoned when `deadline` expires.
+/// For `fro-bot post`: releases the lease main left behind, if it still has main's ETag (the
+/// record is kept, released, like [`LeaseHandle::release`] does; an unreadable one is deleted).
+/// Every request is abandoned when `deadline` expires.
 pub async fn release_left_behind(
     store: &ObjectStore,
     key: &str,
     etag: &str,
     deadline: Duration,
 ) -> ReleaseOutcome {
-    match timed(
-        "release",
-        deadline,
-        store.delete(key, Condition::IfMatch(etag)),
-    )
-    .await
-    {
-        Ok(DeleteOutcome::Deleted) => ReleaseOutcome::Released,
-        Ok(DeleteOutcome::PreconditionFailed) => ReleaseOutcome::NotHeld,
+    let release = async {
+        let body = match store.get_bytes(key).await? {
+            GetOutcome::Found(body) if body.etag == etag => body,
+            GetOutcome::Found(_) | GetOutcome::NotFound => return Ok(ReleaseOutcome::NotHeld),
+        };
+        let released = match LeaseRecord::parse(&body.bytes) {
+            Some(record) => record.released(SystemClock.now_ms()),
+            None => {
+                return Ok(match store.delete(key, Condition::IfMatch(etag)).await? {
+                    DeleteOutcome::Deleted => ReleaseOutcome::Released,
+                    DeleteOutcome::PreconditionFailed => ReleaseOutcome::NotHeld,
+                })
+            }
+        };
+        let put = store.put_bytes(
+            key,
+            released.to_bytes(),
+            Condition::IfMatch(etag),
+            ObjectKind::LeaseRecord,
+        );
+        Ok(match put.await? {
+            PutOutcome::Written { .. } => ReleaseOutcome::Released,
+            PutOutcome::PreconditionFailed => ReleaseOutcome::NotHeld,
+        })
+    };
+    match timed("release", deadline, release).await {
+        Ok(outcome) => outcome,
         Err(error) => ReleaseOutcome::Failed { error },
     }
 }

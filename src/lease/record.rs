@@ -75,6 +75,28 @@ impl LeaseRecord {
         }
     }
 
+    /// The same record, released at `now_ms`: expired at once, generation kept, so the next
+    /// holder's generation is higher (the generation is a fencing token that never restarts).
+    pub fn released(&self, now_ms: u64) -> Self {
+        LeaseRecord {
+            nonce: fresh_nonce(),
+            renewed_at: now_ms,
+            expires_at: now_ms,
+            ..self.clone()
+        }
+    }
+
+    /// When the record really stops a takeover: its `expires_at`, but never later than the store's
+    /// `LastModified` plus `max_ttl_ms` (a holder renews well within its TTL, so a live record is
+    /// always younger). A far-future `expires_at` — a skewed clock or a planted record — cannot
+    /// lock the repository.
+    pub fn effective_expiry(&self, last_modified_ms: Option<u64>, max_ttl_ms: u64) -> u64 {
+        match last_modified_ms {
+            Some(lm) => self.expires_at.min(lm.saturating_add(max_ttl_ms)),
+            None => self.expires_at,
+        }
+    }
+
     pub fn to_bytes(&self) -> bytes::Bytes {
         // A struct of strings and integers always serializes.
         bytes::Bytes::from(serde_json::to_vec(self).unwrap_or_default())
@@ -138,7 +160,28 @@ mod tests {
         assert_ne!(again.nonce, r.nonce);
         assert_ne!(again.to_bytes(), r.to_bytes());
         assert_eq!(again.generation, 3);
+        let released = again.released(2_000);
+        assert_eq!((released.generation, released.expires_at), (3, 2_000));
+        assert_ne!(released.nonce, again.nonce);
         assert!(LeaseRecord::parse(b"{}").is_none());
         assert!(LeaseRecord::parse(b"garbage").is_none());
+    }
+
+    #[test]
+    fn a_far_future_expiry_is_bounded_by_last_modified() {
+        let h = Holder {
+            repo: "o/r".into(),
+            run_id: 7,
+            run_attempt: 1,
+            identity: None,
+        };
+        let planted = LeaseRecord {
+            expires_at: u64::MAX,
+            ..LeaseRecord::new(&h, 1, 1_000, 300_000)
+        };
+        assert_eq!(planted.effective_expiry(Some(5_000), 300_000), 305_000);
+        let honest = LeaseRecord::new(&h, 1, 1_000, 300_000);
+        assert_eq!(honest.effective_expiry(Some(1_000), 330_000), 301_000);
+        assert_eq!(honest.effective_expiry(None, 330_000), 301_000);
     }
 }

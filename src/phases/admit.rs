@@ -3,18 +3,16 @@
 //! before anything is touched). See `docs/design.md` for the routing and lease rules.
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
 use crate::cache;
 use crate::config::{AuthRequirement, ConfigError, Settings};
 use crate::github::{self, dedup, keys, route::RouteSettings, CacheKeys, Event, Route, RunPlan};
-use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig};
+use crate::lease::Holder;
 use crate::object_store::{ObjectStore, StoreKeys, StoreSettings, ValidationError};
-use crate::phases::context::{set_state, HeldLease, Mode, RunContext, StoreContext};
+use crate::phases::context::{Mode, RunContext, StoreContext};
 use crate::phases::paths::{PathsError, StatePaths};
-use crate::phases::report::{LeaseReport, PersistenceReport};
-use crate::runner::env::{self, state};
+use crate::phases::report::PersistenceReport;
+use crate::runner::env;
 use crate::runner::{log, now_ms, Cancellation, Env, FileCommands};
 use crate::save_result::StorePublish;
 
@@ -109,6 +107,7 @@ pub(crate) async fn admit(
             state_dir.join("cache"),
         ))),
     };
+    let lease_holder = lease_holder(&env, &setup.repository, &setup.run_id, setup.identity);
     let mut ctx = RunContext {
         env,
         mode,
@@ -126,21 +125,21 @@ pub(crate) async fn admit(
         gh,
         cache,
         store: None,
-        lease: None,
+        lease_holder,
         restored_copy: None,
+        restored_sessions: None,
         report: PersistenceReport::default(),
     };
     if let Some(reason) = check_dedup(&ctx).await {
         return Ok(skip(reason));
     }
     if let Some((settings, keys)) = store_settings {
+        // No lease yet: it guards only the publish section, so runs never skip each other.
         ctx.store = Some(StoreContext {
             store: ObjectStore::connect(&settings).await,
             keys,
         });
-        if let Some(reason) = acquire_lease(&mut ctx, setup.identity).await {
-            return Ok(skip(reason));
-        }
+        ctx.report.store_publish = StorePublish::NotAttempted;
     }
     Ok(Admission::Run(Box::new(ctx)))
 }
@@ -283,76 +282,15 @@ async fn check_dedup(ctx: &RunContext) -> Option<String> {
     }
 }
 
-/// Takes the repository's memory lease; a skip reason when another run holds it. A lease that
-/// cannot be asked for lets the run go on without publishing to the store.
-async fn acquire_lease(ctx: &mut RunContext, identity: Option<String>) -> Option<String> {
-    let store = ctx.store.as_ref()?;
-    let holder = Holder {
-        repo: ctx.repository.clone(),
-        run_id: ctx.run_id.parse().unwrap_or(0),
-        run_attempt: ctx
-            .env
+/// Who asks for the repository lease when this run publishes (`phases::publish`).
+fn lease_holder(env: &Env, repository: &str, run_id: &str, identity: Option<String>) -> Holder {
+    Holder {
+        repo: repository.to_string(),
+        run_id: run_id.parse().unwrap_or(0),
+        run_attempt: env
             .get(env::GITHUB_RUN_ATTEMPT)
             .and_then(|a| a.parse().ok())
             .unwrap_or(1),
         identity,
-    };
-    let outcome = Lease::acquire(
-        &store.store,
-        store.keys.lease(),
-        &holder,
-        LeaseConfig::default(),
-        Arc::new(lease::SystemClock),
-    )
-    .await;
-    ctx.report.store_publish = StorePublish::NotAttempted;
-    match outcome {
-        AcquireOutcome::Acquired(handle) => {
-            ctx.report.lease = LeaseReport::Acquired {
-                generation: handle.generation(),
-            };
-            save_lease_state(&ctx.files, &handle);
-            let etag_watch = watch_lease_etag(ctx.files.clone(), handle.etag_source());
-            ctx.lease = Some(HeldLease { handle, etag_watch });
-            None
-        }
-        AcquireOutcome::HeldByOther {
-            holder_id,
-            expires_at,
-        } => Some(format!(
-            "the repository's memory lease is held by {holder_id} (it expires in {} s unless renewed); another run is working on this repository's memory",
-            expires_at.saturating_sub(now_ms()) / 1000
-        )),
-        AcquireOutcome::Error { error } => {
-            log::warning(&format!(
-                "cannot acquire the memory lease ({error}); running without it: memory will not be published to the object store"
-            ));
-            ctx.report.lease = LeaseReport::Error {
-                message: error.to_string(),
-            };
-            None
-        }
     }
-}
-
-/// Post releases a lease a killed main step left behind: it needs the key and current ETag.
-pub(crate) fn save_lease_state(files: &FileCommands, handle: &lease::LeaseHandle) {
-    let (key, etag) = handle.state_for_post();
-    set_state(files, state::LEASE_KEY, &key);
-    set_state(files, state::LEASE_ETAG, &etag);
-}
-
-/// Keeps post's copy of the lease ETag current while the run goes on.
-fn watch_lease_etag(files: FileCommands, source: lease::EtagSource) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut seen = source.current();
-        loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let now = source.current();
-            if now != seen {
-                set_state(&files, state::LEASE_ETAG, &now);
-                seen = now;
-            }
-        }
-    })
 }

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use crate::cache;
 use crate::config::Settings;
 use crate::github::{self, CacheKeys, Event, RunPlan};
-use crate::lease::LeaseHandle;
+use crate::lease::Holder;
+use crate::merge::Snapshot;
 use crate::object_store::{ObjectStore, StoreKeys};
 use crate::phases::dedup::CacheSentinels;
 use crate::phases::paths::StatePaths;
@@ -61,17 +62,9 @@ impl RunExit {
 }
 
 /// The store side of a run: client and key layout.
-pub(crate) struct StoreContext {
-    pub(crate) store: ObjectStore,
-    pub(crate) keys: StoreKeys,
-}
-
-/// The repository's memory lease while this run holds it, and the task that keeps post's copy of
-/// its ETag current (renewals replace it; a main step killed mid-run must leave post the ETag that
-/// releases the lease).
-pub(crate) struct HeldLease {
-    pub(crate) handle: LeaseHandle,
-    pub(crate) etag_watch: tokio::task::JoinHandle<()>,
+pub struct StoreContext {
+    pub store: ObjectStore,
+    pub keys: StoreKeys,
 }
 
 /// Everything an admitted run works with, built once by `admit`.
@@ -93,9 +86,13 @@ pub(crate) struct RunContext {
     /// The Actions cache (or the local filesystem cache); `None` outside a runner.
     pub(crate) cache: Option<cache::Backend>,
     pub(crate) store: Option<StoreContext>,
-    pub(crate) lease: Option<HeldLease>,
+    /// Who asks for the repository lease at publish.
+    pub(crate) lease_holder: Holder,
     /// The database as restored (its digest), so an unchanged one is not uploaded again.
     pub(crate) restored_copy: Option<RestoredCopy>,
+    /// The sessions as restored, so a newer shared copy can be merged with this run's
+    /// (`None`: they could not be read, and a newer copy is then not overwritten).
+    pub(crate) restored_sessions: Option<Snapshot>,
     /// The summary's Session Persistence section, filled as the phases go.
     pub(crate) report: PersistenceReport,
 }

@@ -61,6 +61,7 @@ impl SentinelStore for CacheSentinels<'_> {
             restore_keys: &[],
             paths: &targets,
             workspace: &self.workspace,
+            into: None,
         };
         match self.backend.restore(&request).await {
             // An unreadable sentinel is no sentinel: the run proceeds.

@@ -15,6 +15,7 @@ pub mod inspect;
 pub mod paths;
 pub mod post;
 pub mod project_identity;
+pub mod publish;
 pub mod report;
 pub mod restore;
 pub mod run;

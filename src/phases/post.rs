@@ -164,7 +164,6 @@ async fn save_with_key(
                 agent_still_running: false,
                 server_quiescent: true,
                 strays_remained: false,
-                lease_lost: false,
             },
             cache: backend,
             save_key,
@@ -177,7 +176,7 @@ async fn save_with_key(
             restored: None,
         },
         // Never the object store from post: the lease is gone.
-        || async { StorePublish::NotAttempted },
+        || async { StorePublish::NotAttempted.into() },
     )
     .await
 }

@@ -103,6 +103,8 @@ pub struct PersistenceReport {
     pub scrub: Option<crate::scrub::ScrubOutcome>,
     pub store_publish: StorePublish,
     pub lease: LeaseReport,
+    /// Waits, retries, merges and conflicts of the store publish (`phases::publish`).
+    pub publish_notes: Vec<String>,
     pub phases: Vec<(&'static str, Duration)>,
     /// How the agent was confined, and what it could still reach (`crate::confine`).
     pub confinement: Vec<String>,
@@ -117,6 +119,7 @@ impl Default for PersistenceReport {
             scrub: None,
             store_publish: StorePublish::Disabled,
             lease: LeaseReport::Disabled,
+            publish_notes: Vec::new(),
             phases: Vec::new(),
             confinement: Vec::new(),
         }
@@ -181,6 +184,9 @@ impl PersistenceReport {
                 out.push('\n');
             }
         }
+        for note in &self.publish_notes {
+            out.push_str(&format!("\n- Publish: {}", note.replace('\n', " ")));
+        }
         for note in &self.confinement {
             out.push_str(&format!("\n- Agent: {}", note.replace('\n', " ")));
         }
@@ -222,6 +228,9 @@ mod tests {
             )),
             store_publish: StorePublish::Published,
             lease: LeaseReport::Acquired { generation: 7 },
+            publish_notes: vec![
+                "2 puts: newer memory was published during this run and merged".into(),
+            ],
             phases: vec![],
             confinement: vec!["the agent runs as uid 1001".into()],
         };
@@ -237,6 +246,7 @@ mod tests {
             "| Secrets scrubbed | 3 secret(s) replaced in 2 value(s), 1 credential row(s) removed |",
             "restore 1.50s",
             "- removed a stale WAL",
+            "- Publish: 2 puts",
             "- Agent: the agent runs as uid 1001",
         ] {
             assert!(md.contains(needle), "missing {needle:?} in\n{md}");

@@ -141,6 +141,7 @@ pub async fn restore(
         restore_keys: inputs.restore_keys,
         paths: inputs.paths.restore_targets(),
         workspace: inputs.workspace,
+        into: None,
     };
     let first = cache.restore(&request).await;
     let (key, fault) = match attempt(&inputs, first, &mut report.notes).await {
@@ -190,6 +191,7 @@ async fn fall_back(
             restore_keys: &[],
             paths: inputs.paths.restore_targets(),
             workspace: inputs.workspace,
+            into: None,
         };
         let outcome = cache.restore_exact(&request).await;
         match attempt(inputs, outcome, &mut report.notes).await {

@@ -6,24 +6,28 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::github::dedup;
+use crate::lease::LeaseConfig;
+use crate::merge::Snapshot;
 use crate::opencode::progress::ProgressSink;
 use crate::opencode::{Agent, TurnOutcome};
-use crate::phases::admit::{admit, save_lease_state, Admission};
+use crate::phases::admit::{admit, Admission};
 use crate::phases::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
 use crate::phases::cleanup::{stop_agent, Stopped};
 use crate::phases::context::{
     set_output, set_state, ExitStatus, Mode, RestoredCopy, RunContext, RunExit,
 };
 use crate::phases::finalize::{cancelled_body, finalize_github, upload_run_records, write_summary};
+use crate::phases::paths::StatePaths;
 use crate::phases::project_identity::{self, IdentityOutcome};
-use crate::phases::report::RestoreReport;
+use crate::phases::publish::{publish, PublishInputs, PublishReport, LEASE_WAIT};
+use crate::phases::report::{RestoreReport, RestoreSource};
 use crate::phases::restore::{restore, store_attempt, RestoreInputs};
-use crate::phases::save::{publish, save, SaveInputs, SaveReport};
+use crate::phases::save::{save, SaveInputs, SaveReport};
 use crate::phases::tracking::{self, Tracker};
 use crate::runner::env::{output, state};
 use crate::runner::{failpoint, log, now_ms, Cancellation, Env, FileCommands};
 use crate::save_result::{GateInputs, StateValue, StorePublish};
-use crate::{github::dedup, lease};
 
 pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     let files = FileCommands::from_env(&env);
@@ -94,6 +98,7 @@ async fn restore_memory(ctx: &mut RunContext) -> RestoreReport {
     ctx.set_output(output::CACHE_STATUS, restored.status.as_str());
     ctx.set_output(output::LOGICAL_KEY, ctx.plan.logical_key.as_str());
     ctx.restored_copy = RestoredCopy::of(&ctx.paths, &restored);
+    ctx.restored_sessions = restored_sessions(&ctx.paths, &restored);
     ctx.report.restore = Some(restored.clone());
     ctx.report.record_phase("restore", t.elapsed());
     match project_identity::align(&ctx.workspace, &ctx.paths.db()) {
@@ -107,6 +112,23 @@ async fn restore_memory(ctx: &mut RunContext) -> RestoreReport {
         | IdentityOutcome::NotAGitCheckout => {}
     }
     restored
+}
+
+/// The sessions as restored, for the merge at publish (`None` when they cannot be read).
+fn restored_sessions(paths: &StatePaths, restored: &RestoreReport) -> Option<Snapshot> {
+    let db = paths.db();
+    if restored.source == RestoreSource::None || !db.is_file() {
+        return Some(Snapshot::empty());
+    }
+    match Snapshot::capture(&db) {
+        Ok(snapshot) => Some(snapshot),
+        Err(e) => {
+            tracing::warn!(
+                "cannot read the restored sessions; newer shared memory will not be merged: {e}"
+            );
+            None
+        }
+    }
 }
 
 /// Starts OpenCode and drives the turn. Under a signal there is no agent to start: the run goes
@@ -219,11 +241,6 @@ async fn cleanup_and_save(
         quiescent,
         strays_remained,
     } = stop_agent(agent, agent_run, retention, &ctx.cancel).await;
-    let lease = ctx.lease.as_ref().map(|l| &l.handle);
-    if let Some(handle) = lease {
-        // Renewals changed the ETag since acquisition: post needs the current one to release.
-        save_lease_state(&ctx.files, handle);
-    }
     let save_key = ctx.keys.save_key();
     let sessions = restored.sessions.after_run(
         &ctx.paths.db(),
@@ -243,7 +260,6 @@ async fn cleanup_and_save(
             agent_still_running,
             server_quiescent: quiescent,
             strays_remained,
-            lease_lost: lease.is_some_and(|h| h.lost().is_some()),
         },
         cache: ctx.cache.as_ref(),
         save_key: &save_key,
@@ -253,8 +269,26 @@ async fn cleanup_and_save(
         sessions: Some(&sessions),
         restored: ctx.restored_copy.as_ref(),
     };
-    let expected_etag = restored.store_etag.as_deref();
-    let publish = || publish(ctx.store.as_ref(), lease, &ctx.paths, expected_etag);
+    let publish = || async {
+        let Some(store) = ctx.store.as_ref() else {
+            return PublishReport::from(StorePublish::Disabled);
+        };
+        publish(PublishInputs {
+            store,
+            holder: ctx.lease_holder.clone(),
+            files: &ctx.files,
+            paths: &ctx.paths,
+            workspace: &ctx.workspace,
+            expected_etag: restored.store_etag.clone(),
+            restored: ctx.restored_sessions.as_ref(),
+            run_id: &ctx.run_id,
+            now_ms: now_ms(),
+            sessions: Some(&sessions),
+            lease_config: LeaseConfig::default(),
+            lease_wait: LEASE_WAIT,
+        })
+        .await
+    };
     let Some(saved) = ctx.within_budget(save(inputs, publish)).await else {
         return Saved::OutOfTime;
     };
@@ -280,10 +314,14 @@ fn record_save(ctx: &mut RunContext, saved: SaveReport) {
             ))
         }
     }
-    ctx.report.store_publish = match (&ctx.store, saved.store_publish) {
-        (None, _) => StorePublish::Disabled,
-        (Some(_), p) => p,
+    ctx.report.store_publish = match &ctx.store {
+        None => StorePublish::Disabled,
+        Some(_) => saved.publish.outcome.clone(),
     };
+    if let Some(lease) = saved.publish.lease.clone() {
+        ctx.report.lease = lease;
+    }
+    ctx.report.publish_notes = saved.publish.notes();
     ctx.report.checkpoint = saved.checkpoint;
     ctx.report.scrub = saved.scrub;
     ctx.report.save = Some(saved.result);
@@ -291,7 +329,7 @@ fn record_save(ctx: &mut RunContext, saved: SaveReport) {
 
 /// What the user reads comes first (summary, `duration`); the niceties after it, each within what
 /// is left of a cancel budget (a lease left behind is post's to release).
-async fn finish(mut ctx: RunContext, agent_run: AgentRun) -> RunExit {
+async fn finish(ctx: RunContext, agent_run: AgentRun) -> RunExit {
     let duration = ctx.started.elapsed();
     ctx.set_output(output::DURATION, &duration.as_secs().to_string());
     write_summary(&ctx.files, &ctx.plan, &agent_run, &ctx.report, duration);
@@ -309,7 +347,6 @@ async fn finish(mut ctx: RunContext, agent_run: AgentRun) -> RunExit {
             tracing::warn!("run records not uploaded before the cancel deadline");
         }
     }
-    release_lease(&mut ctx).await;
     let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
     if succeeded {
         record_dedup(&ctx).await;
@@ -320,22 +357,6 @@ async fn finish(mut ctx: RunContext, agent_run: AgentRun) -> RunExit {
             false => ExitStatus::Failed,
         },
         answer: agent_run.answer,
-    }
-}
-
-async fn release_lease(ctx: &mut RunContext) {
-    let Some(held) = ctx.lease.take() else { return };
-    held.etag_watch.abort();
-    match ctx.within_budget(held.handle.release()).await {
-        Some(lease::ReleaseOutcome::Released) => {
-            ctx.set_state(state::LEASE_KEY, "");
-            ctx.set_state(state::LEASE_ETAG, "");
-        }
-        Some(lease::ReleaseOutcome::NotHeld) => {}
-        Some(lease::ReleaseOutcome::Failed { error }) => {
-            tracing::warn!("cannot release the memory lease: {error}")
-        }
-        None => tracing::warn!("the memory lease was not released before the cancel deadline"),
     }
 }
 

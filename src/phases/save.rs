@@ -4,21 +4,16 @@
 
 use std::future::Future;
 use std::path::Path;
-use std::time::Duration;
 
 use crate::cache::{self, CacheError};
 use crate::checkpoint::{self, CheckpointOutcome};
-use crate::lease::{self, LeaseHandle};
-use crate::object_store as store;
-use crate::phases::context::{sha256_file, RestoredCopy, StoreContext};
+use crate::phases::context::{sha256_file, RestoredCopy};
 use crate::phases::paths::{write_marker, StatePaths};
+use crate::phases::publish::PublishReport;
 use crate::phases::session_map::Map;
-use crate::runner::{env, failpoint, log};
+use crate::runner::{env, failpoint};
 use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
 use crate::scrub::ScrubOutcome;
-
-/// The lease must have at least this long left when the session database is published.
-const PUBLISH_MIN_REMAINING: Duration = Duration::from_secs(30);
 
 pub struct SaveInputs<'a> {
     pub paths: &'a StatePaths,
@@ -43,24 +38,25 @@ pub struct SaveReport {
     pub checkpoint: Option<CheckpointOutcome>,
     /// What scrubbing secrets out of the database did (`None`: it did not get that far).
     pub scrub: Option<ScrubOutcome>,
-    pub store_publish: StorePublish,
+    pub publish: PublishReport,
     /// The cache answered that the key is already taken (an entry exists or is being written).
     pub key_taken: bool,
 }
 
 /// Runs the save. `publish` is called once, after the checkpoint and marker and before the cache
-/// write, only when there is something to save; it returns `StorePublish::Disabled` when the store
-/// is off and does its own lease check.
+/// write, only when there is something to save; it reports `StorePublish::Disabled` when the store
+/// is off, and takes the lease itself (`phases::publish`). A merged result it published replaces
+/// the database, so the cache entry holds the same.
 pub async fn save<F, Fut>(inputs: SaveInputs<'_>, publish: F) -> SaveReport
 where
     F: FnOnce() -> Fut,
-    Fut: Future<Output = StorePublish>,
+    Fut: Future<Output = PublishReport>,
 {
     let not_saved = |result, checkpoint| SaveReport {
         result,
         checkpoint,
         scrub: None,
-        store_publish: StorePublish::NotAttempted,
+        publish: PublishReport::from(StorePublish::NotAttempted),
         key_taken: false,
     };
     let (cp, scrub) = match prepare(&inputs).await {
@@ -89,14 +85,14 @@ where
     }
 
     failpoint::hit("save:after-marker");
-    let store_publish = publish().await;
-    let store_persisted = store_publish == StorePublish::Published;
+    let publish = publish().await;
+    let store_persisted = publish.outcome == StorePublish::Published;
     let (result, key_taken) = save_to_cache(&inputs, store_persisted).await;
     SaveReport {
         result,
         checkpoint: Some(cp),
         scrub: Some(scrub),
-        store_publish,
+        publish,
         key_taken,
     }
 }
@@ -263,58 +259,4 @@ fn classify(error: CacheError, store_persisted: bool) -> CacheSaveResult {
         SaveOutcome::CacheError
     };
     CacheSaveResult::new(outcome, store_persisted, error.to_string())
-}
-
-/// Publishes the session database if this run may: store enabled, lease held and not lost with
-/// time to spare; conditional on the ETag seen at restore.
-pub(crate) async fn publish(
-    ctx: Option<&StoreContext>,
-    lease: Option<&LeaseHandle>,
-    paths: &StatePaths,
-    expected_etag: Option<&str>,
-) -> StorePublish {
-    let Some(ctx) = ctx else {
-        return StorePublish::Disabled;
-    };
-    let Some(lease) = lease else {
-        return StorePublish::WithheldNoLease;
-    };
-    let mut gate = lease.publish_gate(PUBLISH_MIN_REMAINING);
-    if let lease::PublishGate::TooLittleTime { .. } = gate {
-        // A renewal may buy the time; it never revives a lease that already expired.
-        lease.renew_now().await;
-        gate = lease.publish_gate(PUBLISH_MIN_REMAINING);
-    }
-    let reason = match gate {
-        lease::PublishGate::Open { .. } => None,
-        lease::PublishGate::Lost(why) => Some(format!("the lease was lost: {why:?}")),
-        lease::PublishGate::Released => Some("the lease was already released".to_string()),
-        lease::PublishGate::TooLittleTime { remaining_ms } => Some(format!(
-            "the lease has only {remaining_ms} ms left, too little to upload"
-        )),
-    };
-    if let Some(reason) = reason {
-        log::warning(&format!(
-            "memory not published to the object store: {reason}"
-        ));
-        return StorePublish::Withheld { reason };
-    }
-    failpoint::hit("save:before-publish");
-    match store::sync::publish_session_db(&ctx.store, &ctx.keys, &paths.db(), expected_etag).await {
-        store::PublishOutcome::Published { .. } => StorePublish::Published,
-        store::PublishOutcome::Conflict => {
-            log::warning(
-                "another run published newer memory to the object store; not overwriting it",
-            );
-            StorePublish::Conflict
-        }
-        store::PublishOutcome::Failed { error } => {
-            log::warning(&format!(
-                "publishing memory to the object store failed: {error}"
-            ));
-            StorePublish::Failed {
-                message: error.to_string(),
-            }
-        }
-    }
 }

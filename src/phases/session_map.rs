@@ -73,6 +73,18 @@ impl SessionMap {
     }
 }
 
+/// The map for a database merged from newer shared memory: that memory's fro-bot-titled threads
+/// (the store holds no marker, so they are found as a store restore finds them), then this run's
+/// map over them.
+pub fn after_merge(db: &Path, workspace: &Path, ours: &Map) -> Map {
+    let mut map = titled_sessions(db, workspace).unwrap_or_else(|e| {
+        tracing::warn!("cannot read the merged memory's session titles: {e}");
+        Map::new()
+    });
+    map.extend(ours.iter().map(|(k, v)| (k.clone(), v.clone())));
+    map
+}
+
 /// Drops entries whose session no longer exists (pruned or deleted), so the map stays bounded by
 /// the sessions kept. On a read error the map is kept as it is.
 pub fn retain_existing(db: &Path, map: &mut Map) {

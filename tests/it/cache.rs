@@ -95,6 +95,7 @@ impl Layout {
             restore_keys,
             paths: &self.targets,
             workspace: &self.workspace,
+            into: None,
         }
     }
 }
@@ -293,6 +294,7 @@ async fn restore_keys_and_prefixes_match_like_the_service() {
         restore_keys: &[],
         paths: &other,
         workspace: &layout.workspace,
+        into: None,
     };
     assert_eq!(c.restore(&req).await.unwrap(), RestoreOutcome::Miss);
 }
@@ -1160,6 +1162,7 @@ async fn fs_backend_matches_like_the_service_and_refuses_duplicates() {
         restore_keys: &[],
         paths: &other,
         workspace: &layout.workspace,
+        into: None,
     };
     assert_eq!(backend.restore(&req).await.unwrap(), RestoreOutcome::Miss);
 }

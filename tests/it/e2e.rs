@@ -783,20 +783,23 @@ pub(crate) mod scenarios {
         let mut job = world.job(750);
         with_s3(&mut job, &prefix);
         job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
-        job.set("FRO_BOT_FAILPOINT", "run:after-shutdown");
+        // Killed inside the publish section, the only time a run holds the lease.
+        job.set("FRO_BOT_FAILPOINT", "save:before-publish");
         let (mut job, main) = main_step(job).await;
         job.env.remove("FRO_BOT_FAILPOINT");
         assert_eq!(main.code, 128 + libc::SIGKILL, "{}", explain(&main));
         assert!(main.state.contains_key("leaseEtag"), "{:?}", main.state);
         let store = crate::support::s3::connect(&crate::support::s3::settings(&prefix)).await;
         let keys = fro_bot::object_store::StoreKeys::new(&prefix, "octo", "hello").unwrap();
-        let present = |o: &fro_bot::object_store::GetOutcome| {
-            matches!(o, fro_bot::object_store::GetOutcome::Found(_))
+        let record = |o: fro_bot::object_store::GetOutcome| match o {
+            fro_bot::object_store::GetOutcome::Found(body) => {
+                fro_bot::lease::LeaseRecord::parse(&body.bytes).expect("a lease record")
+            }
+            fro_bot::object_store::GetOutcome::NotFound => panic!("no lease record"),
         };
-        assert!(
-            present(&store.get_bytes(keys.lease()).await.unwrap()),
-            "main died holding it"
-        );
+        let now = fro_bot::runner::now_ms();
+        let held = record(store.get_bytes(keys.lease()).await.unwrap());
+        assert!(held.expires_at > now, "main died holding it");
         let (mut job, post) = post_step(job, main).await;
         assert_eq!(post.code, 0);
         assert!(
@@ -804,7 +807,9 @@ pub(crate) mod scenarios {
             "{}",
             explain(&post)
         );
-        assert!(!present(&store.get_bytes(keys.lease()).await.unwrap()));
+        let released = record(store.get_bytes(keys.lease()).await.unwrap());
+        assert!(released.expires_at <= fro_bot::runner::now_ms(), "released");
+        assert_eq!(released.generation, held.generation, "kept, not restarted");
         // Post retried the save (main died before it), so the next run resumes at once.
         assert!(post.summary.contains("durable"), "{}", post.summary);
         job.next_run(751);
@@ -812,17 +817,22 @@ pub(crate) mod scenarios {
         let (_job, next) = main_step(job).await;
         assert_eq!(next.code, 0, "{}", explain(&next));
         assert_eq!(next.output("cache-status"), "hit");
+        // The fencing token goes on from the released record.
         assert!(
-            next.summary.contains("acquired (generation"),
+            next.summary
+                .contains(&format!("acquired (generation {})", held.generation + 1)),
             "{}",
             next.summary
         );
     }
 
+    /// The lease guards only the publish: a run that finds it held is still answered, waits for
+    /// the holder's section to end, then publishes (docs/design.md#the-store-publish).
     #[tokio::test]
-    async fn a_live_lease_held_by_another_run_skips_this_run() {
+    async fn a_run_is_answered_while_another_holds_the_lease_and_publishes_after_it() {
         use fro_bot::lease::{AcquireOutcome, Holder, Lease, LeaseConfig, SystemClock};
         let world = World::start().await;
+        world.github.seed_issue(5, "t", "b");
         let prefix = crate::support::s3::unique_prefix("e2e-held");
         let store = crate::support::s3::connect(&crate::support::s3::settings(&prefix)).await;
         let keys = fro_bot::object_store::StoreKeys::new(&prefix, "octo", "hello").unwrap();
@@ -832,7 +842,7 @@ pub(crate) mod scenarios {
             run_attempt: 1,
             identity: Some("other".into()),
         };
-        let AcquireOutcome::Acquired(_held) = Lease::acquire(
+        let AcquireOutcome::Acquired(held) = Lease::acquire(
             &store,
             keys.lease(),
             &other,
@@ -843,19 +853,46 @@ pub(crate) mod scenarios {
         else {
             panic!("the test could not take the lease");
         };
+        world
+            .llm
+            .push(Reply::text("Answered while the lease was held."));
         let mut job = world.job(800);
         with_s3(&mut job, &prefix);
         job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
-        let (_job, r) = main_step(job).await;
+        let running = tokio::task::spawn_blocking(move || {
+            let r = job.main_step();
+            (job, r)
+        });
+        // The answer goes out while the lease is still held; only then does the holder let go.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while world.github.created_comments().is_empty() {
+            assert!(Instant::now() < deadline, "never answered");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(matches!(
+            held.release().await,
+            fro_bot::lease::ReleaseOutcome::Released
+        ));
+        let (_job, r) = running.await.unwrap();
         assert_eq!(r.code, 0, "{}", explain(&r));
-        assert!(r.summary.contains("action:1:1:other"), "{}", r.summary);
-        assert_eq!(
-            r.state.get("cacheSaved").map(String::as_str),
-            Some("skipped")
+        assert!(
+            world.github.created_comments()[0]
+                .1
+                .contains("Answered while the lease was held."),
+            "{:?}",
+            world.github.created_comments()
+        );
+        assert_eq!(r.output("cache-save-result"), "durable", "{}", explain(&r));
+        assert!(
+            r.summary.contains("| Object-store publish | published |"),
+            "{}",
+            r.summary
         );
         assert!(
-            world.llm.requests().is_empty(),
-            "nothing runs while another run holds the lease"
+            r.summary.contains("acquired (generation 2)"),
+            "{}",
+            r.summary
         );
     }
 

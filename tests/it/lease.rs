@@ -48,7 +48,7 @@ async fn stored(store: &ObjectStore, key: &str) -> Option<(LeaseRecord, String)>
 }
 
 #[tokio::test]
-async fn acquire_writes_the_record_and_release_deletes_it() {
+async fn acquire_writes_the_record_and_release_leaves_it_released() {
     let (store, keys) = s3::fresh("lease-basic").await;
     let clock = ManualClock::at_system_time();
     let out = Lease::acquire(
@@ -81,7 +81,144 @@ async fn acquire_writes_the_record_and_release_deletes_it() {
         }
     );
     assert!(matches!(h.release().await, ReleaseOutcome::Released));
-    assert!(stored(&store, keys.lease()).await.is_none());
+    // Kept, expired at once: the next holder continues its generation.
+    let (released, _) = stored(&store, keys.lease()).await.unwrap();
+    assert_eq!(released.generation, 1);
+    assert!(released.expires_at <= clock.now_ms());
+    let next = Lease::acquire(
+        &store,
+        keys.lease(),
+        &holder(2),
+        manual(Duration::from_secs(300)),
+        Arc::new(clock.clone()),
+    )
+    .await;
+    assert_eq!(next.status(), LeaseStatus::Acquired { generation: 2 });
+}
+
+/// The generation is a fencing token: it never restarts, whoever releases and however often.
+#[tokio::test]
+async fn the_generation_grows_across_releases_and_post_releases() {
+    let (store, keys) = s3::fresh("lease-fence").await;
+    let cfg = manual(Duration::from_secs(300));
+    let mut seen = Vec::new();
+    for run in 1..=4u64 {
+        let h = acquired(
+            Lease::acquire(
+                &store,
+                keys.lease(),
+                &holder(run),
+                cfg,
+                Arc::new(SystemClock),
+            )
+            .await,
+        );
+        seen.push(h.generation());
+        if run % 2 == 0 {
+            let (key, etag) = h.state_for_post();
+            drop(h); // main died: post releases it
+            assert!(matches!(
+                release_left_behind(&store, &key, &etag, Duration::from_secs(10)).await,
+                ReleaseOutcome::Released
+            ));
+        } else {
+            assert!(matches!(h.release().await, ReleaseOutcome::Released));
+        }
+    }
+    assert_eq!(seen, vec![1, 2, 3, 4]);
+}
+
+/// A record claiming to live for ever (a skewed clock, or planted by anyone who can write the
+/// bucket) locks the repository no longer than its `LastModified` plus the TTL.
+#[tokio::test]
+async fn a_far_future_expiry_cannot_lock_the_repository() {
+    let (store, keys) = s3::fresh("lease-future").await;
+    let planted = LeaseRecord {
+        expires_at: u64::MAX / 2,
+        ..LeaseRecord::new(&holder(9), 41, SystemClock.now_ms(), 300_000)
+    };
+    let put = store
+        .put_bytes(
+            keys.lease(),
+            planted.to_bytes(),
+            Condition::None,
+            ObjectKind::LeaseRecord,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(put, PutOutcome::Written { .. }));
+    let cfg = manual(Duration::from_secs(300));
+    // Within LastModified + TTL it is honoured (as a live holder's would be)...
+    let clock = ManualClock::at_system_time();
+    match Lease::acquire(
+        &store,
+        keys.lease(),
+        &holder(1),
+        cfg,
+        Arc::new(clock.clone()),
+    )
+    .await
+    {
+        AcquireOutcome::HeldByOther { expires_at, .. } => assert!(
+            expires_at < clock.now_ms() + 400_000,
+            "bounded, not {expires_at}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    // ...and once that has passed, it is taken over, with the next generation.
+    clock.advance(Duration::from_secs(400));
+    let h = acquired(
+        Lease::acquire(
+            &store,
+            keys.lease(),
+            &holder(1),
+            cfg,
+            Arc::new(clock.clone()),
+        )
+        .await,
+    );
+    assert_eq!(h.generation(), 42);
+}
+
+/// A run that finds the lease held waits for the holder's section to end instead of skipping.
+#[tokio::test]
+async fn acquire_waiting_gets_the_lease_when_the_holder_releases() {
+    let (store, keys) = s3::fresh("lease-wait").await;
+    let cfg = manual(Duration::from_secs(300));
+    let first = acquired(
+        Lease::acquire(&store, keys.lease(), &holder(1), cfg, Arc::new(SystemClock)).await,
+    );
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        first.release().await
+    });
+    let (out, waits) = Lease::acquire_waiting(
+        &store,
+        keys.lease(),
+        &holder(2),
+        cfg,
+        Arc::new(SystemClock),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(matches!(release.await.unwrap(), ReleaseOutcome::Released));
+    assert_eq!(out.status(), LeaseStatus::Acquired { generation: 2 });
+    assert!(waits >= 1, "it had to wait");
+    // A holder that never lets go: the wait ends at its bound with the holder named.
+    let _held = acquired(out);
+    let (out, _) = Lease::acquire_waiting(
+        &store,
+        keys.lease(),
+        &holder(3),
+        cfg,
+        Arc::new(SystemClock),
+        Duration::from_millis(800),
+    )
+    .await;
+    match out {
+        AcquireOutcome::HeldByOther { holder_id, .. } => assert_eq!(holder_id, "action:2:1:job"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -373,7 +510,8 @@ async fn post_releases_a_lease_left_behind_only_with_its_etag() {
         release_left_behind(&store, &key, &etag, Duration::from_secs(10)).await,
         ReleaseOutcome::Released
     ));
-    assert!(stored(&store, &key).await.is_none());
+    let (released, _) = stored(&store, &key).await.unwrap();
+    assert!(released.expires_at <= SystemClock.now_ms(), "released");
     assert!(matches!(
         release_left_behind(&store, &key, &etag, Duration::from_secs(10)).await,
         ReleaseOutcome::NotHeld
@@ -526,7 +664,13 @@ async fn lease_race_16_contenders_100_rounds_never_two_holders() {
     assert_eq!(errors, 0);
     assert_eq!(empty, 0, "every round someone must win: {per_round:?}");
     for (store, key) in keys {
-        assert!(stored(&store, &key).await.is_none(), "released at the end");
+        let (last, _) = stored(&store, &key).await.unwrap();
+        assert!(
+            last.expires_at <= SystemClock.now_ms(),
+            "released at the end"
+        );
+        // One holder per round, and the fencing token counted every one of them.
+        assert_eq!(last.generation, rounds as u64);
     }
 }
 

@@ -14,5 +14,6 @@ mod object_store;
 mod opencode;
 mod persistence;
 mod proxy;
+mod publish;
 mod structure;
 mod tracking;

@@ -78,7 +78,6 @@ pub mod phases {
         agent_still_running: false,
         server_quiescent: true,
         strays_remained: false,
-        lease_lost: false,
     };
 
     /// A runner-like job: `/github/workspace` and `/github/home` under one temp root.
@@ -122,7 +121,7 @@ pub mod phases {
                     sessions: None,
                     restored: None,
                 },
-                || async { StorePublish::Disabled },
+                || async { StorePublish::Disabled.into() },
             )
             .await
         }
@@ -304,10 +303,6 @@ pub mod phases {
             },
             GateInputs {
                 strays_remained: true,
-                ..OPEN_GATE
-            },
-            GateInputs {
-                lease_lost: true,
                 ..OPEN_GATE
             },
         ] {

@@ -1,0 +1,352 @@
+//! The object-store publish (docs/design.md#the-store-publish): read-merge-write under the
+//! repository lease. The lease is taken here, for this short section only, so runs never skip
+//! each other; the put is conditional on the ETag last seen, and when another run published in
+//! between, its copy is downloaded, this run's sessions are merged into it (`crate::merge`), and
+//! the put is retried — a bounded number of times.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig, LeaseHandle};
+use crate::merge::{self, MergeReport, Snapshot};
+use crate::object_store as store;
+use crate::phases::context::{set_state, StoreContext};
+use crate::phases::paths::{write_marker, StatePaths};
+use crate::phases::report::LeaseReport;
+use crate::phases::session_map::{self, Map};
+use crate::runner::env::state;
+use crate::runner::{failpoint, log, FileCommands};
+use crate::save_result::StorePublish;
+
+/// The lease must have at least this long left when the session database is put.
+const PUBLISH_MIN_REMAINING: Duration = Duration::from_secs(30);
+/// Puts tried before giving up: the first, then one per newer copy merged. Under the lease other
+/// runs cannot publish, so a second put normally succeeds; more are for runs that could not ask
+/// for the lease.
+const MAX_PUTS: u32 = 4;
+/// How long a run waits for another run's publish section to end. Each section is one merge and
+/// one upload, so this is many of them.
+pub const LEASE_WAIT: Duration = Duration::from_secs(180);
+
+pub struct PublishInputs<'a> {
+    pub store: &'a StoreContext,
+    pub holder: Holder,
+    pub files: &'a FileCommands,
+    pub paths: &'a StatePaths,
+    pub workspace: &'a Path,
+    /// The store's ETag when this run restored (`None`: there was no copy).
+    pub expected_etag: Option<String>,
+    /// The sessions as restored: without it a newer copy cannot be merged, so it is not
+    /// overwritten either.
+    pub restored: Option<&'a Snapshot>,
+    /// For the marker rewritten after a merge.
+    pub run_id: &'a str,
+    pub now_ms: u64,
+    pub sessions: Option<&'a Map>,
+    pub lease_config: LeaseConfig,
+    pub lease_wait: Duration,
+}
+
+/// What the publish did, for the summary.
+#[derive(Debug, Clone)]
+pub struct PublishReport {
+    pub outcome: StorePublish,
+    /// `None` when the lease was never asked for (store off, nothing to publish).
+    pub lease: Option<LeaseReport>,
+    /// Puts sent (1 when nobody published in between).
+    pub puts: u32,
+    /// Times this run waited for another run's publish section.
+    pub lease_waits: u32,
+    /// Newer copies merged, and what each merge reported (conflicts included).
+    pub merges: Vec<MergeReport>,
+}
+
+impl From<StorePublish> for PublishReport {
+    fn from(outcome: StorePublish) -> Self {
+        PublishReport {
+            outcome,
+            lease: None,
+            puts: 0,
+            lease_waits: 0,
+            merges: Vec::new(),
+        }
+    }
+}
+
+impl PublishReport {
+    /// Summary lines beyond the outcome: retries, waits, merges and every conflict.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.lease_waits > 0 {
+            notes.push(format!(
+                "waited {} time(s) for another run's publish",
+                self.lease_waits
+            ));
+        }
+        if self.puts > 1 {
+            notes.push(format!(
+                "{} puts: newer memory was published during this run and merged",
+                self.puts
+            ));
+        }
+        for m in &self.merges {
+            notes.push(format!(
+                "merged into newer memory: {} of this run's thread(s) written, {} unchanged on both sides",
+                m.taken.len(),
+                m.identical
+            ));
+            for c in &m.conflicts {
+                notes.push(format!(
+                    "conflict on session `{}` ({}): both runs changed it; the later activity ({:?}) was kept, the other turn ({} message(s)) is not in memory",
+                    c.root,
+                    c.title.as_deref().unwrap_or("untitled"),
+                    c.winner,
+                    c.lost_messages
+                ));
+            }
+        }
+        notes
+    }
+}
+
+/// Takes the lease (waiting for another run's section), publishes with read-merge-write, and
+/// releases the lease. Never fails the run: every outcome is a value.
+pub async fn publish(inputs: PublishInputs<'_>) -> PublishReport {
+    let (acquired, lease_waits) = Lease::acquire_waiting(
+        &inputs.store.store,
+        inputs.store.keys.lease(),
+        &inputs.holder,
+        inputs.lease_config,
+        Arc::new(lease::SystemClock),
+        inputs.lease_wait,
+    )
+    .await;
+    let handle = match acquired {
+        AcquireOutcome::Acquired(handle) => handle,
+        AcquireOutcome::HeldByOther { holder_id, .. } => {
+            let reason = format!(
+                "the lease stayed with {holder_id} for {} s; this run's memory is in the Actions cache only, and the next run merges it",
+                inputs.lease_wait.as_secs()
+            );
+            return withheld(
+                reason,
+                LeaseReport::HeldByOther { holder: holder_id },
+                lease_waits,
+            );
+        }
+        AcquireOutcome::Error { error } => {
+            let message = error.to_string();
+            let reason = format!("cannot ask for the lease: {message}");
+            return withheld(reason, LeaseReport::Error { message }, lease_waits);
+        }
+    };
+    save_lease_state(inputs.files, &handle);
+    let watch = watch_lease_etag(inputs.files.clone(), handle.etag_source());
+    let lease_report = LeaseReport::Acquired {
+        generation: handle.generation(),
+    };
+    let mut report = put_merging(&inputs, &handle).await;
+    report.lease = Some(lease_report);
+    report.lease_waits = lease_waits;
+    watch.abort();
+    match handle.release().await {
+        lease::ReleaseOutcome::Released => {
+            set_state(inputs.files, state::LEASE_KEY, "");
+            set_state(inputs.files, state::LEASE_ETAG, "");
+        }
+        lease::ReleaseOutcome::NotHeld => {}
+        // Post releases it from the state saved above, or it expires by itself.
+        lease::ReleaseOutcome::Failed { error } => {
+            tracing::warn!("cannot release the memory lease: {error}")
+        }
+    }
+    report
+}
+
+fn withheld(reason: String, lease: LeaseReport, lease_waits: u32) -> PublishReport {
+    log::warning(&format!(
+        "memory not published to the object store: {reason}"
+    ));
+    PublishReport {
+        lease: Some(lease),
+        lease_waits,
+        ..PublishReport::from(StorePublish::Withheld { reason })
+    }
+}
+
+/// The put loop under a held lease: conditional put; on a precondition failure, merge this run's
+/// sessions into the newer copy and put that, on the newer ETag.
+async fn put_merging(inputs: &PublishInputs<'_>, handle: &LeaseHandle) -> PublishReport {
+    let mut report = PublishReport::from(StorePublish::NotAttempted);
+    let mut expected = inputs.expected_etag.clone();
+    // The merged file, once there is one; this run's own database is never modified until a put
+    // of the merged result succeeds.
+    let mut merged: Option<(tempfile::TempDir, PathBuf)> = None;
+    loop {
+        if let Some(reason) = gate(handle).await {
+            report.outcome = withheld(reason, LeaseReport::Disabled, 0).outcome;
+            return report;
+        }
+        failpoint::hit("save:before-publish");
+        let candidate = merged
+            .as_ref()
+            .map_or(inputs.paths.db(), |(_, p)| p.clone());
+        report.puts += 1;
+        let put = store::sync::publish_session_db(
+            &inputs.store.store,
+            &inputs.store.keys,
+            &candidate,
+            expected.as_deref(),
+        )
+        .await;
+        match put {
+            store::PublishOutcome::Published { .. } => {
+                report.outcome = match merged {
+                    Some((_dir, path)) => adopt_merged(inputs, &path),
+                    None => StorePublish::Published,
+                };
+                return report;
+            }
+            store::PublishOutcome::Failed { error } => {
+                log::warning(&format!(
+                    "publishing memory to the object store failed: {error}"
+                ));
+                report.outcome = StorePublish::Failed {
+                    message: error.to_string(),
+                };
+                return report;
+            }
+            store::PublishOutcome::Conflict if report.puts >= MAX_PUTS => {
+                log::warning(&format!(
+                    "the object store's memory changed under each of {MAX_PUTS} puts; not overwriting it"
+                ));
+                report.outcome = StorePublish::Conflict;
+                return report;
+            }
+            store::PublishOutcome::Conflict => {}
+        }
+        match merge_newer(inputs).await {
+            Ok((dir, path, etag, merge_report)) => {
+                report.merges.push(merge_report);
+                expected = Some(etag);
+                merged = Some((dir, path));
+            }
+            Err(reason) => {
+                log::warning(&format!(
+                    "another run published newer memory to the object store, and it cannot be merged ({reason}); not overwriting it"
+                ));
+                report.outcome = StorePublish::Conflict;
+                return report;
+            }
+        }
+        // Only runs without the lease can still race us: spread the retries out.
+        if report.puts > 1 {
+            let pause = Duration::from_millis(100).mul_f64(0.5 + rand::random::<f64>());
+            tokio::time::sleep(pause * report.puts).await;
+        }
+    }
+}
+
+/// Why the lease does not allow a put now; a renewal may buy the time, never revive a lost lease.
+async fn gate(handle: &LeaseHandle) -> Option<String> {
+    let mut gate = handle.publish_gate(PUBLISH_MIN_REMAINING);
+    if let lease::PublishGate::TooLittleTime { .. } = gate {
+        handle.renew_now().await;
+        gate = handle.publish_gate(PUBLISH_MIN_REMAINING);
+    }
+    match gate {
+        lease::PublishGate::Open { .. } => None,
+        lease::PublishGate::Lost(why) => Some(format!("the lease was lost: {why:?}")),
+        lease::PublishGate::Released => Some("the lease was already released".to_string()),
+        lease::PublishGate::TooLittleTime { remaining_ms } => Some(format!(
+            "the lease has only {remaining_ms} ms left, too little to upload"
+        )),
+    }
+}
+
+/// Downloads the store's current copy and merges this run's sessions into it: the merged file
+/// (in its own temp dir), the copy's ETag, and the merge's report.
+async fn merge_newer(
+    inputs: &PublishInputs<'_>,
+) -> Result<(tempfile::TempDir, PathBuf, String, MergeReport), String> {
+    let Some(restored) = inputs.restored.cloned() else {
+        return Err("what this run restored is unknown".into());
+    };
+    let dir = tempfile::Builder::new()
+        .prefix(".fro-bot-merge")
+        .tempdir_in(&inputs.paths.data_dir)
+        .map_err(|e| format!("cannot make a scratch dir: {e}"))?;
+    let etag =
+        match store::sync::restore_session_db(&inputs.store.store, &inputs.store.keys, dir.path())
+            .await
+        {
+            store::StoreRestore::Hit { etag, .. } => etag,
+            // Deleted since the put failed: the next put (on no ETag) decides.
+            store::StoreRestore::Miss => return Err("the newer copy disappeared".into()),
+            store::StoreRestore::Failed { error } => {
+                return Err(format!("cannot download it: {error}"))
+            }
+        };
+    let base = dir.path().join(store::keys::SESSION_DB_NAME);
+    let out = dir.path().join("merged.db");
+    let ours = inputs.paths.db();
+    let merged = {
+        let out = out.clone();
+        tokio::task::spawn_blocking(move || merge::merge(&base, &ours, &restored, &out))
+            .await
+            .map_err(|e| format!("merge task failed: {e}"))?
+    };
+    let report = merged.map_err(|e| e.to_string())?;
+    tracing::info!(
+        "merged this run's sessions into newer memory in {} ms",
+        (report.copy_time + report.merge_time + report.sync_time).as_millis()
+    );
+    Ok((dir, out, etag, report))
+}
+
+/// The merged database is what the store now holds: it replaces this run's database, with a
+/// marker naming both runs' threads, so the Actions cache entry saved next holds the same.
+fn adopt_merged(inputs: &PublishInputs<'_>, merged: &Path) -> StorePublish {
+    let db = inputs.paths.db();
+    let adopted =
+        crate::checkpoint::remove_stale_sidecars(&db).and_then(|()| std::fs::rename(merged, &db));
+    if let Err(e) = adopted {
+        // The store holds the merged copy; the cache entry then holds this run's own, which the
+        // next run's restore prefers less (docs/design.md#the-store-publish).
+        log::warning(&format!(
+            "the merged memory was published but cannot replace this run's database: {e}"
+        ));
+        return StorePublish::Published;
+    }
+    let map = inputs
+        .sessions
+        .map(|ours| session_map::after_merge(&db, inputs.workspace, ours));
+    if let Err(e) = write_marker(inputs.paths, inputs.run_id, inputs.now_ms, map.as_ref()) {
+        tracing::warn!("cannot rewrite the memory marker after the merge: {e}");
+        let _ = std::fs::remove_file(inputs.paths.marker());
+    }
+    StorePublish::Published
+}
+
+/// Post releases a lease a killed main step left behind: it needs the key and current ETag.
+pub(crate) fn save_lease_state(files: &FileCommands, handle: &LeaseHandle) {
+    let (key, etag) = handle.state_for_post();
+    set_state(files, state::LEASE_KEY, &key);
+    set_state(files, state::LEASE_ETAG, &etag);
+}
+
+/// Keeps post's copy of the lease ETag current while the section goes on (renewals change it).
+fn watch_lease_etag(files: FileCommands, source: lease::EtagSource) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut seen = source.current();
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = source.current();
+            if now != seen {
+                set_state(&files, state::LEASE_ETAG, &now);
+                seen = now;
+            }
+        }
+    })
+}
