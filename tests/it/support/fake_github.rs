@@ -32,6 +32,8 @@ pub struct Recorded {
     pub query: Option<String>,
     pub body: Value,
     pub auth: Option<String>,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 #[derive(Debug, Clone)]
@@ -378,6 +380,7 @@ async fn handle(
         query: uri.query().map(str::to_string),
         body: body_json.clone(),
         auth: auth.clone(),
+        at: std::time::Instant::now(),
     });
 
     if let Some(i) = d.faults.iter().position(|f| {
