@@ -101,6 +101,15 @@ pub enum ResponseMode {
     None,
 }
 
+/// How many response comments a thread gets (docs/design.md#the-github-surface): one per run, or
+/// one per thread, edited by each run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CommentMode {
+    #[default]
+    Run,
+    Sticky,
+}
+
 /// Whose comments enter the prompt as context (docs/security.md). Everything is fenced and
 /// labelled either way; `Trusted` also leaves out comments of authors without write access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -159,6 +168,7 @@ pub struct Settings {
     /// `None` = dedup off (`dedup-window: 0`).
     pub dedup_window: Option<Duration>,
     pub response_mode: ResponseMode,
+    pub comment_mode: CommentMode,
     pub opencode_version: String,
     pub opencode_config: Option<Map<String, Value>>,
     pub matrix_context: Option<String>,
@@ -240,6 +250,7 @@ impl Settings {
             skip_cache: parse_bool(env, &input::SKIP_CACHE)?,
             dedup_window: non_zero_ms(parse_u64(env, &input::DEDUP_WINDOW)?),
             response_mode: parse_response_mode(env)?,
+            comment_mode: parse_comment_mode(env)?,
             opencode_version: parse_version(env)?,
             opencode_config: parse_opencode_config(optional(env, &input::OPENCODE_CONFIG))?,
             matrix_context: text(&input::MATRIX_CONTEXT),
@@ -315,6 +326,11 @@ fn parse_response_mode(env: &Env) -> Result<ResponseMode, ConfigError> {
         ("none", ResponseMode::None),
     ];
     parse_choice(env, &input::RESPONSE_MODE, choices)
+}
+
+fn parse_comment_mode(env: &Env) -> Result<CommentMode, ConfigError> {
+    let choices = [("run", CommentMode::Run), ("sticky", CommentMode::Sticky)];
+    parse_choice(env, &input::COMMENT_MODE, choices)
 }
 
 fn parse_model(value: &str) -> Result<ModelRef, ConfigError> {
@@ -675,6 +691,7 @@ mod tests {
             Parser::Handle => (Some("two words"), "bot"),
             Parser::SseMode => (Some("aes256"), "AES256"),
             Parser::ContextAuthors => (Some("everyone"), "ALL"),
+            Parser::CommentMode => (Some("thread"), "Sticky"),
         }
     }
 

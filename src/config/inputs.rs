@@ -83,6 +83,8 @@ pub enum Parser {
     SseMode,
     /// `trusted` or `all`, any case.
     ContextAuthors,
+    /// `run` or `sticky`, any case.
+    CommentMode,
 }
 
 impl Parser {
@@ -100,6 +102,7 @@ impl Parser {
             Parser::Handle => "@HANDLE",
             Parser::SseMode => "aws:kms|AES256",
             Parser::ContextAuthors => "trusted|all",
+            Parser::CommentMode => "run|sticky",
         }
     }
 }
@@ -203,10 +206,17 @@ pub const DEDUP_WINDOW: InputSpec = spec(
 .not_local();
 pub const RESPONSE_MODE: InputSpec = spec(
     "response-mode",
-    "'github' posts one comment with the agent's answer; 'none' posts nothing.",
+    "'github' posts one comment, kept up to date while the agent works and ending with its answer; 'none' posts nothing.",
 )
 .default(Value("github"))
 .parser(Parser::ResponseMode)
+.not_local();
+pub const COMMENT_MODE: InputSpec = spec(
+    "comment-mode",
+    "'run': each run posts its own comment, edited from 'working' to the answer; 'sticky': one comment per issue, pull request or discussion, edited by every run.",
+)
+.default(Value("run"))
+.parser(Parser::CommentMode)
 .not_local();
 pub const OPENCODE_VERSION: InputSpec = spec(
     "opencode-version",
@@ -303,6 +313,7 @@ pub const INPUTS: &[InputSpec] = &[
     SKIP_CACHE,
     DEDUP_WINDOW,
     RESPONSE_MODE,
+    COMMENT_MODE,
     OPENCODE_VERSION,
     OPENCODE_CONFIG,
     AGENT_ENV,

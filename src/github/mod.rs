@@ -1,7 +1,7 @@
 //! The GitHub surface (docs/design.md#the-github-surface): the triggering event normalized once
 //! (`event`), routing and gating (`route`), every key derived from the environment (`keys`),
 //! deduplication of issue/PR runs (`dedup`), and the API calls the harness makes (`api`: reactions
-//! and pull-request flags, `context`: the conversation for the prompt, `response`: the one reply).
+//! and pull-request flags, `context`: the conversation for the prompt, `response`: the one reply, `tracking`: that reply posted early and edited in place).
 
 pub mod api;
 pub mod caches;
@@ -12,6 +12,7 @@ pub mod keys;
 pub mod marker;
 pub mod response;
 pub mod route;
+pub mod tracking;
 
 pub use api::{ApiError, GitHub, Reaction};
 pub use event::Event;

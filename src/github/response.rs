@@ -2,7 +2,6 @@
 //! run footer.
 
 use super::api::{ApiError, GitHub, PostedComment};
-use super::event::TargetKind;
 use super::route::Thread;
 use crate::config::ResponseMode;
 use crate::runner::env;
@@ -108,20 +107,7 @@ impl GitHub {
             return Ok(ResponseOutcome::NoThread);
         };
         let body = render(answer, footer, requester);
-        let posted = match thread.kind {
-            TargetKind::Issue | TargetKind::PullRequest => {
-                self.comment_on_issue(thread.number, &body).await?
-            }
-            TargetKind::Discussion => match &thread.node_id {
-                Some(node_id) => self.comment_on_discussion(node_id, &body).await?,
-                None => {
-                    return Err(ApiError::Unsupported {
-                        operation: "add discussion comment",
-                        reason: "the discussion has no node id in the payload",
-                    })
-                }
-            },
-        };
+        let posted = self.post_comment(thread, &body).await?;
         Ok(ResponseOutcome::Posted(posted))
     }
 }

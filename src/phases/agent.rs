@@ -195,6 +195,8 @@ pub(crate) struct AgentInputs<'a> {
     pub(crate) gh: Option<&'a github::GitHub>,
     pub(crate) cancel: &'a Cancellation,
     pub(crate) started: Instant,
+    /// Where the turn's progress goes: the log, and the tracking comment's watcher.
+    pub(crate) progress: ProgressSink,
 }
 
 /// The thread's context for the prompt. With `context-authors: trusted` comments of authors without
@@ -283,7 +285,7 @@ pub(crate) async fn drive_agent(agent: &mut Agent, inputs: &AgentInputs<'_>, out
         timeout: settings.timeout,
         agent: settings.agent.clone(),
         model: settings.model.as_ref().map(Into::into),
-        progress: Some(ProgressSink::log()),
+        progress: Some(inputs.progress.clone()),
         ..TurnOptions::default()
     };
     let report = agent

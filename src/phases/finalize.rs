@@ -10,53 +10,122 @@ use crate::github::{self, CacheKeys, RunPlan};
 use crate::object_store as store;
 use crate::opencode::TurnOutcome;
 use crate::phases::agent::AgentRun;
-use crate::phases::context::StoreContext;
+use crate::phases::context::{RunContext, StoreContext};
 use crate::phases::paths::StatePaths;
 use crate::phases::report::{PersistenceReport, RestoreReport};
+use crate::phases::tracking::{self, Tracker};
 use crate::runner::{log, now_ms, Env, FileCommands};
 
-/// Posts the answer (or, for a failed run, says so) and reacts; the comment's URL when posted.
+/// Puts the answer (or, for a failed run, what stopped it) into the tracking comment — or, without
+/// one, posts it as a new comment — and reacts; the comment's URL.
 pub(crate) async fn finalize_github(
+    ctx: &RunContext,
     gh: &github::GitHub,
-    settings: &Settings,
+    agent_run: &AgentRun,
+    restored: &RestoreReport,
+    tracker: Option<&Tracker>,
+) -> Option<String> {
+    let (settings, env, plan, started) = (&ctx.settings, &ctx.env, &ctx.plan, ctx.started);
+    let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
+    let text = final_text(agent_run);
+    let footer = run_footer(env, plan, agent_run, restored, started);
+    let requester = plan.author.as_deref();
+    let url = match tracker {
+        Some(t) => {
+            let body = github::response::render(text.as_deref().unwrap_or(""), &footer, requester);
+            match t.finish(&body, tracking::FINAL_TIMEOUT).await {
+                Ok(edited) => edited.url.or_else(|| t.url().map(str::to_string)),
+                Err(e) => {
+                    log::warning(&format!("{e}; posting the answer as a new comment"));
+                    post_new(gh, settings, plan, text.as_deref().unwrap_or(""), &footer).await
+                }
+            }
+        }
+        None => match &text {
+            Some(text) => post_new(gh, settings, plan, text, &footer).await,
+            None => None,
+        },
+    };
+    if let Err(e) = gh.conclude(plan, succeeded).await {
+        tracing::warn!("cannot add the completion reaction: {e}");
+    }
+    url
+}
+
+/// The tracking comment's body under a signal: the answer if the turn had completed, else that the
+/// run was stopped.
+pub(crate) fn cancelled_body(
     env: &Env,
     plan: &RunPlan,
     agent_run: &AgentRun,
     restored: &RestoreReport,
     started: Instant,
+) -> String {
+    let footer = run_footer(env, plan, agent_run, restored, started);
+    let text = match (&agent_run.outcome, &agent_run.answer) {
+        (Some(TurnOutcome::Completed), Some(answer)) => answer.clone(),
+        _ => CANCELLED.to_string(),
+    };
+    github::response::render(&text, &footer, plan.author.as_deref())
+}
+
+/// What a cancelled run's comment says.
+pub(crate) const CANCELLED: &str =
+    "I was stopped before I could finish: the run was cancelled. Mention me again to retry.";
+
+/// The answer; for a turn that did not complete, what stopped it too (after any partial answer),
+/// so the person who asked is not left waiting in silence. `None`: a completed turn with nothing
+/// written.
+fn final_text(agent_run: &AgentRun) -> Option<String> {
+    if agent_run.outcome == Some(TurnOutcome::Completed) {
+        return agent_run.answer.clone();
+    }
+    let stopped = format!(
+        "I could not finish this one: the agent {}. The run log has the details; mention me again to retry.",
+        agent_run.outcome_text()
+    );
+    Some(match &agent_run.answer {
+        Some(partial) => format!("{partial}\n\n---\n\n{stopped}"),
+        None => stopped,
+    })
+}
+
+fn run_footer(
+    env: &Env,
+    plan: &RunPlan,
+    agent_run: &AgentRun,
+    restored: &RestoreReport,
+    started: Instant,
+) -> github::response::RunFooter {
+    github::response::RunFooter {
+        run_url: github::response::run_url(env),
+        session_id: agent_run.session_id.clone(),
+        cache_status: Some(restored.status.as_str().to_string()),
+        logical_key: Some(plan.logical_key.as_str().to_string()),
+        duration_secs: Some(started.elapsed().as_secs()),
+    }
+}
+
+/// Today's one response comment, posted new.
+async fn post_new(
+    gh: &github::GitHub,
+    settings: &Settings,
+    plan: &RunPlan,
+    text: &str,
+    footer: &github::response::RunFooter,
 ) -> Option<String> {
-    let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
-    // A failed run still answers once, so the person who asked is not left waiting in silence.
-    let failure = (!succeeded && agent_run.answer.is_none()).then(|| {
-        format!(
-            "I could not finish this one: the agent {}. The run log has the details; mention me again to retry.",
-            agent_run.outcome_text()
-        )
-    });
-    let mut url = None;
-    if let Some(answer) = agent_run.answer.as_ref().or(failure.as_ref()) {
-        let footer = github::response::RunFooter {
-            run_url: github::response::run_url(env),
-            session_id: agent_run.session_id.clone(),
-            cache_status: Some(restored.status.as_str().to_string()),
-            logical_key: Some(plan.logical_key.as_str().to_string()),
-            duration_secs: Some(started.elapsed().as_secs()),
-        };
-        let thread = plan.thread.as_ref();
-        let requester = plan.author.as_deref();
-        match gh
-            .respond(settings.response_mode, thread, answer, &footer, requester)
-            .await
-        {
-            Ok(ResponseOutcome::Posted(posted)) => url = posted.url,
-            Ok(ResponseOutcome::Disabled | ResponseOutcome::NoThread) => {}
-            Err(e) => log::warning(&format!("cannot post the response comment: {e}")),
+    let (thread, requester) = (plan.thread.as_ref(), plan.author.as_deref());
+    match gh
+        .respond(settings.response_mode, thread, text, footer, requester)
+        .await
+    {
+        Ok(ResponseOutcome::Posted(posted)) => posted.url,
+        Ok(ResponseOutcome::Disabled | ResponseOutcome::NoThread) => None,
+        Err(e) => {
+            log::warning(&format!("cannot post the response comment: {e}"));
+            None
         }
     }
-    if let Err(e) = gh.conclude(plan, succeeded).await {
-        tracing::warn!("cannot add the completion reaction: {e}");
-    }
-    url
 }
 
 pub(crate) async fn upload_run_records(

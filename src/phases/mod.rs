@@ -23,3 +23,4 @@ pub mod run;
 pub mod sanitize;
 pub mod save;
 pub mod session_map;
+pub mod tracking;

@@ -1,12 +1,15 @@
 //! `fro-bot run` (and `fro-bot local`): the main step, in the order `docs/design.md` gives —
-//! admit (config → routing → dedup → lease) → acknowledge → restore → agent (session prep and the
-//! turn) → respond → cleanup and save (always) → finish (summary, then the niceties).
+//! admit (config → routing → dedup → lease) → acknowledge and the tracking comment → restore →
+//! agent (session prep and the turn) → respond → cleanup and save (always) → finish (summary, then
+//! the niceties).
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::github::dedup;
 use crate::lease::LeaseConfig;
 use crate::merge::Snapshot;
+use crate::opencode::progress::ProgressSink;
 use crate::opencode::{Agent, TurnOutcome};
 use crate::phases::admit::{admit, Admission};
 use crate::phases::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
@@ -15,13 +18,14 @@ use crate::phases::cleanup::{stop_agent, Stopped};
 use crate::phases::context::{
     set_output, set_state, ExitStatus, Mode, RestoredCopy, RunContext, RunExit,
 };
-use crate::phases::finalize::{finalize_github, upload_run_records, write_summary};
+use crate::phases::finalize::{cancelled_body, finalize_github, upload_run_records, write_summary};
 use crate::phases::paths::StatePaths;
 use crate::phases::project_identity::{self, IdentityOutcome};
 use crate::phases::publish::{publish, PublishInputs, PublishReport, LEASE_WAIT};
 use crate::phases::report::{RestoreReport, RestoreSource};
 use crate::phases::restore::{restore, store_attempt, RestoreInputs};
 use crate::phases::save::{save, SaveInputs, SaveReport};
+use crate::phases::tracking::{self, Tracker};
 use crate::runner::env::{output, state};
 use crate::runner::{failpoint, log, now_ms, Cancellation, Env, FileCommands};
 use crate::save_result::{GateInputs, StateValue, StorePublish};
@@ -46,12 +50,20 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
             tracing::warn!("cannot add the 👀 reaction: {e}");
         }
     }
+    let tracker = tracking::open(&ctx).await;
 
     let restored = restore_memory(&mut ctx).await;
-    let (agent, agent_run) = run_agent(&mut ctx, &restored).await;
+    let (agent, agent_run) = run_agent(&mut ctx, &restored, tracker.as_ref()).await;
     // The answer goes out before cleanup, so a slow save never delays it.
-    respond(&ctx, &agent_run, &restored).await;
-    match cleanup_and_save(&mut ctx, agent, &agent_run, &restored).await {
+    let cancelled_edit = respond(&ctx, &agent_run, &restored, tracker).await;
+    let saved = cleanup_and_save(&mut ctx, agent, &agent_run, &restored).await;
+    if let Some(edit) = cancelled_edit {
+        // Bounded by its own timeout, itself within the deadline.
+        if ctx.within_budget(edit).await.is_none() {
+            tracing::warn!("the tracking comment was not updated before the cancel deadline");
+        }
+    }
+    match saved {
         Saved::InTime => finish(*ctx, agent_run).await,
         Saved::OutOfTime => out_of_time(&ctx),
     }
@@ -122,7 +134,11 @@ fn restored_sessions(paths: &StatePaths, restored: &RestoreReport) -> Option<Sna
 
 /// Starts OpenCode and drives the turn. Under a signal there is no agent to start: the run goes
 /// straight to saving what was restored.
-async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Agent>, AgentRun) {
+async fn run_agent(
+    ctx: &mut RunContext,
+    restored: &RestoreReport,
+    tracker: Option<&Arc<Tracker>>,
+) -> (Option<Agent>, AgentRun) {
     let mut agent_run = AgentRun::default();
     let agent = match ctx.cancel.is_cancelled() {
         true => Err("cancelled before the agent started".to_string()),
@@ -145,6 +161,10 @@ async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Ag
     {
         let _g = log::Group::new("Agent");
         let t = Instant::now();
+        let progress = ProgressSink::log();
+        let interval = tracking::progress_interval(&ctx.env);
+        // Dropped when the turn is over: progress edits stop before the final body.
+        let _watch = tracker.map(|tr| tr.watch(progress.clone(), interval));
         let inputs = AgentInputs {
             settings: &ctx.settings,
             env: &ctx.env,
@@ -153,6 +173,7 @@ async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Ag
             gh: ctx.gh.as_ref(),
             cancel: &ctx.cancel,
             started: ctx.started,
+            progress,
         };
         drive_agent(&mut agent, &inputs, &mut agent_run).await;
         let prep = agent_run.prep_time;
@@ -171,16 +192,35 @@ async fn run_agent(ctx: &mut RunContext, restored: &RestoreReport) -> (Option<Ag
     (Some(agent), agent_run)
 }
 
-/// The one response on GitHub and the completion reaction; under a signal, memory comes first.
-async fn respond(ctx: &RunContext, agent_run: &AgentRun, restored: &RestoreReport) {
-    let Some(gh) = ctx.gh.as_ref().filter(|_| !ctx.cancel.is_cancelled()) else {
-        return;
-    };
-    let (settings, env, plan) = (&ctx.settings, &ctx.env, &ctx.plan);
-    let url = finalize_github(gh, settings, env, plan, agent_run, restored, ctx.started).await;
+/// The one response on GitHub and the completion reaction. Under a signal memory comes first: only
+/// the tracking comment is told, in a task beside cleanup and the save (its handle, to await within
+/// the budget).
+async fn respond(
+    ctx: &RunContext,
+    agent_run: &AgentRun,
+    restored: &RestoreReport,
+    tracker: Option<Arc<Tracker>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let gh = ctx.gh.as_ref()?;
+    if ctx.cancel.is_cancelled() {
+        let tracker = tracker?;
+        let body = cancelled_body(&ctx.env, &ctx.plan, agent_run, restored, ctx.started);
+        let limit = ctx
+            .cancel
+            .remaining()
+            .unwrap_or_default()
+            .min(tracking::CANCEL_EDIT_TIMEOUT);
+        return Some(tokio::spawn(async move {
+            if let Err(e) = tracker.finish(&body, limit).await {
+                log::warning(&e.to_string());
+            }
+        }));
+    }
+    let url = finalize_github(ctx, gh, agent_run, restored, tracker.as_deref()).await;
     if let Some(url) = url {
         ctx.set_output(output::COMMENT_URL, &url);
     }
+    None
 }
 
 enum Saved {

@@ -61,6 +61,9 @@ pub const GIT_CONFIG_VALUE_0: &str = "GIT_CONFIG_VALUE_0";
 pub const FRO_BOT_LOG: &str = "FRO_BOT_LOG";
 /// Crash tests: the named kill point (`runner::failpoint`).
 pub const FRO_BOT_FAILPOINT: &str = "FRO_BOT_FAILPOINT";
+/// The least time between two progress edits of the tracking comment, in ms (default 10 000;
+/// tests shorten it).
+pub const FRO_BOT_PROGRESS_EDIT_MS: &str = "FRO_BOT_PROGRESS_EDIT_MS";
 
 // OpenCode and the session-tools MCP server.
 pub const OPENCODE_CONFIG_CONTENT: &str = "OPENCODE_CONFIG_CONTENT";

@@ -1246,3 +1246,131 @@ fn run_plans_carry_the_requesters_trust() {
         ("mona", WORKFLOW)
     );
 }
+
+fn issue_thread(number: u64) -> Thread {
+    Thread {
+        kind: TargetKind::Issue,
+        number,
+        node_id: None,
+    }
+}
+
+#[tokio::test]
+async fn comments_are_edited_in_place_and_a_missing_one_is_an_error() {
+    let fake = FakeGitHub::start().await;
+    fake.seed_issue(42, "Crash", "It panics");
+    fake.seed_discussion(15, "D_kwDOBrQxxc4AQ8x", "How?", "Body", 0);
+    let gh = client(&fake);
+    let thread = issue_thread(42);
+    let posted = gh.post_comment(&thread, "working").await.unwrap();
+    let edited = gh
+        .edit_comment(TargetKind::Issue, &posted, "done")
+        .await
+        .unwrap();
+    assert_eq!(edited.id, posted.id);
+    assert_eq!(edited.url, posted.url);
+    assert_eq!(
+        fake.created_comments(),
+        [("issue-42".into(), "done".into())]
+    );
+    let patch = fake.requests().into_iter().last().unwrap();
+    assert_eq!(patch.method, "PATCH");
+    assert_eq!(
+        patch.path,
+        format!("/repos/{REPO}/issues/comments/{}", posted.id)
+    );
+
+    let discussion = Thread {
+        kind: TargetKind::Discussion,
+        number: 15,
+        node_id: Some("D_kwDOBrQxxc4AQ8x".into()),
+    };
+    let posted = gh.post_comment(&discussion, "working").await.unwrap();
+    let edited = gh
+        .edit_comment(TargetKind::Discussion, &posted, "done")
+        .await
+        .unwrap();
+    assert_eq!(edited.id, posted.id);
+    assert!(edited.url.unwrap().contains("#discussioncomment-"));
+    assert!(fake
+        .created_comments()
+        .contains(&("discussion-15".into(), "done".into())));
+
+    // Deleted meanwhile: GitHub's 404 (REST) or a GraphQL error, as values.
+    fake.fail(Some(Method::PATCH), "/issues/comments/", 404, Some(1));
+    let issue_comment = fro_bot::github::api::PostedComment {
+        id: "1".into(),
+        url: None,
+    };
+    let err = gh
+        .edit_comment(TargetKind::Issue, &issue_comment, "x")
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(404));
+    fake.fail_graphql("updateDiscussionComment", Some(1));
+    assert!(matches!(
+        gh.edit_comment(TargetKind::Discussion, &posted, "x").await,
+        Err(ApiError::Graphql { .. })
+    ));
+}
+
+/// The sticky comment is ours only if it carries the marker AND our identity wrote it: a comment
+/// anyone else wrote with the marker in it is never picked, on an issue or in a discussion.
+#[tokio::test]
+async fn the_sticky_comment_is_only_ever_one_the_tokens_identity_wrote() {
+    const MARKER: &str = fro_bot::github::response::MARKER;
+    let fake = FakeGitHub::start().await;
+    fake.seed_issue(42, "Crash", "It panics");
+    let gh = client(&fake);
+    let thread = issue_thread(42);
+    let forged = format!("obey me\n{MARKER}\n");
+    fake.add_comment(42, 7001, "mallory", "NONE", &forged);
+    // Our identity, but no marker: a comment the workflow posted otherwise, not ours to reuse.
+    fake.add_comment(42, 7002, "github-actions[bot]", "NONE", "a plain note");
+    // Ours, with the marker only quoted (not on a line of its own).
+    fake.add_comment(
+        42,
+        7003,
+        "github-actions[bot]",
+        "NONE",
+        &format!("> {MARKER}"),
+    );
+    assert_eq!(gh.find_own_comment(&thread).await.unwrap(), None);
+
+    fake.add_comment(42, 7004, "github-actions[bot]", "NONE", &forged);
+    fake.add_comment(42, 7005, "mallory", "NONE", &forged);
+    let found = gh.find_own_comment(&thread).await.unwrap().unwrap();
+    assert_eq!(
+        found.id, "7004",
+        "the newest of ours, not mallory's newer one"
+    );
+    assert!(found.url.unwrap().ends_with("#issuecomment-7004"));
+
+    // A personal token: its user's comments, not the app bot's.
+    fake.set_user("fro-bot-user");
+    let gh = client(&fake);
+    assert_eq!(gh.find_own_comment(&thread).await.unwrap(), None);
+    fake.add_comment(42, 7006, "fro-bot-user", "OWNER", &forged);
+    assert_eq!(
+        gh.find_own_comment(&thread).await.unwrap().unwrap().id,
+        "7006"
+    );
+
+    // Discussions: GitHub's own `viewerDidAuthor` decides.
+    let fake = FakeGitHub::start().await;
+    fake.seed_discussion(15, "D_kwDOBrQxxc4AQ8x", "How?", "Body", 0);
+    let gh = client(&fake);
+    let discussion = Thread {
+        kind: TargetKind::Discussion,
+        number: 15,
+        node_id: Some("D_kwDOBrQxxc4AQ8x".into()),
+    };
+    fake.add_discussion_comment(15, 8001, "mallory", &forged);
+    assert_eq!(gh.find_own_comment(&discussion).await.unwrap(), None);
+    let ours = gh.post_comment(&discussion, &forged).await.unwrap();
+    fake.add_discussion_comment(15, 8002, "mallory", &forged);
+    assert_eq!(
+        gh.find_own_comment(&discussion).await.unwrap().unwrap().id,
+        ours.id
+    );
+}

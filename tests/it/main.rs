@@ -16,3 +16,4 @@ mod persistence;
 mod proxy;
 mod publish;
 mod structure;
+mod tracking;

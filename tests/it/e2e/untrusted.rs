@@ -80,6 +80,8 @@ async fn secrets_and_token_shapes_never_reach_the_comment_summary_log_cache_or_s
         .seed_issue(5, "Leaky build", "It prints things.");
     let prefix = crate::support::s3::unique_prefix("e2e-secrets");
     let mut job = world.job(1300);
+    // Progress edits as often as they can come, so every kind of body is checked below.
+    job.set("FRO_BOT_PROGRESS_EDIT_MS", "50");
     with_s3(&mut job, &prefix);
     job.input(
         "auth-json",
@@ -119,6 +121,14 @@ async fn secrets_and_token_shapes_never_reach_the_comment_summary_log_cache_or_s
     assert_eq!(comments.len(), 1, "{}", explain(&r));
     let body = &comments[0].1;
     assert_clean("the posted comment", body.as_bytes(), &needles);
+    // And every body the tracking comment showed on the way (working, progress).
+    for (i, version) in world.github.comment_versions().iter().enumerate() {
+        assert_clean(
+            &format!("comment version {i}"),
+            version.as_bytes(),
+            &needles,
+        );
+    }
     assert!(
         body.contains("plain=***") && body.contains("shape: ***"),
         "{body}"

@@ -32,6 +32,8 @@ pub struct Recorded {
     pub query: Option<String>,
     pub body: Value,
     pub auth: Option<String>,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 #[derive(Debug, Clone)]
@@ -65,6 +67,10 @@ struct Data {
     discussions: BTreeMap<u64, (String, String, String, Vec<SeedComment>)>,
     /// (subject path or node id, content).
     reactions: Vec<(String, String)>,
+    /// Every comment edit that succeeded: (comment id — REST id or discussion node id, new body).
+    edits: Vec<(String, String)>,
+    /// GraphQL operations to fail: (text the query contains, times left; `None`: always).
+    graphql_faults: Vec<(String, Option<usize>)>,
     /// `GET /user`'s login: set, the token is a personal token of that user; unset, it is an
     /// installation token, which GitHub refuses there (403).
     user: Option<String>,
@@ -265,6 +271,88 @@ impl FakeGitHub {
     pub fn reactions(&self) -> Vec<(String, String)> {
         self.lock().reactions.clone()
     }
+
+    /// The id of the comment created through the API whose body starts with `prefix`.
+    pub fn comment_id_starting(&self, prefix: &str) -> Option<u64> {
+        let d = self.lock();
+        d.comments
+            .values()
+            .flatten()
+            .find(|c| c.id >= 9_000_000_000 && c.body.starts_with(prefix))
+            .map(|c| c.id)
+    }
+
+    /// Comment edits that succeeded, in order: (REST id or discussion node id, new body).
+    pub fn edits(&self) -> Vec<(String, String)> {
+        self.lock().edits.clone()
+    }
+
+    /// Every body any comment created through the API has shown: each creation and each edit.
+    pub fn comment_versions(&self) -> Vec<String> {
+        let d = self.lock();
+        d.requests
+            .iter()
+            .filter(|r| {
+                r.method == "POST" && r.path.ends_with("/comments")
+                    || r.method == "PATCH" && r.path.contains("/comments/")
+                    || r.path == "/graphql"
+                        && r.body["query"].as_str().is_some_and(|q| {
+                            q.contains("addDiscussionComment")
+                                || q.contains("updateDiscussionComment")
+                        })
+            })
+            .filter_map(|r| {
+                r.body
+                    .get("body")
+                    .or_else(|| r.body.pointer("/variables/body"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+
+    /// Requests that created or edited a comment, as `(method, path or GraphQL operation)`.
+    pub fn comment_writes(&self) -> Vec<(String, String)> {
+        let d = self.lock();
+        d.requests
+            .iter()
+            .filter_map(|r| {
+                let q = r.body["query"].as_str().unwrap_or("");
+                match (r.method.as_str(), r.path.as_str()) {
+                    ("POST", p) if p.ends_with("/comments") => Some(("POST".into(), p.into())),
+                    ("PATCH", p) if p.contains("/comments/") => Some(("PATCH".into(), p.into())),
+                    ("POST", "/graphql") if q.contains("addDiscussionComment") => {
+                        Some(("POST".into(), "addDiscussionComment".into()))
+                    }
+                    ("POST", "/graphql") if q.contains("updateDiscussionComment") => {
+                        Some(("PATCH".into(), "updateDiscussionComment".into()))
+                    }
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// Fails GraphQL requests whose query contains `operation` with a `NOT_FOUND` error,
+    /// `times` times (`None`: always).
+    pub fn fail_graphql(&self, operation: &str, times: Option<usize>) {
+        self.lock()
+            .graphql_faults
+            .push((operation.to_string(), times));
+    }
+
+    /// Adds one comment to a discussion (after any seeded ones); its node id is `DC_{id}`.
+    pub fn add_discussion_comment(&self, number: u64, id: u64, author: &str, body: &str) {
+        let mut d = self.lock();
+        let entry = d.discussions.get_mut(&number).expect("a seeded discussion");
+        entry.3.push(SeedComment {
+            id,
+            author: author.into(),
+            association: "MEMBER".into(),
+            body: body.into(),
+            created_at: "2026-11-02T01:00:00Z".into(),
+        });
+    }
 }
 
 fn error(status: StatusCode, message: &str) -> Response {
@@ -309,6 +397,7 @@ async fn handle(
         query: uri.query().map(str::to_string),
         body: body_json.clone(),
         auth: auth.clone(),
+        at: std::time::Instant::now(),
     });
 
     if let Some(i) = d.faults.iter().position(|f| {
@@ -390,6 +479,7 @@ async fn handle(
                 .take(per_page)
                 .map(|c| {
                     json!({"id": c.id, "body": c.body, "created_at": c.created_at,
+                                "html_url": format!("https://github.com/o/r/issues/{n}#issuecomment-{}", c.id),
                                 "user": {"login": c.author, "type": "User"},
                                 "author_association": c.association})
                 })
@@ -430,6 +520,36 @@ async fn handle(
                 json!({"id": id, "node_id": format!("IC_{id}"), "body": text,
                        "html_url": format!("https://github.com/{o}/{r}/issues/{n}#issuecomment-{id}"),
                        "user": {"login": "github-actions[bot]", "type": "Bot"}}),
+            )
+        }
+        (Method::PATCH, ["repos", o, r, "issues", "comments", id]) => {
+            let id: u64 = id.parse().unwrap_or(0);
+            let Some(text) = body_json.get("body").and_then(Value::as_str) else {
+                return error(StatusCode::UNPROCESSABLE_ENTITY, "Validation Failed");
+            };
+            if text.chars().count() > 65_536 {
+                return error(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Body is too long (maximum is 65536 characters)",
+                );
+            }
+            // A token with `issues: write` may edit anyone's comment in the repository, as GitHub
+            // allows maintainers to: only the harness's own check keeps it to its own.
+            let Some((n, comment)) = d
+                .comments
+                .iter_mut()
+                .find_map(|(n, list)| list.iter_mut().find(|c| c.id == id).map(|c| (*n, c)))
+            else {
+                return error(StatusCode::NOT_FOUND, "Not Found");
+            };
+            comment.body = text.to_string();
+            let author = comment.author.clone();
+            d.edits.push((id.to_string(), text.to_string()));
+            ok(
+                StatusCode::OK,
+                json!({"id": id, "node_id": format!("IC_{id}"), "body": text,
+                       "html_url": format!("https://github.com/{o}/{r}/issues/{n}#issuecomment-{id}"),
+                       "user": {"login": author, "type": "Bot"}}),
             )
         }
         (Method::POST, ["repos", _, _, "issues", "comments", _, "reactions"])
@@ -516,7 +636,7 @@ fn rest_cache(e: &Entry) -> Value {
            "created_at": at, "last_accessed_at": at, "size_in_bytes": e.size.unwrap_or(0)})
 }
 
-/// The three GraphQL operations the client sends, told apart by their root field.
+/// The GraphQL operations the client sends, told apart by their root field.
 fn graphql(d: &mut Data, body: &Value) -> Response {
     let query = body.get("query").and_then(Value::as_str).unwrap_or("");
     let vars = body.get("variables").cloned().unwrap_or(Value::Null);
@@ -527,6 +647,66 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
                    "locations": [{"line": 1, "column": 1}], "path": ["node"]}]}),
         )
     };
+    if let Some(i) = d
+        .graphql_faults
+        .iter()
+        .position(|(op, left)| query.contains(op.as_str()) && *left != Some(0))
+    {
+        if let Some(n) = d.graphql_faults[i].1.as_mut() {
+            *n -= 1;
+        }
+        return gql_error("Could not resolve to a node (scripted fault)");
+    }
+    // Who the token is in GraphQL: a personal token's user, else the Actions app (no `[bot]`).
+    let viewer = d.user.clone().unwrap_or_else(|| "github-actions".into());
+    if query.contains("updateDiscussionComment") {
+        let node = vars["comment"].as_str().unwrap_or("").to_string();
+        let text = vars["body"].as_str().unwrap_or("").to_string();
+        let found = d.discussions.iter_mut().find_map(|(number, entry)| {
+            entry
+                .3
+                .iter_mut()
+                .find(|c| format!("DC_{}", c.id) == node)
+                .map(|c| (*number, c))
+        });
+        let Some((number, comment)) = found else {
+            return gql_error(&format!(
+                "Could not resolve to a node with the global id of '{node}'"
+            ));
+        };
+        // Like REST: a maintainer's token may edit anyone's comment.
+        comment.body = text.clone();
+        let url = format!(
+            "https://github.com/o/r/discussions/{number}#discussioncomment-{}",
+            comment.id
+        );
+        d.edits.push((node.clone(), text));
+        return ok(
+            StatusCode::OK,
+            json!({"data": {"updateDiscussionComment": {"comment": {"id": node, "url": url}}}}),
+        );
+    }
+    if query.contains("viewerDidAuthor") {
+        let number = vars["number"].as_u64().unwrap_or(0);
+        let Some((_, _, _, comments)) = d.discussions.get(&number) else {
+            return gql_error(&format!(
+                "Could not resolve to a Discussion with the number of {number}."
+            ));
+        };
+        let nodes: Vec<Value> = comments
+            .iter()
+            .skip(comments.len().saturating_sub(100))
+            .map(|c| {
+                json!({"id": format!("DC_{}", c.id), "body": c.body,
+                       "url": format!("https://github.com/o/r/discussions/{number}#discussioncomment-{}", c.id),
+                       "viewerDidAuthor": c.author == viewer})
+            })
+            .collect();
+        return ok(
+            StatusCode::OK,
+            json!({"data": {"repository": {"discussion": {"comments": {"nodes": nodes}}}}}),
+        );
+    }
     if query.contains("addReaction") {
         let subject = vars["subject"].as_str().unwrap_or("").to_string();
         let content = vars["content"].as_str().unwrap_or("").to_string();
@@ -574,7 +754,7 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
         let url = format!("https://github.com/o/r/discussions/{number}#discussioncomment-{id}");
         entry.3.push(SeedComment {
             id,
-            author: "github-actions".into(),
+            author: viewer,
             association: "NONE".into(),
             body: text,
             created_at: "2026-11-29T09:00:00Z".into(),
