@@ -1,7 +1,8 @@
 //! The coordination lease (docs/design.md#the-coordination-lease): at most one run at a time may
 //! publish a repository's shared session database. Acquired with a create-only put, taken over only
-//! after expiry with a compare-and-swap on the ETag, renewed in the background, released with a
-//! conditional delete.
+//! after expiry or release with a compare-and-swap on the ETag (generation + 1: a fencing token that
+//! never restarts), renewed in the background, released by a conditional write of the record
+//! expired at once.
 
 pub mod clock;
 pub mod record;

@@ -170,14 +170,18 @@ pub async fn publish(inputs: PublishInputs<'_>) -> PublishReport {
 }
 
 fn withheld(reason: String, lease: LeaseReport, lease_waits: u32) -> PublishReport {
-    log::warning(&format!(
-        "memory not published to the object store: {reason}"
-    ));
     PublishReport {
         lease: Some(lease),
         lease_waits,
-        ..PublishReport::from(StorePublish::Withheld { reason })
+        ..PublishReport::from(withheld_outcome(reason))
     }
+}
+
+fn withheld_outcome(reason: String) -> StorePublish {
+    log::warning(&format!(
+        "memory not published to the object store: {reason}"
+    ));
+    StorePublish::Withheld { reason }
 }
 
 /// The put loop under a held lease: conditional put; on a precondition failure, merge this run's
@@ -190,7 +194,7 @@ async fn put_merging(inputs: &PublishInputs<'_>, handle: &LeaseHandle) -> Publis
     let mut merged: Option<(tempfile::TempDir, PathBuf)> = None;
     loop {
         if let Some(reason) = gate(handle).await {
-            report.outcome = withheld(reason, LeaseReport::Disabled, 0).outcome;
+            report.outcome = withheld_outcome(reason);
             return report;
         }
         failpoint::hit("save:before-publish");

@@ -115,7 +115,7 @@ async fn overlapping_threads_all_resume(n: u64, prefix: Option<&str>) {
 /// outlast its 60 s startup deadline. Each run still overlaps the next several (a run takes far
 /// longer than the spacing), which is what matters: they restore before the others save.
 async fn stagger() {
-    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
 }
 
 fn question(i: u64) -> String {
