@@ -14,8 +14,6 @@ use crate::runner::env::{
 
 /// Name of the MCP server entry that gives the agent `session_*` tools.
 pub const SESSION_TOOLS_MCP: &str = "fro-bot-sessions";
-/// How long OpenCode waits for the session tools' MCP server (ms).
-const SESSION_TOOLS_TIMEOUT_MS: u64 = 30_000;
 
 /// Where the session-tools MCP server (a `fro-bot session-tools` child of OpenCode) finds the
 /// server. The URL must be known before OpenCode starts, because the MCP entry is part of the
@@ -58,9 +56,6 @@ pub fn config_content(input: &ConfigInput<'_>) -> String {
             "command": [tools.fro_bot_exe.to_string_lossy(), "session-tools"],
             "environment": environment,
             "enabled": true,
-            // OpenCode gives an MCP server 5 s by default; on a loaded runner the tools' start
-            // can take longer, and then the agent silently has no session tools.
-            "timeout": SESSION_TOOLS_TIMEOUT_MS,
         }}});
         deep_merge(&mut cfg, entry);
     }
