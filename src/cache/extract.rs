@@ -225,27 +225,6 @@ pub fn extract_confined(
     targets: &[CachePath],
     workspace: &Path,
 ) -> Result<ExtractReport, CacheError> {
-    extract_archive(archive, targets, workspace, None)
-}
-
-/// [`extract_confined`], but each target is written to `into/{its file name}` instead of its own
-/// path (member names still come from the targets): an entry read beside the live memory, for a
-/// merge, without touching it.
-pub fn extract_confined_into(
-    archive: &Path,
-    targets: &[CachePath],
-    workspace: &Path,
-    into: &Path,
-) -> Result<ExtractReport, CacheError> {
-    extract_archive(archive, targets, workspace, Some(into))
-}
-
-fn extract_archive(
-    archive: &Path,
-    targets: &[CachePath],
-    workspace: &Path,
-    into: Option<&Path>,
-) -> Result<ExtractReport, CacheError> {
     let archive_err = |detail: &str, source: io::Error| CacheError::Archive {
         path: archive.to_path_buf(),
         detail: detail.to_string(),
@@ -257,14 +236,11 @@ fn extract_archive(
         .map_err(|e| archive_err("cannot stat", e))?
         .len();
     let workspace_n = paths::normalize(workspace);
-    let free = match into {
-        Some(dir) => limits::free_bytes(dir).unwrap_or(u64::MAX),
-        None => targets
-            .iter()
-            .filter_map(|t| limits::free_bytes(&paths::resolve(&workspace_n, &t.path)))
-            .min()
-            .unwrap_or(u64::MAX),
-    };
+    let free = targets
+        .iter()
+        .filter_map(|t| limits::free_bytes(&paths::resolve(&workspace_n, &t.path)))
+        .min()
+        .unwrap_or(u64::MAX);
     let limits = Limits::for_entry(size, free);
     extract_stream(
         Pipelined::spawn(file),
@@ -272,7 +248,37 @@ fn extract_archive(
         workspace,
         limits,
         archive,
-        into,
+        None,
+    )
+}
+
+/// [`extract_confined`], but each target is written to `into/{its file name}` instead of its own
+/// path (member names still come from the targets): an entry read beside the live memory, for a
+/// merge, without touching it.
+pub fn extract_confined_into(
+    archive: &Path,
+    targets: &[CachePath],
+    workspace: &Path,
+    into: &Path,
+) -> Result<ExtractReport, CacheError> {
+    let archive_err = |detail: &str, source: io::Error| CacheError::Archive {
+        path: archive.to_path_buf(),
+        detail: detail.to_string(),
+        source,
+    };
+    let file = File::open(archive).map_err(|e| archive_err("cannot open", e))?;
+    let size = file
+        .metadata()
+        .map_err(|e| archive_err("cannot stat", e))?
+        .len();
+    let limits = Limits::for_entry(size, limits::free_bytes(into).unwrap_or(u64::MAX));
+    extract_stream(
+        Pipelined::spawn(file),
+        targets,
+        workspace,
+        limits,
+        archive,
+        Some(into),
     )
 }
 
