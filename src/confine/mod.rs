@@ -222,51 +222,10 @@ impl PrivateBinary {
             }
             bin.to_path_buf()
         } else {
-            Self::cached_copy(bin)?
+            cached_copy(bin, "opencode")?
         };
         let shell = Self::shell_wrapper(dir.path(), path_var)?;
         Ok(PrivateBinary { dir, path, shell })
-    }
-
-    fn cached_copy(bin: &Path) -> std::io::Result<PathBuf> {
-        use sha2::{Digest, Sha256};
-        let m = std::fs::metadata(bin)?;
-        let key = Sha256::digest(format!(
-            "{}\0{}\0{:?}",
-            bin.display(),
-            m.len(),
-            m.modified().ok()
-        ));
-        let cache = Path::new(BIN_CACHE);
-        if let Err(e) = std::fs::create_dir(cache) {
-            if e.kind() != std::io::ErrorKind::AlreadyExists {
-                return Err(e);
-            }
-        }
-        let cm = std::fs::symlink_metadata(cache)?;
-        if !cm.is_dir() || !root_only_writable(&cm) {
-            return Err(std::io::Error::other(format!(
-                "{BIN_CACHE} is not a directory only root can write"
-            )));
-        }
-        std::fs::set_permissions(cache, std::fs::Permissions::from_mode(0o711))?;
-        let path = cache.join(format!("opencode-{}", &hex::encode(key)[..16]));
-        if let Ok(existing) = std::fs::symlink_metadata(&path) {
-            if existing.is_file()
-                && existing.len() == m.len()
-                && root_only_writable(&existing)
-                && existing.mode() & 0o7777 == 0o711
-            {
-                return Ok(path);
-            }
-        }
-        let partial = tempfile::Builder::new()
-            .prefix(".partial-")
-            .tempfile_in(cache)?;
-        std::fs::copy(bin, partial.path())?;
-        std::fs::set_permissions(partial.path(), std::fs::Permissions::from_mode(0o711))?;
-        partial.persist(&path).map_err(|e| e.error)?;
-        Ok(path)
     }
 
     /// OpenCode runs its shell tool's commands with `$SHELL` and its own environment: a wrapper
@@ -313,6 +272,85 @@ impl PrivateBinary {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+}
+
+/// The fro-bot executable as the agent's uid can start it: OpenCode starts the session tools
+/// (`fro-bot session-tools`) as that uid, which may not reach fro-bot's own path (a build under
+/// root's 0700 home). Used in place when root owns it and every directory above it lets others
+/// through (the image's `/usr/local/bin/fro-bot`); otherwise an execute-only copy under
+/// [`BIN_CACHE`]. Each use marks its copy fresh; copies of other builds unused for a day are
+/// removed, as each is as large as the binary.
+pub fn agent_reachable_exe(exe: &Path) -> std::io::Result<PathBuf> {
+    if usable_in_place(exe) {
+        return Ok(exe.to_path_buf());
+    }
+    let path = cached_copy(exe, "fro-bot")?;
+    // Read-only is enough for the owner to set times (opening a running binary to write is not).
+    std::fs::File::open(&path)?.set_modified(std::time::SystemTime::now())?;
+    prune_copies("fro-bot-", &path, std::time::Duration::from_secs(24 * 3600));
+    Ok(path)
+}
+
+/// Best effort: removes `{prefix}*` copies other than `keep` not modified for `age`.
+fn prune_copies(prefix: &str, keep: &Path, age: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(BIN_CACHE) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let stale = entry
+            .metadata()
+            .ok()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|elapsed| elapsed > age);
+        if stale && path != keep && entry.file_name().to_string_lossy().starts_with(prefix) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+/// A root-owned, execute-only copy of `bin` under [`BIN_CACHE`] named `{name}-{hash}`, made once
+/// per build of `bin` and reused.
+fn cached_copy(bin: &Path, name: &str) -> std::io::Result<PathBuf> {
+    use sha2::{Digest, Sha256};
+    let m = std::fs::metadata(bin)?;
+    let key = Sha256::digest(format!(
+        "{}\0{}\0{:?}",
+        bin.display(),
+        m.len(),
+        m.modified().ok()
+    ));
+    let cache = Path::new(BIN_CACHE);
+    if let Err(e) = std::fs::create_dir(cache) {
+        if e.kind() != std::io::ErrorKind::AlreadyExists {
+            return Err(e);
+        }
+    }
+    let cm = std::fs::symlink_metadata(cache)?;
+    if !cm.is_dir() || !root_only_writable(&cm) {
+        return Err(std::io::Error::other(format!(
+            "{BIN_CACHE} is not a directory only root can write"
+        )));
+    }
+    std::fs::set_permissions(cache, std::fs::Permissions::from_mode(0o711))?;
+    let path = cache.join(format!("{name}-{}", &hex::encode(key)[..16]));
+    if let Ok(existing) = std::fs::symlink_metadata(&path) {
+        if existing.is_file()
+            && existing.len() == m.len()
+            && root_only_writable(&existing)
+            && existing.mode() & 0o7777 == 0o711
+        {
+            return Ok(path);
+        }
+    }
+    let partial = tempfile::Builder::new()
+        .prefix(".partial-")
+        .tempfile_in(cache)?;
+    std::fs::copy(bin, partial.path())?;
+    std::fs::set_permissions(partial.path(), std::fs::Permissions::from_mode(0o711))?;
+    partial.persist(&path).map_err(|e| e.error)?;
+    Ok(path)
 }
 
 #[cfg(test)]

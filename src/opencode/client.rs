@@ -223,6 +223,14 @@ pub struct SessionStatus {
     pub message: Option<String>,
 }
 
+/// `GET /mcp` entry: `connected`, `failed` (with `error`), `disabled`, ….
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct McpStatus {
+    pub status: String,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
@@ -457,6 +465,11 @@ impl Client {
     /// Sessions that are not idle (idle ones are absent).
     pub async fn status(&self) -> Result<BTreeMap<String, SessionStatus>, ApiError> {
         self.json("GET", "/session/status", &[], None).await
+    }
+
+    /// Each MCP server's state (`GET /mcp`); OpenCode connects them for the request if it has not.
+    pub async fn mcp_status(&self) -> Result<BTreeMap<String, McpStatus>, ApiError> {
+        self.json("GET", "/mcp", &[], None).await
     }
 
     /// The providers OpenCode can call, each with its models (`GET /config/providers`).

@@ -224,6 +224,44 @@ pub enum Released {
     NotTakenBack { message: String },
 }
 
+/// The `fro-bot` the session tools start from, as the agent's uid can reach it; `None` (and a
+/// note: the agent has no session tools) when there is none.
+fn session_tools_exe(opts: &AgentOptions, notes: &mut Vec<String>) -> Option<PathBuf> {
+    let exe = opts.fro_bot_exe.as_ref()?;
+    match opts.user {
+        AgentUser::Current { .. } => Some(exe.clone()),
+        AgentUser::Switched { .. } => match crate::confine::agent_reachable_exe(exe) {
+            Ok(path) => Some(path),
+            Err(e) => {
+                let note = format!(
+                    "no session tools for the agent: {} cannot be made reachable by its user: {e}",
+                    exe.display()
+                );
+                tracing::warn!("{note}");
+                notes.push(note);
+                None
+            }
+        },
+    }
+}
+
+/// A note when OpenCode could not start the session tools (the agent would be told, at its first
+/// call, only that no such tool exists).
+async fn session_tools_missing(client: &Client) -> Option<String> {
+    let why = match client.mcp_status().await {
+        Ok(all) => match all.get(config::SESSION_TOOLS_MCP) {
+            Some(s) if s.status == "connected" => return None,
+            Some(s) => match &s.error {
+                Some(e) => format!("{}: {e}", s.status),
+                None => s.status.clone(),
+            },
+            None => "OpenCode does not list them".to_string(),
+        },
+        Err(e) => format!("their state could not be read: {e}"),
+    };
+    Some(format!("no session tools for the agent ({why})"))
+}
+
 impl Agent {
     pub async fn start(opts: AgentOptions) -> Result<Agent, AgentError> {
         let config_dir = opts.dirs.config_home.join("opencode");
@@ -307,7 +345,8 @@ impl Agent {
         let trust_path = trust_file.as_ref().map(|f| f.path().to_path_buf());
         let trust = opts.session_trust.clone().zip(trust_file);
         let workspace = opts.workspace.clone();
-        let exe = opts.fro_bot_exe.clone();
+        let exe = session_tools_exe(&opts, &mut notes);
+        let with_tools = exe.is_some();
         let model = opts.model.clone();
         let user = opts.user_config.clone();
         let make_config: server::ConfigFn = Arc::new(move |url: &str, password: &str| {
@@ -346,6 +385,12 @@ impl Agent {
             &opts.workspace.to_string_lossy(),
         )
         .map_err(|source| AgentError::Client { source })?;
+        if with_tools {
+            if let Some(note) = session_tools_missing(&client).await {
+                tracing::warn!("{note}");
+                notes.push(note);
+            }
+        }
         Ok(Agent {
             server,
             client,

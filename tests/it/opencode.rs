@@ -736,6 +736,36 @@ async fn pruning_keeps_exactly_the_right_sessions() {
     agent.shutdown(Duration::from_secs(5)).await;
 }
 
+/// When OpenCode cannot start the session tools, the run says so (the agent itself would learn
+/// only that no such tool exists), and still starts.
+#[tokio::test]
+async fn session_tools_that_cannot_start_are_reported() {
+    let h = Harness::new().await;
+    let mut options = h.options();
+    options.fro_bot_exe = Some(PathBuf::from("/nonexistent/fro-bot"));
+    let mut agent = Agent::start(options)
+        .await
+        .expect("starts without the tools");
+    let notes = agent.confinement_notes().join("\n");
+    assert!(
+        notes.contains("no session tools for the agent (failed:") && notes.contains("ENOENT"),
+        "{notes}"
+    );
+    agent.shutdown(Duration::from_secs(5)).await;
+
+    // With the tools there, no such note.
+    let mut agent = h.start().await;
+    assert!(
+        !agent
+            .confinement_notes()
+            .join("\n")
+            .contains("session tools"),
+        "{:?}",
+        agent.confinement_notes()
+    );
+    agent.shutdown(Duration::from_secs(5)).await;
+}
+
 #[tokio::test]
 async fn the_agent_gets_real_results_from_session_search_over_mcp() {
     let h = Harness::new().await;

@@ -282,3 +282,34 @@ async fn a_forged_trust_record_is_lowered_again_and_memory_without_records_count
     }
     assert!(results.contains(r.output("session-id")), "{results}");
 }
+
+/// OpenCode starts the session tools as the agent's uid, which cannot enter a root-only home
+/// (a build under `/root`, as CI's target dir is): fro-bot gives it a copy it can run, so the
+/// tools still answer, and nothing in the summary says they are missing.
+#[tokio::test]
+async fn the_session_tools_answer_when_fro_bots_own_path_is_closed_to_the_agent() {
+    use std::os::unix::fs::PermissionsExt;
+    let world = World::start().await;
+    let closed = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(closed.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let bin = closed.path().join("fro-bot");
+    std::fs::copy(crate::support::action::BIN, &bin).unwrap();
+    let mut job = world.job(3500);
+    job.binary_at(bin);
+    world
+        .github
+        .seed_issue(9, "walrus-index report 9", TRUSTED_BODY);
+    world
+        .llm
+        .push(Reply::tool("fro-bot-sessions_session_list", json!({})));
+    world.llm.push(Reply::text("Listed."));
+    let (_job, r) = run(job, &comment_on(9, 35000, "mona", "OWNER")).await;
+    let requests = world.llm.requests();
+    let results = tool_results(&requests[requests.len() - 1..]);
+    assert!(
+        results.contains(r.output("session-id")),
+        "the tools list the run's own session: {results}\n{}",
+        explain(&r)
+    );
+    assert!(!r.summary.contains("no session tools"), "{}", r.summary);
+}

@@ -27,6 +27,8 @@ pub struct Job {
     pub launch: Launch,
     /// Binary steps see the job's directories at [`FIXED_ROOT`] (see [`Job::at_fixed_root`]).
     pub fixed_root: bool,
+    /// The fro-bot binary steps run ([`BIN`] unless [`Job::binary_at`]).
+    pub bin: PathBuf,
 }
 
 /// Where [`Job::at_fixed_root`] jobs see their directories, as every container job sees its own
@@ -216,6 +218,7 @@ impl Job {
             launch,
             runner_uid: None,
             fixed_root: false,
+            bin: PathBuf::from(BIN),
         }
     }
 
@@ -305,7 +308,7 @@ impl Job {
         let (mut command, container) = match &self.launch {
             Launch::Binary if self.fixed_root => (self.fixed_root_command(args, &env), None),
             Launch::Binary => {
-                let mut c = Command::new(BIN);
+                let mut c = Command::new(&self.bin);
                 c.args(args)
                     .env_clear()
                     .envs(&env)
@@ -334,6 +337,12 @@ impl Job {
         self
     }
 
+    /// Binary steps run `bin` instead of [`BIN`] (a build in another place).
+    pub fn binary_at(&mut self, bin: PathBuf) -> &mut Self {
+        self.bin = bin;
+        self
+    }
+
     fn fixed_root_command(&self, args: &[&str], env: &BTreeMap<String, String>) -> Command {
         std::fs::create_dir_all(FIXED_ROOT).unwrap();
         let root = self.root.path().to_string_lossy().into_owned();
@@ -344,7 +353,7 @@ impl Job {
         let cstr = |s: &str| std::ffi::CString::new(s).unwrap();
         let (src, dst) = (cstr(&root), cstr(FIXED_ROOT));
         let workspace = cstr(&format!("{FIXED_ROOT}/workspace"));
-        let mut c = Command::new(BIN);
+        let mut c = Command::new(&self.bin);
         c.args(args).env_clear().envs(&env);
         // No shell in between: it would drop the `INPUT_*` names that hold a dash.
         let in_namespace = move || -> std::io::Result<()> {
