@@ -178,6 +178,8 @@ pub struct Settings {
     pub trigger_label: Option<String>,
     /// Present when `s3-backup: true`.
     pub s3: Option<S3Input>,
+    /// How long a run waits for its turn on its thread (`phases::thread_turn`); `None` = never.
+    pub thread_wait: Option<Duration>,
     /// Names of variables of the job passed on to the agent (`agent-env`).
     pub agent_env: Vec<String>,
 }
@@ -249,6 +251,7 @@ impl Settings {
             session_retention: parse_u32(env, &input::SESSION_RETENTION)?,
             skip_cache: parse_bool(env, &input::SKIP_CACHE)?,
             dedup_window: non_zero_ms(parse_u64(env, &input::DEDUP_WINDOW)?),
+            thread_wait: non_zero_ms(parse_u64(env, &input::THREAD_WAIT)?),
             response_mode: parse_response_mode(env)?,
             comment_mode: parse_comment_mode(env)?,
             opencode_version: parse_version(env)?,

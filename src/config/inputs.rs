@@ -265,6 +265,13 @@ pub const S3_BACKUP: InputSpec = spec(
 )
 .default(Value("false"))
 .parser(Parser::Bool);
+pub const THREAD_WAIT: InputSpec = spec(
+    "thread-wait",
+    "With s3-backup, how long a run waits, in milliseconds, for an earlier run on the same issue, pull request or discussion to finish before it starts (so it sees that exchange); a run that cannot get its turn says so on the thread. 0 means runs never wait.",
+)
+.default(Value("300000"))
+.parser(Parser::Millis)
+.not_local();
 pub const S3_BUCKET: InputSpec = spec(
     "s3-bucket",
     "Bucket for the object store (required when s3-backup is true).",
@@ -322,6 +329,7 @@ pub const INPUTS: &[InputSpec] = &[
     CONTEXT_AUTHORS,
     TRIGGER_LABEL,
     S3_BACKUP,
+    THREAD_WAIT,
     S3_BUCKET,
     AWS_REGION,
     S3_ENDPOINT,

@@ -235,6 +235,10 @@ impl Lease {
             let now = clock.now_ms();
             let default_ttl_ms = LeaseConfig::default().ttl_ms();
             let (holder_id, expires_at, generation) = match LeaseRecord::parse(&body.bytes) {
+                // A re-run is never kept waiting by its own earlier attempt.
+                Some(existing) if existing.is_earlier_attempt_of(holder) => {
+                    (existing.holder_id.clone(), 0, existing.generation)
+                }
                 Some(existing) => (
                     existing.holder_id.clone(),
                     existing.effective_expiry(body.last_modified_ms, max_ttl_ms),

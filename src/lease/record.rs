@@ -97,6 +97,22 @@ impl LeaseRecord {
         }
     }
 
+    /// Written by an earlier attempt of `holder`'s run and job. GitHub re-runs only a run that
+    /// has ended, so that attempt is gone: its record holds nothing, even when its post step never
+    /// ran to release it (a lost runner).
+    pub fn is_earlier_attempt_of(&self, holder: &Holder) -> bool {
+        let Some(rest) = self.holder_id.strip_prefix("action:") else {
+            return false;
+        };
+        let mut parts = rest.splitn(3, ':');
+        let (Some(run), Some(attempt)) = (parts.next(), parts.next()) else {
+            return false;
+        };
+        run.parse::<u64>().ok() == Some(holder.run_id)
+            && attempt.parse::<u32>().is_ok_and(|a| a < holder.run_attempt)
+            && parts.next() == holder.identity.as_deref()
+    }
+
     pub fn to_bytes(&self) -> bytes::Bytes {
         // A struct of strings and integers always serializes.
         bytes::Bytes::from(serde_json::to_vec(self).unwrap_or_default())
@@ -125,6 +141,30 @@ mod tests {
         assert_eq!(h.holder_id(), "action:42:2");
         h.identity = Some("build-m0a1b2c3d".into());
         assert_eq!(h.holder_id(), "action:42:2:build-m0a1b2c3d");
+    }
+
+    #[test]
+    fn only_an_earlier_attempt_of_the_same_run_and_job_is_recognised() {
+        let holder = |run_id, run_attempt, identity: Option<&str>| Holder {
+            repo: "o/r".into(),
+            run_id,
+            run_attempt,
+            identity: identity.map(str::to_string),
+        };
+        let me = holder(42, 3, Some("build"));
+        let record = |h: &Holder| LeaseRecord::new(h, 1, 0, 1000);
+        assert!(record(&holder(42, 2, Some("build"))).is_earlier_attempt_of(&me));
+        assert!(record(&holder(42, 1, Some("build"))).is_earlier_attempt_of(&me));
+        // Not: this attempt, a later one, another job of the run, another run.
+        assert!(!record(&me).is_earlier_attempt_of(&me));
+        assert!(!record(&holder(42, 4, Some("build"))).is_earlier_attempt_of(&me));
+        assert!(!record(&holder(42, 2, Some("test"))).is_earlier_attempt_of(&me));
+        assert!(!record(&holder(42, 2, None)).is_earlier_attempt_of(&me));
+        assert!(!record(&holder(41, 2, Some("build"))).is_earlier_attempt_of(&me));
+        assert!(record(&holder(7, 1, None)).is_earlier_attempt_of(&holder(7, 2, None)));
+        let mut odd = record(&holder(42, 2, Some("build")));
+        odd.holder_id = "local:42:2:build".into();
+        assert!(!odd.is_earlier_attempt_of(&me));
     }
 
     #[test]

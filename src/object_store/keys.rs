@@ -7,6 +7,8 @@ use super::validate::{sanitize_key_component, validate_prefix, ValidationError};
 pub struct StoreKeys {
     /// `{prefix}/github/{owner}/{repo}`
     repo_root: String,
+    /// `{prefix}/coordination/{owner}/{repo}/locks`
+    locks: String,
     lease: String,
 }
 
@@ -18,9 +20,11 @@ impl StoreKeys {
         let prefix = validate_prefix(prefix)?;
         let owner = sanitize_key_component(owner)?;
         let repo = sanitize_key_component(repo)?;
+        let locks = format!("{prefix}/coordination/{owner}/{repo}/locks");
         Ok(StoreKeys {
             repo_root: format!("{prefix}/github/{owner}/{repo}"),
-            lease: format!("{prefix}/coordination/{owner}/{repo}/locks/repo.json"),
+            lease: format!("{locks}/repo.json"),
+            locks,
         })
     }
 
@@ -69,6 +73,14 @@ impl StoreKeys {
     pub fn lease(&self) -> &str {
         &self.lease
     }
+
+    /// `.../locks/thread-{hash}.json`: the turn of one thread (`phases::thread_turn`). A digest,
+    /// so a logical key of any length or spelling makes one short, safe name.
+    pub fn thread_lease(&self, logical_key: &str) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = hex::encode(Sha256::digest(logical_key.as_bytes()));
+        format!("{}/thread-{}.json", self.locks, &digest[..16])
+    }
 }
 
 #[cfg(test)]
@@ -94,6 +106,14 @@ mod tests {
             k.lease(),
             "fro-bot-state/coordination/octo/hello.world/locks/repo.json"
         );
+        let thread = k.thread_lease("issue-7");
+        assert!(
+            thread.starts_with("fro-bot-state/coordination/octo/hello.world/locks/thread-")
+                && thread.ends_with(".json"),
+            "{thread}"
+        );
+        assert_ne!(thread, k.thread_lease("issue-8"));
+        assert_eq!(thread, k.thread_lease("issue-7"));
         assert_eq!(
             StoreKeys::for_repository("p", "octo/repo").unwrap(),
             StoreKeys::new("p", "octo", "repo").unwrap()

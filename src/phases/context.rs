@@ -13,6 +13,7 @@ use crate::object_store::{ObjectStore, StoreKeys};
 use crate::phases::dedup::CacheSentinels;
 use crate::phases::paths::StatePaths;
 use crate::phases::report::{PersistenceReport, RestoreReport, RestoreSource};
+use crate::runner::env::state;
 use crate::runner::{Cancellation, Env, FileCommands};
 
 #[derive(Debug, Clone)]
@@ -156,6 +157,64 @@ pub(crate) async fn within_budget<T>(
 }
 
 /// A state or output the runner could not take is worth a warning, never a failed run.
+/// Where main leaves a held lease's key and current ETag, so post can release it when main was
+/// killed holding it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PostLease {
+    key: &'static str,
+    etag: &'static str,
+}
+
+impl PostLease {
+    /// The repository lease of the store publish (`phases::publish`).
+    pub(crate) const REPO: PostLease = PostLease {
+        key: state::LEASE_KEY,
+        etag: state::LEASE_ETAG,
+    };
+    /// The thread's turn (`phases::thread_turn`).
+    pub(crate) const THREAD: PostLease = PostLease {
+        key: state::THREAD_LEASE_KEY,
+        etag: state::THREAD_LEASE_ETAG,
+    };
+    pub(crate) const ALL: [PostLease; 2] = [PostLease::REPO, PostLease::THREAD];
+
+    /// Saves the key and ETag, and keeps the ETag current while the lease is held (renewals
+    /// change it) until the returned task is aborted.
+    pub(crate) fn keep_for_post(
+        self,
+        files: &FileCommands,
+        handle: &crate::lease::LeaseHandle,
+    ) -> tokio::task::JoinHandle<()> {
+        let (key, etag) = handle.state_for_post();
+        set_state(files, self.key, &key);
+        set_state(files, self.etag, &etag);
+        let (files, source) = (files.clone(), handle.etag_source());
+        tokio::spawn(async move {
+            let mut seen = source.current();
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                let now = source.current();
+                if now != seen {
+                    set_state(&files, self.etag, &now);
+                    seen = now;
+                }
+            }
+        })
+    }
+
+    /// Released: nothing for post to do.
+    pub(crate) fn clear(self, files: &FileCommands) {
+        set_state(files, self.key, "");
+        set_state(files, self.etag, "");
+    }
+
+    /// Post's view: the key and ETag main left, if it left a lease.
+    pub(crate) fn left_behind(self, env: &Env) -> Option<(&str, &str)> {
+        Some((env.state(self.key)?, env.state(self.etag)?))
+            .filter(|(k, e)| !k.is_empty() && !e.is_empty())
+    }
+}
+
 pub(crate) fn set_state(files: &FileCommands, name: &str, value: &str) {
     if let Err(e) = files.save_state(name, value) {
         tracing::warn!("{e}");

@@ -29,24 +29,30 @@ pub(crate) async fn finalize_github(
     let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
     let text = final_text(agent_run);
     let footer = run_footer(env, plan, agent_run, restored, started);
-    let requester = plan.author.as_deref();
-    let url = match tracker {
-        Some(t) => {
-            let body = github::response::render(text.as_deref().unwrap_or(""), &footer, requester);
-            match t.finish(&body, tracking::FINAL_TIMEOUT).await {
-                Ok(edited) => edited.url.or_else(|| t.url().map(str::to_string)),
-                Err(e) => {
-                    log::warning(&format!("{e}; posting the answer as a new comment"));
-                    post_new(gh, settings, plan, text.as_deref().unwrap_or(""), &footer).await
-                }
-            }
-        }
-        None => match &text {
-            Some(text) => post_new(gh, settings, plan, text, &footer).await,
-            None => None,
-        },
-    };
+    let url = reply(gh, settings, plan, tracker, text.as_deref(), &footer).await;
     if let Err(e) = gh.conclude(plan, succeeded).await {
+        tracing::warn!("cannot add the completion reaction: {e}");
+    }
+    url
+}
+
+/// A reply that is not the agent's (the run did not get to run it): into the tracking comment, or
+/// posted new; then 😕. The comment's URL.
+pub(crate) async fn answer_only(
+    ctx: &RunContext,
+    gh: &github::GitHub,
+    tracker: Option<&Tracker>,
+    text: &str,
+) -> Option<String> {
+    let footer = github::response::RunFooter {
+        run_url: github::response::run_url(&ctx.env),
+        session_id: None,
+        cache_status: None,
+        logical_key: Some(ctx.plan.logical_key.as_str().to_string()),
+        duration_secs: Some(ctx.started.elapsed().as_secs()),
+    };
+    let url = reply(gh, &ctx.settings, &ctx.plan, tracker, Some(text), &footer).await;
+    if let Err(e) = gh.conclude(&ctx.plan, false).await {
         tracing::warn!("cannot add the completion reaction: {e}");
     }
     url
@@ -103,6 +109,29 @@ fn run_footer(
         cache_status: Some(restored.status.as_str().to_string()),
         logical_key: Some(plan.logical_key.as_str().to_string()),
         duration_secs: Some(started.elapsed().as_secs()),
+    }
+}
+
+/// `text` into the tracking comment, or — without one, or when the edit fails — posted new. `None`
+/// text: nothing to say (the tracking comment still gets the footer). The comment's URL.
+async fn reply(
+    gh: &github::GitHub,
+    settings: &Settings,
+    plan: &RunPlan,
+    tracker: Option<&Tracker>,
+    text: Option<&str>,
+    footer: &github::response::RunFooter,
+) -> Option<String> {
+    let Some(t) = tracker else {
+        return post_new(gh, settings, plan, text?, footer).await;
+    };
+    let body = github::response::render(text.unwrap_or(""), footer, plan.author.as_deref());
+    match t.finish(&body, tracking::FINAL_TIMEOUT).await {
+        Ok(edited) => edited.url.or_else(|| t.url().map(str::to_string)),
+        Err(e) => {
+            log::warning(&format!("{e}; posting the answer as a new comment"));
+            post_new(gh, settings, plan, text.unwrap_or(""), footer).await
+        }
     }
 }
 

@@ -23,4 +23,5 @@ pub mod run;
 pub mod sanitize;
 pub mod save;
 pub mod session_map;
+pub mod thread_turn;
 pub mod tracking;

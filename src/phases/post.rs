@@ -9,6 +9,8 @@ use crate::cache;
 use crate::config;
 use crate::config::inputs as input;
 use crate::github::keys::{invocation_identity, CacheKeys};
+use crate::lease;
+use crate::object_store::{ObjectStore, StoreSettings};
 use crate::phases::paths::StatePaths;
 use crate::phases::save::{save, SaveInputs};
 use crate::runner::env::state;
@@ -214,36 +216,51 @@ pub async fn run_post(env: &Env) -> PostOutcome {
     post(env, release_left_behind(env)).await
 }
 
+/// Releases each lease main left behind (the thread's turn, the publish's repository lease).
 async fn release_left_behind(env: &Env) {
-    use crate::lease::{self, ReleaseOutcome};
-    use crate::object_store::{ObjectStore, StoreSettings};
-    let (Some(key), Some(etag)) = (env.state(state::LEASE_KEY), env.state(state::LEASE_ETAG))
-    else {
+    use crate::phases::context::PostLease;
+    let left: Vec<(&str, &str)> = PostLease::ALL
+        .iter()
+        .filter_map(|lease| lease.left_behind(env))
+        .collect();
+    if left.is_empty() {
         return;
-    };
+    }
     let settings = config::Settings::from_env(env, config::AuthRequirement::Optional)
         .ok()
         .and_then(|s| s.s3)
         .and_then(|s3| StoreSettings::from_input(&s3, env).ok());
     let Some(settings) = settings else {
-        log::warning("main left its memory lease behind, but the s3 inputs no longer validate; it expires by itself");
+        log::warning("main left a memory lease behind, but the s3 inputs no longer validate; it expires by itself");
         return;
     };
+    // The connect is bounded too: the whole release gets the 10 s deadline.
     let release = async {
         let store = ObjectStore::connect(&settings).await;
-        lease::release_left_behind(&store, key, etag, lease::POST_RELEASE_DEADLINE).await
+        for (key, etag) in left {
+            report_release(
+                lease::release_left_behind(&store, key, etag, lease::POST_RELEASE_DEADLINE).await,
+            );
+        }
     };
-    // The connect is bounded too: the whole release gets the 10 s deadline.
-    match tokio::time::timeout(lease::POST_RELEASE_DEADLINE, release).await {
-        Ok(ReleaseOutcome::Released) => {
-            tracing::info!("post: released the memory lease main left behind")
+    if tokio::time::timeout(lease::POST_RELEASE_DEADLINE, release)
+        .await
+        .is_err()
+    {
+        log::warning("post: releasing a memory lease timed out; it expires by itself");
+    }
+}
+
+fn report_release(outcome: lease::ReleaseOutcome) {
+    match outcome {
+        lease::ReleaseOutcome::Released => {
+            tracing::info!("post: released a memory lease main left behind")
         }
-        Ok(ReleaseOutcome::NotHeld) => {
-            tracing::info!("post: the lease main held was already gone or taken over")
+        lease::ReleaseOutcome::NotHeld => {
+            tracing::info!("post: a lease main held was already gone or taken over")
         }
-        Ok(ReleaseOutcome::Failed { error }) => {
-            log::warning(&format!("post: cannot release the memory lease: {error}"))
+        lease::ReleaseOutcome::Failed { error } => {
+            log::warning(&format!("post: cannot release a memory lease: {error}"))
         }
-        Err(_) => log::warning("post: releasing the memory lease timed out; it expires by itself"),
     }
 }

@@ -11,11 +11,10 @@ use std::time::Duration;
 use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig, LeaseHandle};
 use crate::merge::{self, MergeReport, Snapshot};
 use crate::object_store as store;
-use crate::phases::context::{set_state, StoreContext};
+use crate::phases::context::{PostLease, StoreContext};
 use crate::phases::paths::{check_marker, write_marker, MarkerCheck, StatePaths};
 use crate::phases::report::LeaseReport;
 use crate::phases::session_map;
-use crate::runner::env::state;
 use crate::runner::{failpoint, log, FileCommands};
 use crate::save_result::StorePublish;
 
@@ -146,8 +145,7 @@ pub async fn publish(inputs: PublishInputs<'_>) -> PublishReport {
             return withheld(reason, LeaseReport::Error { message }, lease_waits);
         }
     };
-    save_lease_state(inputs.files, &handle);
-    let watch = watch_lease_etag(inputs.files.clone(), handle.etag_source());
+    let watch = PostLease::REPO.keep_for_post(inputs.files, &handle);
     let lease_report = LeaseReport::Acquired {
         generation: handle.generation(),
     };
@@ -156,10 +154,7 @@ pub async fn publish(inputs: PublishInputs<'_>) -> PublishReport {
     report.lease_waits = lease_waits;
     watch.abort();
     match handle.release().await {
-        lease::ReleaseOutcome::Released => {
-            set_state(inputs.files, state::LEASE_KEY, "");
-            set_state(inputs.files, state::LEASE_ETAG, "");
-        }
+        lease::ReleaseOutcome::Released => PostLease::REPO.clear(inputs.files),
         lease::ReleaseOutcome::NotHeld => {}
         // Post releases it from the state saved above, or it expires by itself.
         lease::ReleaseOutcome::Failed { error } => {
@@ -357,26 +352,4 @@ fn adopt_merged(inputs: &PublishInputs<'_>, merged: &Path) -> StorePublish {
         let _ = std::fs::remove_file(inputs.paths.marker());
     }
     StorePublish::Published
-}
-
-/// Post releases a lease a killed main step left behind: it needs the key and current ETag.
-pub(crate) fn save_lease_state(files: &FileCommands, handle: &LeaseHandle) {
-    let (key, etag) = handle.state_for_post();
-    set_state(files, state::LEASE_KEY, &key);
-    set_state(files, state::LEASE_ETAG, &etag);
-}
-
-/// Keeps post's copy of the lease ETag current while the section goes on (renewals change it).
-fn watch_lease_etag(files: FileCommands, source: lease::EtagSource) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut seen = source.current();
-        loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            let now = source.current();
-            if now != seen {
-                set_state(&files, state::LEASE_ETAG, &now);
-                seen = now;
-            }
-        }
-    })
 }

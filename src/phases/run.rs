@@ -18,13 +18,16 @@ use crate::phases::cleanup::{stop_agent, Stopped};
 use crate::phases::context::{
     set_output, set_state, ExitStatus, Mode, RestoredCopy, RunContext, RunExit,
 };
-use crate::phases::finalize::{cancelled_body, finalize_github, upload_run_records, write_summary};
+use crate::phases::finalize::{
+    answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
+};
 use crate::phases::paths::StatePaths;
 use crate::phases::project_identity::{self, IdentityOutcome};
 use crate::phases::publish::{publish, PublishInputs, PublishReport, LEASE_WAIT};
 use crate::phases::report::{RestoreReport, RestoreSource};
 use crate::phases::restore::{restore, store_attempt, RestoreInputs};
 use crate::phases::save::{save, SaveInputs, SaveReport};
+use crate::phases::thread_turn::{self, ThreadTurn};
 use crate::phases::tracking::{self, Tracker};
 use crate::runner::env::{output, state};
 use crate::runner::{failpoint, log, now_ms, Cancellation, Env, FileCommands};
@@ -51,12 +54,24 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         }
     }
     let tracker = tracking::open(&ctx).await;
+    // Before the restore, so this run sees what an earlier run on its thread is still saying.
+    let turn = thread_turn::take(&ctx).await;
+    if let ThreadTurn::NotOurs { holder_id, waited } = &turn {
+        return not_our_turn(&ctx, tracker, holder_id, *waited).await;
+    }
 
     let restored = restore_memory(&mut ctx).await;
     let (agent, agent_run) = run_agent(&mut ctx, &restored, tracker.as_ref()).await;
     // The answer goes out before cleanup, so a slow save never delays it.
     let cancelled_edit = respond(&ctx, &agent_run, &restored, tracker).await;
     let saved = cleanup_and_save(&mut ctx, agent, &agent_run, &restored).await;
+    // Published (or not): the next run on the thread may start.
+    ctx.report.concurrency_notes.extend(turn.note());
+    if ctx.within_budget(turn.release(&ctx.files)).await.is_none() {
+        tracing::warn!(
+            "this thread's turn was not given back before the cancel deadline (post gives it back)"
+        );
+    }
     if let Some(edit) = cancelled_edit {
         // Bounded by its own timeout, itself within the deadline.
         if ctx.within_budget(edit).await.is_none() {
@@ -349,7 +364,9 @@ fn record_save(ctx: &mut RunContext, saved: SaveReport) {
     if let Some(lease) = saved.publish.lease.clone() {
         ctx.report.lease = lease;
     }
-    ctx.report.concurrency_notes = saved.cache_merge.notes();
+    ctx.report
+        .concurrency_notes
+        .extend(saved.cache_merge.notes());
     ctx.report.concurrency_notes.extend(saved.publish.notes());
     ctx.report.checkpoint = saved.checkpoint;
     ctx.report.scrub = saved.scrub;
@@ -428,6 +445,28 @@ fn out_of_time(ctx: &RunContext) -> RunExit {
         tracing::warn!("{e}");
     }
     RunExit::status(ExitStatus::Failed)
+}
+
+/// Another run kept the thread for all of `thread-wait`: nothing is restored, run or saved, and
+/// the mention is answered with that (😕), so it is never dropped in silence.
+async fn not_our_turn(
+    ctx: &RunContext,
+    tracker: Option<Arc<Tracker>>,
+    holder_id: &str,
+    waited: std::time::Duration,
+) -> RunExit {
+    let text = thread_turn::not_our_turn_text(holder_id, waited);
+    if let Some(gh) = &ctx.gh {
+        if let Some(url) = answer_only(ctx, gh, tracker.as_deref(), &text).await {
+            ctx.set_output(output::COMMENT_URL, &url);
+        }
+    }
+    // Memory was not touched: post has nothing to retry.
+    ctx.set_state(state::CACHE_SAVED, StateValue::Skipped.as_str());
+    skipped(
+        &ctx.files,
+        &format!("another run ({holder_id}) kept this thread for {} s (thread-wait); the thread was told", waited.as_secs()),
+    )
 }
 
 fn skipped(files: &FileCommands, reason: &str) -> RunExit {

@@ -111,6 +111,9 @@ pub mod state {
     pub const CACHE_SAVED: &str = "cacheSaved";
     pub const LEASE_KEY: &str = "leaseKey";
     pub const LEASE_ETAG: &str = "leaseEtag";
+    /// The thread's turn (`phases::thread_turn`), which post releases when main could not.
+    pub const THREAD_LEASE_KEY: &str = "threadLeaseKey";
+    pub const THREAD_LEASE_ETAG: &str = "threadLeaseEtag";
     /// Main's session map (JSON, logical key → session id), for post's marker.
     pub const SESSION_MAP: &str = "sessionMap";
     /// Main's trust records (JSON, session id → who wrote it), for post's marker.

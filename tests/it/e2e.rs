@@ -823,16 +823,30 @@ pub(crate) mod scenarios {
         let now = fro_bot::runner::now_ms();
         let held = record(store.get_bytes(keys.lease()).await.unwrap());
         assert!(held.expires_at > now, "main died holding it");
+        // ...and the thread's turn, which it takes before the restore.
+        assert!(
+            main.state.contains_key("threadLeaseEtag"),
+            "{:?}",
+            main.state
+        );
+        let turn = keys.thread_lease("issue-5");
+        assert!(record(store.get_bytes(&turn).await.unwrap()).expires_at > now);
         let (mut job, post) = post_step(job, main).await;
         assert_eq!(post.code, 0);
-        assert!(
-            post.stdout.contains("released the memory lease"),
+        assert_eq!(
+            post.stdout.matches("released a memory lease").count(),
+            2,
             "{}",
             explain(&post)
         );
         let released = record(store.get_bytes(keys.lease()).await.unwrap());
         assert!(released.expires_at <= fro_bot::runner::now_ms(), "released");
         assert_eq!(released.generation, held.generation, "kept, not restarted");
+        let turn_released = record(store.get_bytes(&turn).await.unwrap());
+        assert!(
+            turn_released.expires_at <= fro_bot::runner::now_ms(),
+            "given back"
+        );
         // Post retried the save (main died before it), so the next run resumes at once.
         assert!(post.summary.contains("durable"), "{}", post.summary);
         job.next_run(751);

@@ -722,3 +722,60 @@ async fn lease_race_takeover_of_expired_record_has_one_winner() {
         expired_at = winners[0].expires_at();
     }
 }
+
+/// A re-run is not kept waiting by the lease its own earlier attempt left behind (a runner lost
+/// before post could release it): it takes it over at once, with the next generation. Another run
+/// still waits.
+#[tokio::test]
+async fn a_rerun_takes_over_the_lease_its_earlier_attempt_left_behind() {
+    let (store, keys) = s3::fresh("lease-rerun").await;
+    let clock = ManualClock::at_system_time();
+    let cfg = manual(Duration::from_secs(300));
+    let first = acquired(
+        Lease::acquire(
+            &store,
+            keys.lease(),
+            &holder(5),
+            cfg,
+            Arc::new(clock.clone()),
+        )
+        .await,
+    );
+    // Dropped without a release: the record stays live for its TTL.
+    drop(first);
+    let other = Lease::acquire(
+        &store,
+        keys.lease(),
+        &holder(6),
+        cfg,
+        Arc::new(clock.clone()),
+    )
+    .await;
+    assert!(
+        matches!(other, AcquireOutcome::HeldByOther { .. }),
+        "{other:?}"
+    );
+    let rerun = Holder {
+        run_attempt: 2,
+        ..holder(5)
+    };
+    let second =
+        acquired(Lease::acquire(&store, keys.lease(), &rerun, cfg, Arc::new(clock.clone())).await);
+    assert_eq!(second.generation(), 2);
+    let (record, _) = stored(&store, keys.lease()).await.unwrap();
+    assert_eq!(record.holder_id, "action:5:2:job");
+    // ...and the first attempt cannot take it back from its re-run.
+    let back = Lease::acquire(
+        &store,
+        keys.lease(),
+        &holder(5),
+        cfg,
+        Arc::new(clock.clone()),
+    )
+    .await;
+    assert!(
+        matches!(back, AcquireOutcome::HeldByOther { .. }),
+        "{back:?}"
+    );
+    assert!(matches!(second.release().await, ReleaseOutcome::Released));
+}

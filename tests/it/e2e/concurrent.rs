@@ -4,7 +4,7 @@
 
 use super::scenarios::{main_step, with_s3, World};
 use crate::support::action::{comment_event, explain, StepResult};
-use crate::support::fake_llm::request_text;
+use crate::support::fake_llm::{request_text, Reply};
 
 const FIRST_ISSUE: u64 = 20;
 
@@ -142,4 +142,144 @@ async fn sixteen_overlapping_runs_without_the_store_are_answered_and_every_threa
 async fn sixteen_overlapping_runs_with_the_store_are_answered_and_every_thread_resumes() {
     let prefix = crate::support::s3::unique_prefix("e2e-concurrent16");
     overlapping_threads_all_resume(16, Some(&prefix)).await;
+}
+
+/// Polls until the model has had `n` requests (a run is inside its turn).
+async fn until_requests(world: &World, n: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while world.llm.requests().len() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the model got {} request(s), not {n}",
+            world.llm.requests().len()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// Two mentions on one thread with the store: the second waits for the first to publish, then
+/// resumes its session and sees its exchange (docs/design.md#same-thread-one-at-a-time).
+#[tokio::test]
+async fn two_runs_on_one_thread_with_the_store_run_one_after_the_other_and_the_second_sees_the_first(
+) {
+    let world = World::start().await;
+    let prefix = crate::support::s3::unique_prefix("e2e-thread-turn");
+    world.github.seed_issue(30, "One thread", "Body.");
+    world.llm.push(Reply::Delayed(
+        std::time::Duration::from_secs(5),
+        Box::new(Reply::text("Noted: the word is walrus-77.")),
+    ));
+    world.llm.push(Reply::text("It was walrus-77."));
+    let job = |run: u64, comment: u64, body: &str| {
+        let mut job = world.job(run);
+        job.at_fixed_root();
+        with_s3(&mut job, &prefix);
+        job.event("issue_comment", &comment_event(30, comment, body));
+        job
+    };
+    let first = job(5100, 710, "@fro-bot remember the word walrus-77");
+    let first = tokio::spawn(async move { main_step(first).await.1 });
+    // The first run is inside its turn (its request is at the model) when the second starts.
+    until_requests(&world, 1).await;
+    let second = job(5101, 711, "@fro-bot which word was it?");
+    let second = tokio::spawn(async move { main_step(second).await.1 });
+    let (a, b) = (first.await.unwrap(), second.await.unwrap());
+    for r in [&a, &b] {
+        assert_eq!(r.code, 0, "{}", explain(r));
+        assert_eq!(r.output("cache-save-result"), "durable", "{}", explain(r));
+    }
+    assert_eq!(
+        b.output("session-id"),
+        a.output("session-id"),
+        "the second run resumes the first's session: {}",
+        explain(&b)
+    );
+    let requests = world.llm.requests();
+    let asked = request_text(requests.last().unwrap());
+    assert!(
+        asked.contains("remember the word walrus-77")
+            && asked.contains("Noted: the word is walrus-77."),
+        "the second run's request carries the first exchange: {asked}"
+    );
+    assert!(
+        b.summary.contains("waited") && b.summary.contains("earlier run on this thread"),
+        "{}",
+        b.summary
+    );
+    assert!(
+        !a.summary.contains("earlier run on this thread"),
+        "{}",
+        a.summary
+    );
+    let answered = world.github.created_comments();
+    assert_eq!(answered.len(), 2, "{answered:?}");
+}
+
+/// A run that cannot get its turn within `thread-wait` does not run, and says so on the thread
+/// (😕): the mention is never dropped in silence. The other run is not disturbed.
+#[tokio::test]
+async fn a_run_that_cannot_get_its_turn_answers_that_it_could_not() {
+    let world = World::start().await;
+    let prefix = crate::support::s3::unique_prefix("e2e-thread-busy");
+    world.github.seed_issue(31, "Busy thread", "Body.");
+    world.llm.push(Reply::Delayed(
+        std::time::Duration::from_secs(12),
+        Box::new(Reply::text("Done with the long one.")),
+    ));
+    let mut first = world.job(5200);
+    first.at_fixed_root();
+    with_s3(&mut first, &prefix);
+    first.event(
+        "issue_comment",
+        &comment_event(31, 720, "@fro-bot a long task"),
+    );
+    let first = tokio::spawn(async move { main_step(first).await.1 });
+    until_requests(&world, 1).await;
+    let mut second = world.job(5201);
+    second.at_fixed_root();
+    with_s3(&mut second, &prefix);
+    second.input("thread-wait", "2000");
+    second.event(
+        "issue_comment",
+        &comment_event(31, 721, "@fro-bot and this?"),
+    );
+    let (_, b) = main_step(second).await;
+    assert_eq!(b.code, 0, "{}", explain(&b));
+    assert_eq!(b.output("cache-save-result"), "skipped", "{}", explain(&b));
+    assert!(b.summary.contains("kept this thread"), "{}", b.summary);
+    assert_eq!(
+        world.llm.requests().len(),
+        1,
+        "the second run never reached the model"
+    );
+    let replies: Vec<String> = world
+        .github
+        .created_comments()
+        .into_iter()
+        .filter(|(_, body)| body.contains("could not take my turn"))
+        .map(|(_, body)| body)
+        .collect();
+    assert_eq!(replies.len(), 1, "{:?}", world.github.created_comments());
+    assert!(replies[0].contains("action:5200:1"), "{}", replies[0]);
+    assert!(
+        world
+            .github
+            .reactions()
+            .iter()
+            .any(|(subject, c)| c == "confused" && subject.contains("721")),
+        "{:?}",
+        world.github.reactions()
+    );
+    let a = first.await.unwrap();
+    assert_eq!(a.code, 0, "{}", explain(&a));
+    assert_eq!(a.output("cache-save-result"), "durable", "{}", explain(&a));
+    assert!(
+        world
+            .github
+            .created_comments()
+            .iter()
+            .any(|(_, body)| body.contains("Done with the long one.")),
+        "{:?}",
+        world.github.created_comments()
+    );
 }
