@@ -45,7 +45,32 @@ pub struct ToolsConfig {
     pub password: Option<String>,
     pub workspace: PathBuf,
     /// How earlier sessions are judged.
-    pub trust: TrustView,
+    pub trust: TrustSource,
+}
+
+/// Where the tools' trust view comes from.
+#[derive(Debug, Clone)]
+pub enum TrustSource {
+    /// This view, always.
+    Fixed(TrustView),
+    /// The file fro-bot keeps current (`FRO_BOT_SESSION_TRUST`), read at every call: OpenCode may
+    /// start the tools before the run's own session exists, and the file gains it after.
+    File(PathBuf),
+}
+
+impl TrustSource {
+    /// The view for one call; a file that cannot be read leaves every session out (fail closed).
+    fn view(&self) -> TrustView {
+        match self {
+            TrustSource::Fixed(view) => view.clone(),
+            TrustSource::File(path) => {
+                match std::fs::read(path).map(|b| serde_json::from_slice::<TrustView>(&b)) {
+                    Ok(Ok(view)) => view,
+                    Ok(Err(_)) | Err(_) => TrustView::closed(),
+                }
+            }
+        }
+    }
 }
 
 /// Writes `view` where the session tools read it: a root-owned (fro-bot's) file the agent's uid
@@ -65,13 +90,10 @@ pub fn write_trust_file(view: &TrustView) -> std::io::Result<tempfile::NamedTemp
 
 /// The trust view named by `FRO_BOT_SESSION_TRUST`: unset, every session is an untrusted quote;
 /// set but unreadable, every session is left out (fail closed).
-fn trust_from_env(env: &Env) -> TrustView {
-    let Some(path) = env.get(FRO_BOT_SESSION_TRUST) else {
-        return TrustView::unknown();
-    };
-    match std::fs::read(path).map(|b| serde_json::from_slice::<TrustView>(&b)) {
-        Ok(Ok(view)) => view,
-        Ok(Err(_)) | Err(_) => TrustView::closed(),
+fn trust_from_env(env: &Env) -> TrustSource {
+    match env.get(FRO_BOT_SESSION_TRUST) {
+        Some(path) => TrustSource::File(PathBuf::from(path)),
+        None => TrustSource::Fixed(TrustView::unknown()),
     }
 }
 
@@ -220,13 +242,14 @@ fn tool_definitions() -> Value {
 }
 
 async fn call_tool(config: &ToolsConfig, name: &str, args: &Value) -> Value {
+    let trust = config.trust.view();
     let result = match config.client() {
         Err(e) => Err(e),
         Ok(client) => match name {
-            "session_list" => session_list(&client, &config.trust, args).await,
-            "session_read" => session_read(&client, &config.trust, args).await,
-            "session_search" => session_search(&client, &config.trust, args).await,
-            "session_info" => session_info(&client, &config.trust, args).await,
+            "session_list" => session_list(&client, &trust, args).await,
+            "session_read" => session_read(&client, &trust, args).await,
+            "session_search" => session_search(&client, &trust, args).await,
+            "session_info" => session_info(&client, &trust, args).await,
             other => Err(format!("unknown tool {other:?}")),
         },
     };
@@ -569,7 +592,7 @@ mod tests {
             url: Some("http://127.0.0.1:9".into()),
             password: None,
             workspace: "/ws".into(),
-            trust: TrustView::unknown(),
+            trust: TrustSource::Fixed(TrustView::unknown()),
         }
     }
 
@@ -634,7 +657,7 @@ mod tests {
             url: None,
             password: None,
             workspace: "/ws".into(),
-            trust: TrustView::unknown(),
+            trust: TrustSource::Fixed(TrustView::unknown()),
         };
         let r = call_tool(&cfg, "session_list", &json!({})).await;
         assert_eq!(r["isError"], true);

@@ -540,7 +540,9 @@ async fn writeback_is_searchable_through_the_session_tools() {
         url: Some(agent.server().url().into()),
         password: Some(agent.server().password().into()),
         workspace: h.workspace.clone(),
-        trust: fro_bot::trust::TrustView::unknown(),
+        trust: fro_bot::opencode::session_tools::TrustSource::Fixed(
+            fro_bot::trust::TrustView::unknown(),
+        ),
     };
     let call = |name: &str, args: Value| {
         json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
@@ -633,12 +635,14 @@ async fn writeback_is_searchable_through_the_session_tools() {
             && quoted.contains(SUMMARY_HEADER),
         "{quoted}"
     );
-    let mut withheld = tools.clone();
-    withheld.trust = fro_bot::trust::TrustView::new(
+    use fro_bot::opencode::session_tools::TrustSource;
+    let withheld_view = fro_bot::trust::TrustView::new(
         fro_bot::trust::TrustLevel::Maintainer,
         true,
         Default::default(),
     );
+    let mut withheld = tools.clone();
+    withheld.trust = TrustSource::Fixed(withheld_view.clone());
     let r = session_tools::handle_line(&withheld, &read).await.unwrap();
     assert_eq!(r["result"]["isError"], true, "{r}");
     assert!(text_of(&r).contains("not found"), "{r}");
@@ -655,16 +659,39 @@ async fn writeback_is_searchable_through_the_session_tools() {
             .unwrap();
         assert!(text_of(&r).starts_with(want), "{name}: {r}");
     }
-    let mut trusted = withheld.clone();
-    trusted.trust.sessions.insert(
+    let mut trusted_view = withheld_view.clone();
+    trusted_view.sessions.insert(
         s.session.id.clone(),
         fro_bot::trust::SessionTrust::new("mona", "OWNER", false, false),
     );
+    let mut trusted = withheld.clone();
+    trusted.trust = TrustSource::File(
+        session_tools::write_trust_file(&withheld_view)
+            .unwrap()
+            .into_temp_path()
+            .keep()
+            .unwrap(),
+    );
+    // The tools read the file at every call: OpenCode starts them before the run's own session
+    // is recorded in it.
+    let list = call("session_list", json!({}));
+    let before = text_of(&session_tools::handle_line(&trusted, &list).await.unwrap());
+    assert!(before.starts_with("No sessions found"), "{before}");
+    let TrustSource::File(path) = &trusted.trust else {
+        unreachable!()
+    };
+    std::fs::write(path, serde_json::to_vec(&trusted_view).unwrap()).unwrap();
+    let after = text_of(&session_tools::handle_line(&trusted, &list).await.unwrap());
+    assert!(after.contains(&s.session.id), "{after}");
     let plain = text_of(&session_tools::handle_line(&trusted, &read).await.unwrap());
     assert!(
         plain.contains(SUMMARY_HEADER) && !plain.contains("<<<untrusted-"),
         "{plain}"
     );
+    // Gone: every session is left out (fail closed).
+    std::fs::remove_file(path).unwrap();
+    let gone = text_of(&session_tools::handle_line(&trusted, &list).await.unwrap());
+    assert!(gone.starts_with("No sessions found"), "{gone}");
     agent.shutdown(Duration::from_secs(5)).await;
 }
 
