@@ -31,9 +31,12 @@ pub struct CacheMergeInputs<'a> {
     pub primary_key: &'a str,
     pub paths: &'a StatePaths,
     pub workspace: &'a Path,
-    /// Where this run's memory came from, and the cache entry when it was one.
+    /// Where this run's memory came from, and the cache entry when it was one (or, after a
+    /// store restore, the entry merged in then: only entries newer than it are merged again).
     pub source: RestoreSource,
     pub restored_key: Option<&'a str>,
+    /// What was merged at restore, joined to what the save merges (`CacheMergeReport::then`).
+    pub earlier: Option<&'a CacheMergeReport>,
 }
 
 /// What the merge did, for the summary.
@@ -67,18 +70,33 @@ struct Merged {
 
 impl CacheMergeReport {
     fn take(&mut self, key: String, merged: Merged) {
-        for (k, v) in merged.sessions {
+        self.fold(merged.sessions, merged.trust, merged.from_them);
+        self.merged.push((key, merged.report));
+    }
+
+    /// An entry's map, trust records and sessions joined to what was merged before it.
+    fn fold(&mut self, sessions: Map, trust: TrustMap, from_them: BTreeSet<String>) {
+        for (k, v) in sessions {
             self.sessions.entry(k).or_insert(v);
         }
-        for (id, record) in merged.trust {
+        for (id, record) in trust {
             let lowered = match self.trust.remove(&id) {
                 Some(seen) => seen.lowered_by(&record),
                 None => record,
             };
             self.trust.insert(id, lowered);
         }
-        self.from_them.extend(merged.from_them);
-        self.merged.push((key, merged.report));
+        self.from_them.extend(from_them);
+    }
+
+    /// These merges (the restore's), then `later`'s (the save's): one report for the marker
+    /// and the summary. The listing is `later`'s, the one taken just before the save.
+    pub fn then(mut self, later: CacheMergeReport) -> CacheMergeReport {
+        self.fold(later.sessions, later.trust, later.from_them);
+        self.merged.extend(later.merged);
+        self.skipped.extend(later.skipped);
+        self.listed = later.listed;
+        self
     }
 
     pub fn notes(&self) -> Vec<String> {
@@ -87,7 +105,7 @@ impl CacheMergeReport {
             .iter()
             .map(|(key, m)| {
                 format!(
-                    "merged into `{}` (saved by another run meanwhile): {} thread(s) written into it",
+                    "merged with `{}`, which another run saved: {} of this run's thread(s) written into it",
                     shown(key),
                     m.taken.len()
                 )

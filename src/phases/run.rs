@@ -115,6 +115,9 @@ async fn restore_memory(ctx: &mut RunContext) -> RestoreReport {
     ctx.set_output(output::LOGICAL_KEY, ctx.plan.logical_key.as_str());
     ctx.restored_copy = RestoredCopy::of(&ctx.paths, &restored);
     ctx.restored_sessions = restored_sessions(&ctx.paths, &restored);
+    // After the digest and the sessions above: those describe the store's copy, which the
+    // publish compares against; the merged result is saved because it differs.
+    merge_cache_into_store_copy(ctx, &restored).await;
     ctx.report.restore = Some(restored.clone());
     ctx.report.record_phase("restore", t.elapsed());
     match project_identity::align(&ctx.workspace, &ctx.paths.db()) {
@@ -128,6 +131,48 @@ async fn restore_memory(ctx: &mut RunContext) -> RestoreReport {
         | IdentityOutcome::NotAGitCheckout => {}
     }
     restored
+}
+
+/// The store's copy is what restore prefers, but a save that reached only the cache (a withheld
+/// publish, a post retry) is newer than it: the newest cache entry is merged in before the turn,
+/// so the agent sees those threads too (docs/design.md#concurrent-runs).
+async fn merge_cache_into_store_copy(ctx: &mut RunContext, restored: &RestoreReport) {
+    if restored.source != RestoreSource::Storage {
+        return;
+    }
+    let restore_keys = ctx.keys.restore_prefixes().to_vec();
+    let Some(inputs) = cache_merge_inputs(ctx, &restore_keys, restored) else {
+        return;
+    };
+    let merged = crate::phases::cache_merge::merge_newer_entries(&inputs).await;
+    for (key, _) in &merged.merged {
+        tracing::info!("merged the newer cache entry {key} into the store's copy before the turn");
+    }
+    ctx.merged_at_restore = Some(merged);
+}
+
+/// What the cache merges read (`None` without a cache).
+fn cache_merge_inputs<'a>(
+    ctx: &'a RunContext,
+    restore_keys: &'a [String],
+    restored: &'a RestoreReport,
+) -> Option<CacheMergeInputs<'a>> {
+    let earlier = ctx.merged_at_restore.as_ref();
+    let cache = ctx.cache.as_ref()?;
+    Some(CacheMergeInputs {
+        cache,
+        catalog: crate::phases::fallback::catalog(Some(cache), ctx.gh.as_ref()),
+        restore_keys,
+        primary_key: &ctx.keys.primary,
+        paths: &ctx.paths,
+        workspace: &ctx.workspace,
+        source: restored.source,
+        restored_key: restored
+            .matched_key
+            .as_deref()
+            .or_else(|| earlier.and_then(|e| e.merged.last().map(|(k, _)| k.as_str()))),
+        earlier,
+    })
 }
 
 /// The sessions as restored, for the merge at publish (`None` when they cannot be read).
@@ -298,16 +343,7 @@ async fn cleanup_and_save(
         sessions: Some(&sessions),
         trust: Some(&trust),
         restored: ctx.restored_copy.as_ref(),
-        cache_merge: ctx.cache.as_ref().map(|cache| CacheMergeInputs {
-            cache,
-            catalog: crate::phases::fallback::catalog(Some(cache), ctx.gh.as_ref()),
-            restore_keys: &restore_keys,
-            primary_key: &ctx.keys.primary,
-            paths: &ctx.paths,
-            workspace: &ctx.workspace,
-            source: restored.source,
-            restored_key: restored.matched_key.as_deref(),
-        }),
+        cache_merge: cache_merge_inputs(ctx, &restore_keys, restored),
     };
     let no_sessions = Snapshot::empty();
     let publish = || async {

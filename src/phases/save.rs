@@ -88,7 +88,10 @@ where
         }
     }
     let cache_merge = match &inputs.cache_merge {
-        Some(merge) => merge_newer_entries(merge).await,
+        Some(merge) => {
+            let now = merge_newer_entries(merge).await;
+            merge.earlier.cloned().unwrap_or_default().then(now)
+        }
         None => CacheMergeReport::default(),
     };
     let (sessions, trust) = marker_maps(&inputs, &cache_merge);

@@ -283,3 +283,66 @@ async fn a_run_that_cannot_get_its_turn_answers_that_it_could_not() {
         world.github.created_comments()
     );
 }
+
+/// A save that reached only the cache (here a run without the store; likewise a withheld publish
+/// or a post retry) is newer than the store's copy, which restore prefers: it is merged in before
+/// the turn, so a follow-up on that thread resumes it, and the store then holds it too.
+#[tokio::test]
+async fn a_save_that_reached_only_the_cache_is_not_shadowed_by_the_stores_older_copy() {
+    let world = World::start().await;
+    let prefix = crate::support::s3::unique_prefix("e2e-cache-only");
+    world.github.seed_issue(40, "Stored thread", "Body.");
+    world.github.seed_issue(41, "Cache-only thread", "Body.");
+    let job = |run: u64, issue: u64, comment: u64, body: &str, store: bool| {
+        let mut job = world.job(run);
+        job.at_fixed_root();
+        if store {
+            with_s3(&mut job, &prefix);
+        }
+        job.event("issue_comment", &comment_event(issue, comment, body));
+        job
+    };
+    let (_, a) = main_step(job(5300, 40, 730, "@fro-bot hello", true)).await;
+    assert_eq!(a.output("cache-save-result"), "durable", "{}", explain(&a));
+    let (_, b) = main_step(job(
+        5301,
+        41,
+        731,
+        "@fro-bot remember the word narwhal-9",
+        false,
+    ))
+    .await;
+    assert_eq!(b.output("cache-save-result"), "durable", "{}", explain(&b));
+    world.llm.push(Reply::text("It was narwhal-9."));
+    let (_, c) = main_step(job(5302, 41, 732, "@fro-bot which word was it?", true)).await;
+    assert_eq!(c.code, 0, "{}", explain(&c));
+    assert_eq!(
+        c.output("session-id"),
+        b.output("session-id"),
+        "the follow-up resumes the cache-only session: {}",
+        explain(&c)
+    );
+    let asked = request_text(world.llm.requests().last().unwrap());
+    assert!(asked.contains("remember the word narwhal-9"), "{asked}");
+    assert!(c.summary.contains("merged with `"), "{}", c.summary);
+    // C published the merge: the store's copy now holds both threads.
+    let store = crate::support::s3::connect(&crate::support::s3::settings(&prefix)).await;
+    let keys = fro_bot::object_store::StoreKeys::new(&prefix, "octo", "hello").unwrap();
+    let fro_bot::object_store::GetOutcome::Found(copy) =
+        store.get_bytes(&keys.session_db()).await.unwrap()
+    else {
+        panic!("no store copy");
+    };
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &copy.bytes).unwrap();
+    let db = rusqlite::Connection::open(file.path()).unwrap();
+    for r in [&a, &b] {
+        let id = r.output("session-id");
+        let n: i64 = db
+            .query_row("SELECT count(*) FROM session WHERE id = ?1", [id], |row| {
+                row.get(0)
+            })
+            .unwrap();
+        assert_eq!(n, 1, "{id} in the store's copy");
+    }
+}
