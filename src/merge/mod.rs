@@ -182,6 +182,34 @@ pub struct Conflict {
     pub lost_messages: u64,
 }
 
+impl Conflict {
+    /// Whether the result lacks any of the loser's messages or sessions (else the winner's
+    /// version already holds all of the loser's turn).
+    pub fn lost_a_turn(&self) -> bool {
+        self.lost_messages > 0 || !self.lost_sessions.is_empty()
+    }
+
+    /// One line for the run summary. The title comes from a database, so it is shown without
+    /// control characters or backticks.
+    pub fn describe(&self) -> String {
+        let title: String = self
+            .title
+            .as_deref()
+            .unwrap_or("untitled")
+            .chars()
+            .map(|c| if c.is_control() || c == '`' { '?' } else { c })
+            .collect();
+        let kept = match self.winner {
+            Side::Ours => "this run's",
+            Side::Base => "the other run's",
+        };
+        format!(
+            "conflict on session `{}` ({title}): both runs changed it; {kept} later turn was kept, the other ({} message(s)) is not in memory",
+            self.root, self.lost_messages
+        )
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MergeReport {
     pub taken: Vec<Taken>,
@@ -292,3 +320,34 @@ fn open_read_only(path: &Path, role: Role) -> Result<Connection, MergeError> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod describe_tests {
+    use super::*;
+
+    #[test]
+    fn a_conflict_line_names_who_won_and_cannot_break_out_of_its_code_span() {
+        let c = Conflict {
+            root: "ses_1".into(),
+            title: Some("fro-bot: issue-5`\n::error::x".into()),
+            winner: Side::Base,
+            ours_activity: Some(1),
+            base_activity: Some(2),
+            lost_sessions: vec![],
+            lost_messages: 2,
+        };
+        assert!(c.lost_a_turn());
+        let line = c.describe();
+        assert!(
+            line.contains("the other run's later turn was kept"),
+            "{line}"
+        );
+        assert!(line.contains("fro-bot: issue-5??::error::x"), "{line}");
+        assert!(!line.contains('\n'));
+        let kept_all = Conflict {
+            lost_messages: 0,
+            ..c
+        };
+        assert!(!kept_all.lost_a_turn());
+    }
+}

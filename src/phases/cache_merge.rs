@@ -112,19 +112,12 @@ impl CacheMergeReport {
             })
             .collect();
         for (_, m) in &self.merged {
-            for c in m
-                .conflicts
-                .iter()
-                .filter(|c| c.lost_messages > 0 || !c.lost_sessions.is_empty())
-            {
-                notes.push(format!(
-                    "conflict on session `{}` ({}): both runs changed it; the later activity ({:?}) was kept, the other turn ({} message(s)) is not in memory",
-                    c.root,
-                    c.title.as_deref().unwrap_or("untitled"),
-                    c.winner,
-                    c.lost_messages
-                ));
-            }
+            notes.extend(
+                m.conflicts
+                    .iter()
+                    .filter(|c| c.lost_a_turn())
+                    .map(|c| c.describe()),
+            );
         }
         notes.extend(self.skipped.iter().cloned());
         notes
@@ -145,9 +138,22 @@ pub async fn merge_newer_entries(inputs: &CacheMergeInputs<'_>) -> CacheMergeRep
             return report;
         }
     };
-    for key in candidates.into_iter().rev() {
+    merge_each(inputs, candidates, &mut report).await;
+    report
+}
+
+/// Merges `keys` (newest first) into this run's database, oldest first; whether any of them held
+/// a session, or a version of one, that this run lacked.
+async fn merge_each(
+    inputs: &CacheMergeInputs<'_>,
+    keys: Vec<String>,
+    report: &mut CacheMergeReport,
+) -> bool {
+    let mut contributed = false;
+    for key in keys.into_iter().rev() {
         match merge_one(inputs, &key).await {
             Ok(merged) => {
+                contributed |= merged.new_to_us;
                 report.take(key, merged);
             }
             Err(why) => report.skipped.push(format!(
@@ -156,7 +162,7 @@ pub async fn merge_newer_entries(inputs: &CacheMergeInputs<'_>) -> CacheMergeRep
             )),
         }
     }
-    report
+    contributed
 }
 
 /// The entries saved since this run restored, newest first: those listed before the restored
@@ -316,19 +322,7 @@ pub async fn merge_saved_meanwhile(
         .take(MAX_ENTRIES)
         .cloned()
         .collect();
-    let mut contributed = false;
-    for key in fresh.into_iter().rev() {
-        match merge_one(inputs, &key).await {
-            Ok(merged) => {
-                contributed |= merged.new_to_us;
-                report.take(key, merged);
-            }
-            Err(why) => report.skipped.push(format!(
-                "the entry `{}` saved meanwhile was not merged: {why}",
-                shown(&key)
-            )),
-        }
-    }
+    let contributed = merge_each(inputs, fresh, report).await;
     report.listed = Some(keys);
     contributed
 }

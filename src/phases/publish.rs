@@ -96,19 +96,12 @@ impl PublishReport {
                 m.taken.len(),
                 m.identical
             ));
-            for c in m
-                .conflicts
-                .iter()
-                .filter(|c| c.lost_messages > 0 || !c.lost_sessions.is_empty())
-            {
-                notes.push(format!(
-                    "conflict on session `{}` ({}): both runs changed it; the later activity ({:?}) was kept, the other turn ({} message(s)) is not in memory",
-                    c.root,
-                    c.title.as_deref().unwrap_or("untitled"),
-                    c.winner,
-                    c.lost_messages
-                ));
-            }
+            notes.extend(
+                m.conflicts
+                    .iter()
+                    .filter(|c| c.lost_a_turn())
+                    .map(|c| c.describe()),
+            );
         }
         notes
     }
