@@ -225,31 +225,7 @@ pub fn extract_confined(
     targets: &[CachePath],
     workspace: &Path,
 ) -> Result<ExtractReport, CacheError> {
-    let archive_err = |detail: &str, source: io::Error| CacheError::Archive {
-        path: archive.to_path_buf(),
-        detail: detail.to_string(),
-        source,
-    };
-    let file = File::open(archive).map_err(|e| archive_err("cannot open", e))?;
-    let size = file
-        .metadata()
-        .map_err(|e| archive_err("cannot stat", e))?
-        .len();
-    let workspace_n = paths::normalize(workspace);
-    let free = targets
-        .iter()
-        .filter_map(|t| limits::free_bytes(&paths::resolve(&workspace_n, &t.path)))
-        .min()
-        .unwrap_or(u64::MAX);
-    let limits = Limits::for_entry(size, free);
-    extract_stream(
-        Pipelined::spawn(file),
-        targets,
-        workspace,
-        limits,
-        archive,
-        None,
-    )
+    extract_archive(archive, targets, workspace, None)
 }
 
 /// [`extract_confined`], but each target is written to `into/{its file name}` instead of its own
@@ -261,6 +237,15 @@ pub fn extract_confined_into(
     workspace: &Path,
     into: &Path,
 ) -> Result<ExtractReport, CacheError> {
+    extract_archive(archive, targets, workspace, Some(into))
+}
+
+fn extract_archive(
+    archive: &Path,
+    targets: &[CachePath],
+    workspace: &Path,
+    into: Option<&Path>,
+) -> Result<ExtractReport, CacheError> {
     let archive_err = |detail: &str, source: io::Error| CacheError::Archive {
         path: archive.to_path_buf(),
         detail: detail.to_string(),
@@ -271,14 +256,23 @@ pub fn extract_confined_into(
         .metadata()
         .map_err(|e| archive_err("cannot stat", e))?
         .len();
-    let limits = Limits::for_entry(size, limits::free_bytes(into).unwrap_or(u64::MAX));
+    let workspace_n = paths::normalize(workspace);
+    let free = match into {
+        Some(dir) => limits::free_bytes(dir).unwrap_or(u64::MAX),
+        None => targets
+            .iter()
+            .filter_map(|t| limits::free_bytes(&paths::resolve(&workspace_n, &t.path)))
+            .min()
+            .unwrap_or(u64::MAX),
+    };
+    let limits = Limits::for_entry(size, free);
     extract_stream(
         Pipelined::spawn(file),
         targets,
         workspace,
         limits,
         archive,
-        Some(into),
+        into,
     )
 }
 

@@ -7,9 +7,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use fro_bot::cache::{
-    extract_confined, version, write_archive, ActionsCacheClient, Backend, CacheError, CacheMode,
-    CachePath, FsBackend, PathKind, RejectReason, Rejection, RestoreOutcome, RestoreRequest,
-    RetryPolicy, SaveRequest, TransferOptions,
+    extract_confined, extract_confined_into, version, write_archive, ActionsCacheClient, Backend,
+    CacheError, CacheMode, CachePath, FsBackend, PathKind, RejectReason, Rejection, RestoreOutcome,
+    RestoreRequest, RetryPolicy, SaveRequest, TransferOptions,
 };
 use rand::{RngCore, SeedableRng};
 
@@ -655,6 +655,17 @@ async fn each_hostile_member_refuses_the_whole_entry_and_changes_nothing() {
             (hostile::Expect::Cap(want), r) => assert_eq!(r.cap(), Some(*want), "{}", case.label),
             (want, got) => panic!("{}: want {want:?}, got {got:?}", case.label),
         }
+        // The same refusal when the entry is read beside live memory, for a merge.
+        let into = layout.root.join("merge-scratch");
+        fs::create_dir_all(&into).unwrap();
+        let err = extract_confined_into(&archive, &layout.targets, &layout.workspace, &into)
+            .expect_err(case.label);
+        assert!(
+            err.is_hostile() && err.is_entry_fault(),
+            "{}: {err:?}",
+            case.label
+        );
+        assert_eq!(fs::read_dir(&into).unwrap().count(), 0, "{}", case.label);
         // Nothing restored, nothing planted, nothing left staged.
         assert_eq!(layout.snapshot(), local, "{}", case.label);
         assert!(
@@ -961,6 +972,33 @@ fn a_corrupt_tail_moves_nothing_into_place() {
     assert!(err.is_entry_fault() && !err.is_hostile());
     assert_eq!(layout.snapshot(), local);
     no_staging_left(&layout);
+}
+
+/// An entry read beside live memory (the cache merge): each target lands under `into` by its file
+/// name, and live memory stays exactly as it was.
+#[test]
+fn an_entry_extracted_into_a_scratch_dir_leaves_live_memory_alone() {
+    let layout = Layout::new();
+    layout.populate(2, 1);
+    let local = write_local_state(&layout);
+    let d = hostile::D;
+    let archive = layout.root.join("into.tzst");
+    let mut t = hostile::TarZst::create(&archive);
+    t.file(&format!("{d}/opencode.db"), b"their db")
+        .file(&format!("{d}/fro-bot.json"), b"{}")
+        .dir(&format!("{d}/storage/"))
+        .file(&format!("{d}/storage/top.txt"), b"their top");
+    t.end(0, 0);
+    let into = layout.root.join("scratch");
+    fs::create_dir_all(&into).unwrap();
+    extract_confined_into(&archive, &layout.targets, &layout.workspace, &into).unwrap();
+    assert_eq!(fs::read(into.join("opencode.db")).unwrap(), b"their db");
+    assert_eq!(fs::read(into.join("fro-bot.json")).unwrap(), b"{}");
+    assert_eq!(
+        fs::read(into.join("storage/top.txt")).unwrap(),
+        b"their top"
+    );
+    assert_eq!(layout.snapshot(), local, "live memory untouched");
 }
 
 #[test]
