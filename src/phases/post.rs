@@ -213,6 +213,7 @@ async fn save_with_key(
 /// The post step as the binary runs it: releases a lease main left behind (from main's state and
 /// the same `s3-*` inputs), then decides and retries.
 pub async fn run_post(env: &Env) -> PostOutcome {
+    crate::phases::tracking::finish_left_behind(env).await;
     post(env, release_left_behind(env)).await
 }
 

@@ -277,6 +277,8 @@ async fn respond(
         }));
     }
     let url = finalize_github(ctx, gh, agent_run, restored, tracker.as_deref()).await;
+    // Answered (or the answer could not be posted at all): post must not call the run stopped.
+    ctx.set_state(state::TRACKING_COMMENT, "");
     if let Some(url) = url {
         ctx.set_output(output::COMMENT_URL, &url);
     }
@@ -496,6 +498,7 @@ async fn not_our_turn(
         if let Some(url) = answer_only(ctx, gh, tracker.as_deref(), &text).await {
             ctx.set_output(output::COMMENT_URL, &url);
         }
+        ctx.set_state(state::TRACKING_COMMENT, "");
     }
     // Memory was not touched: post has nothing to retry.
     ctx.set_state(state::CACHE_SAVED, StateValue::Skipped.as_str());

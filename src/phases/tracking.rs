@@ -15,9 +15,9 @@ use crate::github::route::Thread;
 use crate::github::tracking::render_working;
 use crate::opencode::events::Todo;
 use crate::opencode::progress::ProgressSink;
-use crate::phases::context::RunContext;
-use crate::runner::env::{self, output};
-use crate::runner::{log, Env};
+use crate::phases::context::{set_state, RunContext};
+use crate::runner::env::{self, output, state};
+use crate::runner::{log, Env, FileCommands};
 
 /// The least time between two progress edits (`FRO_BOT_PROGRESS_EDIT_MS` overrides it).
 pub(crate) const PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
@@ -84,6 +84,8 @@ pub(crate) struct Tracker {
     run_url: Option<String>,
     comment: PostedComment,
     pace: tokio::sync::Mutex<Pace>,
+    /// Where `trackingComment` is kept for post until the final body is in.
+    files: FileCommands,
 }
 
 impl std::fmt::Debug for Tracker {
@@ -132,12 +134,17 @@ pub(crate) async fn open(ctx: &RunContext) -> Option<Arc<Tracker>> {
     if let Some(url) = &comment.url {
         ctx.set_output(output::COMMENT_URL, url);
     }
+    ctx.set_state(
+        state::TRACKING_COMMENT,
+        &left_behind_value(thread.kind, &comment.id),
+    );
     Some(Arc::new(Tracker {
         gh: gh.clone(),
         kind: thread.kind,
         run_url,
         comment,
         pace: Default::default(),
+        files: ctx.files.clone(),
     }))
 }
 
@@ -243,7 +250,12 @@ impl Tracker {
                 .map_err(|source| TrackingError::Api { what: WHAT, source })
         };
         match tokio::time::timeout(limit, work).await {
-            Ok(done) => done,
+            Ok(Ok(edited)) => {
+                // The comment holds its final body: nothing for post to finish.
+                set_state(&self.files, state::TRACKING_COMMENT, "");
+                Ok(edited)
+            }
+            Ok(Err(e)) => Err(e),
             Err(_) => Err(TrackingError::TimedOut { what: WHAT, limit }),
         }
     }
@@ -268,9 +280,86 @@ impl Tracker {
     }
 }
 
+/// What post says in a tracking comment main left "working" (main was killed).
+pub(crate) const KILLED: &str =
+    "I was stopped before I could finish: the job ended before I could answer. Mention me again to retry.";
+/// Post's edit of such a comment, at most.
+const LEFT_BEHIND_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn left_behind_value(kind: TargetKind, id: &str) -> String {
+    let kind = match kind {
+        TargetKind::Issue => "issue",
+        TargetKind::PullRequest => "pull_request",
+        TargetKind::Discussion => "discussion",
+    };
+    format!("{kind}:{id}")
+}
+
+fn parse_left_behind(value: &str) -> Option<(TargetKind, PostedComment)> {
+    let (kind, id) = value.split_once(':')?;
+    let kind = match kind {
+        "issue" => TargetKind::Issue,
+        "pull_request" => TargetKind::PullRequest,
+        "discussion" => TargetKind::Discussion,
+        _ => return None,
+    };
+    let comment = PostedComment {
+        id: id.to_string(),
+        url: None,
+    };
+    (!id.is_empty()).then_some((kind, comment))
+}
+
+/// Post: a tracking comment main left "working" (it was killed before its final edit) is told
+/// the run stopped, so the thread is not left waiting. Within 10 s; a failure is a warning.
+pub(crate) async fn finish_left_behind(env: &Env) {
+    let Some((kind, comment)) = env
+        .state(state::TRACKING_COMMENT)
+        .and_then(parse_left_behind)
+    else {
+        return;
+    };
+    let token = crate::config::Settings::from_env(env, crate::config::AuthRequirement::Optional)
+        .ok()
+        .and_then(|s| s.github_token);
+    let gh = token.and_then(|t| GitHub::from_env(env, &t).ok());
+    let Some(gh) = gh else {
+        log::warning("post: the tracking comment still says working, but there is no GitHub client to edit it");
+        return;
+    };
+    let footer = crate::github::response::RunFooter {
+        run_url: crate::github::response::run_url(env),
+        session_id: None,
+        cache_status: None,
+        logical_key: None,
+        duration_secs: None,
+    };
+    let body = crate::github::response::render(KILLED, &footer, None);
+    match tokio::time::timeout(LEFT_BEHIND_TIMEOUT, gh.edit_comment(kind, &comment, &body)).await {
+        Ok(Ok(_)) => tracing::info!("post: the tracking comment now says the run was stopped"),
+        Ok(Err(e)) => log::warning(&format!("post: cannot update the tracking comment: {e}")),
+        Err(_) => log::warning("post: updating the tracking comment timed out"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_comment_left_for_post_round_trips_and_junk_is_ignored() {
+        for kind in [
+            TargetKind::Issue,
+            TargetKind::PullRequest,
+            TargetKind::Discussion,
+        ] {
+            let (k, c) = parse_left_behind(&left_behind_value(kind, "DC_kw:1")).unwrap();
+            assert_eq!((k, c.id.as_str()), (kind, "DC_kw:1"));
+        }
+        for junk in ["", "issue:", "issue", "commit:5", ":5"] {
+            assert!(parse_left_behind(junk).is_none(), "{junk}");
+        }
+    }
 
     fn snap(i: u32) -> Snapshot {
         (

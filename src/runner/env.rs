@@ -111,6 +111,9 @@ pub mod state {
     pub const CACHE_SAVED: &str = "cacheSaved";
     pub const LEASE_KEY: &str = "leaseKey";
     pub const LEASE_ETAG: &str = "leaseEtag";
+    /// The tracking comment while it does not hold the run's final body (`{kind}:{id}`), so post
+    /// can say the run was stopped when main was killed before it could.
+    pub const TRACKING_COMMENT: &str = "trackingComment";
     /// The thread's turn (`phases::thread_turn`), which post releases when main could not.
     pub const THREAD_LEASE_KEY: &str = "threadLeaseKey";
     pub const THREAD_LEASE_ETAG: &str = "threadLeaseEtag";

@@ -450,3 +450,62 @@ async fn a_discussion_comment_is_tracked_through_graphql() {
         r.output("comment-url")
     );
 }
+
+/// A main step killed outright (SIGKILL: no chance to edit) leaves the comment "working"; post
+/// says the run stopped, so the thread is not left waiting. A run that answered is never
+/// called stopped by post.
+#[tokio::test]
+async fn post_says_the_run_stopped_when_main_was_killed_before_it_answered() {
+    let world = World::start().await;
+    world.github.seed_issue(5, "t", "b");
+    world.llm.push(Reply::Stall);
+    let job = job_on(&world, 1660, 5, 1661, "@fro-bot think hard");
+    let running = job.spawn(&["run"], &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while world.llm.requests().is_empty() {
+        assert!(Instant::now() < deadline, "the turn never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.signal(libc::SIGKILL);
+    let (job, main) = tokio::task::spawn_blocking(move || {
+        let r = job.finish(running);
+        (job, r)
+    })
+    .await
+    .unwrap();
+    assert_eq!(main.code, 128 + libc::SIGKILL, "{}", explain(&main));
+    let working = world.github.created_comments();
+    assert_eq!(working.len(), 1, "{working:?}");
+    assert!(!working[0].1.contains("stopped"), "{}", working[0].1);
+    let post = tokio::task::spawn_blocking(move || job.post_step(&main))
+        .await
+        .unwrap();
+    assert_eq!(post.code, 0, "{}", explain(&post));
+    let created = world.github.created_comments();
+    assert_eq!(created.len(), 1, "edited, not posted again: {created:?}");
+    assert!(
+        created[0].1.contains(fro_bot_killed_text()),
+        "{}",
+        created[0].1
+    );
+
+    // A run that answers: post leaves its comment alone.
+    world.llm.push(Reply::text("All done."));
+    let job = job_on(&world, 1662, 5, 1663, "@fro-bot quick one");
+    let (job, main) = main_step(job).await;
+    assert_eq!(main.code, 0, "{}", explain(&main));
+    let edits = world.github.edits().len();
+    let post = tokio::task::spawn_blocking(move || job.post_step(&main))
+        .await
+        .unwrap();
+    assert_eq!(post.code, 0, "{}", explain(&post));
+    assert_eq!(
+        world.github.edits().len(),
+        edits,
+        "post edited an answered comment"
+    );
+}
+
+fn fro_bot_killed_text() -> &'static str {
+    "I was stopped before I could finish: the job ended before I could answer."
+}
