@@ -128,7 +128,6 @@ pub(crate) async fn admit(
         lease_holder,
         restored_copy: None,
         restored_sessions: None,
-        merged_at_restore: None,
         report: PersistenceReport::default(),
     };
     if let Some(reason) = check_dedup(&ctx).await {

@@ -94,9 +94,6 @@ pub(crate) struct RunContext {
     /// The sessions as restored, so a newer shared copy can be merged with this run's
     /// (`None`: they could not be read, and a newer copy is then not overwritten).
     pub(crate) restored_sessions: Option<Snapshot>,
-    /// After a store restore, the newest cache entry merged in before the turn
-    /// (`run::merge_cache_into_store_copy`).
-    pub(crate) merged_at_restore: Option<crate::phases::cache_merge::CacheMergeReport>,
     /// The summary's Session Persistence section, filled as the phases go.
     pub(crate) report: PersistenceReport,
 }

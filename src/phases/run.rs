@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::config::CommentMode;
 use crate::github::dedup;
 use crate::lease::LeaseConfig;
 use crate::merge::Snapshot;
@@ -13,7 +14,7 @@ use crate::opencode::progress::ProgressSink;
 use crate::opencode::{Agent, TurnOutcome};
 use crate::phases::admit::{admit, Admission};
 use crate::phases::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
-use crate::phases::cache_merge::CacheMergeInputs;
+use crate::phases::cache_merge::{CacheMergeInputs, CacheMergeReport};
 use crate::phases::cleanup::{stop_agent, Stopped};
 use crate::phases::context::{
     set_output, set_state, ExitStatus, Mode, RestoredCopy, RunContext, RunExit,
@@ -53,18 +54,35 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
             tracing::warn!("cannot add the 👀 reaction: {e}");
         }
     }
-    let tracker = tracking::open(&ctx).await;
-    // Before the restore, so this run sees what an earlier run on its thread is still saying.
-    let turn = thread_turn::take(&ctx).await;
+    // The thread's turn comes before the restore, so this run sees what an earlier run on its
+    // thread is still saying; a sticky comment is that run's until then, so it is opened after.
+    let (tracker, turn) = match ctx.settings.comment_mode {
+        CommentMode::Run => {
+            let tracker = tracking::open(&ctx).await;
+            (tracker, thread_turn::take(&ctx).await)
+        }
+        CommentMode::Sticky => match thread_turn::take(&ctx).await {
+            // The thread's comment is the other run's: the reply is a comment of its own.
+            turn @ ThreadTurn::NotOurs { .. } => (None, turn),
+            turn => (tracking::open(&ctx).await, turn),
+        },
+    };
     if let ThreadTurn::NotOurs { holder_id, waited } = &turn {
         return not_our_turn(&ctx, tracker, holder_id, *waited).await;
     }
 
-    let restored = restore_memory(&mut ctx).await;
+    let (restored, merged_at_restore) = restore_memory(&mut ctx).await;
     let (agent, agent_run) = run_agent(&mut ctx, &restored, tracker.as_ref()).await;
     // The answer goes out before cleanup, so a slow save never delays it.
     let cancelled_edit = respond(&ctx, &agent_run, &restored, tracker).await;
-    let saved = cleanup_and_save(&mut ctx, agent, &agent_run, &restored).await;
+    let saved = cleanup_and_save(
+        &mut ctx,
+        agent,
+        &agent_run,
+        &restored,
+        merged_at_restore.as_ref(),
+    )
+    .await;
     // Published (or not): the next run on the thread may start.
     ctx.report.concurrency_notes.extend(turn.note());
     if ctx.within_budget(turn.release(&ctx.files)).await.is_none() {
@@ -85,7 +103,8 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
 }
 
 /// Restore (store, then cache, then validation), then the workspace's project identity.
-async fn restore_memory(ctx: &mut RunContext) -> RestoreReport {
+/// Also what was merged into the store's copy (`merge_cache_into_store_copy`).
+async fn restore_memory(ctx: &mut RunContext) -> (RestoreReport, Option<CacheMergeReport>) {
     let t = Instant::now();
     let restore_keys = ctx.keys.restore_prefixes().to_vec();
     let restored = {
@@ -117,7 +136,7 @@ async fn restore_memory(ctx: &mut RunContext) -> RestoreReport {
     ctx.restored_sessions = restored_sessions(&ctx.paths, &restored);
     // After the digest and the sessions above: those describe the store's copy, which the
     // publish compares against; the merged result is saved because it differs.
-    merge_cache_into_store_copy(ctx, &restored).await;
+    let merged = merge_cache_into_store_copy(ctx, &restored).await;
     ctx.report.restore = Some(restored.clone());
     ctx.report.record_phase("restore", t.elapsed());
     match project_identity::align(&ctx.workspace, &ctx.paths.db()) {
@@ -130,25 +149,26 @@ async fn restore_memory(ctx: &mut RunContext) -> RestoreReport {
         | IdentityOutcome::NoRestoredProject
         | IdentityOutcome::NotAGitCheckout => {}
     }
-    restored
+    (restored, merged)
 }
 
 /// The store's copy is what restore prefers, but a save that reached only the cache (a withheld
 /// publish, a post retry) is newer than it: the newest cache entry is merged in before the turn,
 /// so the agent sees those threads too (docs/design.md#concurrent-runs).
-async fn merge_cache_into_store_copy(ctx: &mut RunContext, restored: &RestoreReport) {
+async fn merge_cache_into_store_copy(
+    ctx: &RunContext,
+    restored: &RestoreReport,
+) -> Option<CacheMergeReport> {
     if restored.source != RestoreSource::Storage {
-        return;
+        return None;
     }
     let restore_keys = ctx.keys.restore_prefixes().to_vec();
-    let Some(inputs) = cache_merge_inputs(ctx, &restore_keys, restored) else {
-        return;
-    };
+    let inputs = cache_merge_inputs(ctx, &restore_keys, restored, None)?;
     let merged = crate::phases::cache_merge::merge_newer_entries(&inputs).await;
     for (key, _) in &merged.merged {
         tracing::info!("merged the newer cache entry {key} into the store's copy before the turn");
     }
-    ctx.merged_at_restore = Some(merged);
+    Some(merged)
 }
 
 /// What the cache merges read (`None` without a cache).
@@ -156,8 +176,8 @@ fn cache_merge_inputs<'a>(
     ctx: &'a RunContext,
     restore_keys: &'a [String],
     restored: &'a RestoreReport,
+    earlier: Option<&'a CacheMergeReport>,
 ) -> Option<CacheMergeInputs<'a>> {
-    let earlier = ctx.merged_at_restore.as_ref();
     let cache = ctx.cache.as_ref()?;
     Some(CacheMergeInputs {
         cache,
@@ -298,6 +318,7 @@ async fn cleanup_and_save(
     agent: Option<Agent>,
     agent_run: &AgentRun,
     restored: &RestoreReport,
+    merged_at_restore: Option<&CacheMergeReport>,
 ) -> Saved {
     let t = Instant::now();
     let _g = log::Group::new("Save memory");
@@ -345,7 +366,7 @@ async fn cleanup_and_save(
         sessions: Some(&sessions),
         trust: Some(&trust),
         restored: ctx.restored_copy.as_ref(),
-        cache_merge: cache_merge_inputs(ctx, &restore_keys, restored),
+        cache_merge: cache_merge_inputs(ctx, &restore_keys, restored, merged_at_restore),
     };
     let no_sessions = Snapshot::empty();
     let publish = || async {

@@ -216,9 +216,9 @@ async fn two_runs_on_one_thread_with_the_store_run_one_after_the_other_and_the_s
 }
 
 /// A run that cannot get its turn within `thread-wait` does not run, and says so on the thread
-/// (😕): the mention is never dropped in silence. The other run is not disturbed.
-#[tokio::test]
-async fn a_run_that_cannot_get_its_turn_answers_that_it_could_not() {
+/// (😕): the mention is never dropped in silence. The other run is not disturbed — with
+/// `comment-mode: sticky` its comment stays its own, and the reply is a comment of its own.
+async fn a_run_that_cannot_get_its_turn_answers_that_it_could_not(mode: &str) {
     let world = World::start().await;
     let prefix = crate::support::s3::unique_prefix("e2e-thread-busy");
     world.github.seed_issue(31, "Busy thread", "Body.");
@@ -226,23 +226,19 @@ async fn a_run_that_cannot_get_its_turn_answers_that_it_could_not() {
         std::time::Duration::from_secs(12),
         Box::new(Reply::text("Done with the long one.")),
     ));
-    let mut first = world.job(5200);
-    first.at_fixed_root();
-    with_s3(&mut first, &prefix);
-    first.event(
-        "issue_comment",
-        &comment_event(31, 720, "@fro-bot a long task"),
-    );
+    let job = |run: u64, comment: u64, body: &str| {
+        let mut job = world.job(run);
+        job.at_fixed_root();
+        with_s3(&mut job, &prefix);
+        job.input("comment-mode", mode);
+        job.event("issue_comment", &comment_event(31, comment, body));
+        job
+    };
+    let first = job(5200, 720, "@fro-bot a long task");
     let first = tokio::spawn(async move { main_step(first).await.1 });
     until_requests(&world, 1).await;
-    let mut second = world.job(5201);
-    second.at_fixed_root();
-    with_s3(&mut second, &prefix);
+    let mut second = job(5201, 721, "@fro-bot and this?");
     second.input("thread-wait", "2000");
-    second.event(
-        "issue_comment",
-        &comment_event(31, 721, "@fro-bot and this?"),
-    );
     let (_, b) = main_step(second).await;
     assert_eq!(b.code, 0, "{}", explain(&b));
     assert_eq!(b.output("cache-save-result"), "skipped", "{}", explain(&b));
@@ -252,15 +248,6 @@ async fn a_run_that_cannot_get_its_turn_answers_that_it_could_not() {
         1,
         "the second run never reached the model"
     );
-    let replies: Vec<String> = world
-        .github
-        .created_comments()
-        .into_iter()
-        .filter(|(_, body)| body.contains("could not take my turn"))
-        .map(|(_, body)| body)
-        .collect();
-    assert_eq!(replies.len(), 1, "{:?}", world.github.created_comments());
-    assert!(replies[0].contains("action:5200:1"), "{}", replies[0]);
     assert!(
         world
             .github
@@ -273,15 +260,31 @@ async fn a_run_that_cannot_get_its_turn_answers_that_it_could_not() {
     let a = first.await.unwrap();
     assert_eq!(a.code, 0, "{}", explain(&a));
     assert_eq!(a.output("cache-save-result"), "durable", "{}", explain(&a));
+    // Two comments: sticky, the second run never took over the first's.
+    let comments = world.github.created_comments();
+    assert_eq!(comments.len(), 2, "{comments:?}");
+    let reply: Vec<_> = comments
+        .iter()
+        .filter(|(_, body)| body.contains("could not take my turn"))
+        .collect();
+    assert_eq!(reply.len(), 1, "{comments:?}");
+    assert!(reply[0].1.contains("action:5200:1"), "{}", reply[0].1);
     assert!(
-        world
-            .github
-            .created_comments()
+        comments
             .iter()
             .any(|(_, body)| body.contains("Done with the long one.")),
-        "{:?}",
-        world.github.created_comments()
+        "{comments:?}"
     );
+}
+
+#[tokio::test]
+async fn a_run_that_cannot_get_its_turn_answers_that_it_could_not_run_mode() {
+    a_run_that_cannot_get_its_turn_answers_that_it_could_not("run").await;
+}
+
+#[tokio::test]
+async fn a_run_that_cannot_get_its_turn_answers_that_it_could_not_sticky_mode() {
+    a_run_that_cannot_get_its_turn_answers_that_it_could_not("sticky").await;
 }
 
 /// A save that reached only the cache (here a run without the store; likewise a withheld publish
