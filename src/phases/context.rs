@@ -156,7 +156,6 @@ pub(crate) async fn within_budget<T>(
     }
 }
 
-/// A state or output the runner could not take is worth a warning, never a failed run.
 /// Where main leaves a held lease's key and current ETag, so post can release it when main was
 /// killed holding it.
 #[derive(Debug, Clone, Copy)]
@@ -215,6 +214,7 @@ impl PostLease {
     }
 }
 
+/// A state or output the runner could not take is worth a warning, never a failed run.
 pub(crate) fn set_state(files: &FileCommands, name: &str, value: &str) {
     if let Err(e) = files.save_state(name, value) {
         tracing::warn!("{e}");
