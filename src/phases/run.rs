@@ -59,9 +59,10 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     let (tracker, turn) = match ctx.settings.comment_mode {
         CommentMode::Run => {
             let tracker = tracking::open(&ctx).await;
-            (tracker, thread_turn::take(&ctx).await)
+            let turn = thread_turn::take(&ctx, tracker.as_deref()).await;
+            (tracker, turn)
         }
-        CommentMode::Sticky => match thread_turn::take(&ctx).await {
+        CommentMode::Sticky => match thread_turn::take(&ctx, None).await {
             // The thread's comment is the other run's: the reply is a comment of its own.
             turn @ ThreadTurn::NotOurs { .. } => (None, turn),
             turn => (tracking::open(&ctx).await, turn),

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::lease::{self, AcquireOutcome, Lease, LeaseConfig, LeaseHandle};
 use crate::phases::context::{PostLease, RunContext};
+use crate::phases::tracking::Tracker;
 use crate::runner::{log, FileCommands};
 
 /// Whether this run may go on, and on what terms.
@@ -37,8 +38,12 @@ pub(crate) struct HeldTurn {
     watch: tokio::task::JoinHandle<()>,
 }
 
-/// Takes the thread's turn, waiting for an earlier run on the thread as long as `thread-wait`.
-pub(crate) async fn take(ctx: &RunContext) -> ThreadTurn {
+/// What the tracking comment says while the run waits for its turn.
+pub(crate) const WAITING: &str = "waiting for an earlier run on this thread to finish";
+
+/// Takes the thread's turn, waiting for an earlier run on the thread as long as `thread-wait`;
+/// while it waits, the tracking comment (if any) says so.
+pub(crate) async fn take(ctx: &RunContext, tracker: Option<&Tracker>) -> ThreadTurn {
     let (Some(store), Some(wait)) = (&ctx.store, ctx.settings.thread_wait) else {
         return ThreadTurn::NotNeeded;
     };
@@ -47,14 +52,25 @@ pub(crate) async fn take(ctx: &RunContext) -> ThreadTurn {
     }
     let key = store.keys.thread_lease(ctx.plan.logical_key.as_str());
     let started = Instant::now();
-    let asked = Lease::acquire_waiting(
-        &store.store,
-        &key,
-        &ctx.lease_holder,
-        LeaseConfig::default(),
-        Arc::new(lease::SystemClock),
-        wait,
-    );
+    let config = LeaseConfig::default();
+    let clock: Arc<dyn lease::Clock> = Arc::new(lease::SystemClock);
+    let holder = &ctx.lease_holder;
+    let asked = async {
+        match Lease::acquire(&store.store, &key, holder, config, clock.clone()).await {
+            AcquireOutcome::HeldByOther { .. } => {}
+            at_once => return (at_once, 0),
+        }
+        if let Some(tracker) = tracker {
+            tracker.show_step(Some(WAITING)).await;
+        }
+        let left = wait.saturating_sub(started.elapsed());
+        let (outcome, waits) =
+            Lease::acquire_waiting(&store.store, &key, holder, config, clock, left).await;
+        if let (Some(tracker), AcquireOutcome::Acquired(_)) = (tracker, &outcome) {
+            tracker.show_step(None).await;
+        }
+        (outcome, waits + 1)
+    };
     let (outcome, waits) = tokio::select! {
         asked = asked => asked,
         () = ctx.cancel.cancelled() => {

@@ -275,6 +275,22 @@ impl Tracker {
         }
     }
 
+    /// Shows `step` as the current step (`None`: the plain working body), once: the run's own
+    /// status before the agent's progress starts, not paced; a failure is a log line.
+    pub(crate) async fn show_step(&self, step: Option<&str>) {
+        let pace = self.pace.lock().await;
+        if pace.finished {
+            return;
+        }
+        let body = render_working(self.run_url.as_deref(), &[], step);
+        if let Err(e) = self
+            .edit("update the tracking comment", &body, PROGRESS_EDIT_TIMEOUT)
+            .await
+        {
+            tracing::warn!("{e}");
+        }
+    }
+
     pub(crate) fn url(&self) -> Option<&str> {
         self.comment.url.as_deref()
     }

@@ -213,6 +213,21 @@ async fn two_runs_on_one_thread_with_the_store_run_one_after_the_other_and_the_s
     );
     let answered = world.github.created_comments();
     assert_eq!(answered.len(), 2, "{answered:?}");
+    // While it waited, its comment said so; then it worked and answered as usual.
+    let versions = world.github.comment_versions();
+    let waiting = versions
+        .iter()
+        .position(|v| v.contains("waiting for an earlier run on this thread to finish"))
+        .unwrap_or_else(|| panic!("{versions:?}"));
+    assert!(
+        versions[waiting + 1..]
+            .iter()
+            .any(|v| v.contains("Working on it") && !v.contains("waiting for")),
+        "{versions:?}"
+    );
+    assert!(answered
+        .iter()
+        .any(|(_, body)| body.contains("It was walrus-77.")));
 }
 
 /// A run that cannot get its turn within `thread-wait` does not run, and says so on the thread
