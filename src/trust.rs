@@ -119,6 +119,21 @@ impl SessionTrust {
 /// Session id → who wrote it. Kept in the marker (`fro-bot.json`) beside the session map.
 pub type TrustMap = BTreeMap<String, SessionTrust>;
 
+/// Joins `records` into `map`: where both hold a session, the lower record (a record only ever
+/// goes down).
+pub fn join_lowering(
+    map: &mut TrustMap,
+    records: impl IntoIterator<Item = (String, SessionTrust)>,
+) {
+    for (id, record) in records {
+        let joined = match map.remove(&id) {
+            Some(held) => held.lowered_by(&record),
+            None => record,
+        };
+        map.insert(id, joined);
+    }
+}
+
 /// What a run does with an earlier session's text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PriorUse {

@@ -15,6 +15,7 @@ use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::ServerSideEncryption;
 use bytes::Bytes;
+use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
 use super::validate::StoreSettings;
@@ -223,6 +224,7 @@ pub enum DeleteOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ObjectKind {
     SessionDb,
+    SessionMarker,
     LeaseRecord,
     RunRecord,
     Artifact,
@@ -233,7 +235,7 @@ impl ObjectKind {
         match self {
             ObjectKind::LeaseRecord => Some("fro-bot-kind=lease"),
             ObjectKind::RunRecord => Some("fro-bot-kind=run-record"),
-            ObjectKind::SessionDb | ObjectKind::Artifact => None,
+            ObjectKind::SessionDb | ObjectKind::SessionMarker | ObjectKind::Artifact => None,
         }
     }
 }
@@ -259,6 +261,8 @@ pub struct TempDownload {
     file: tempfile::NamedTempFile,
     pub etag: String,
     pub bytes: u64,
+    /// Hex SHA-256 of the body, computed as it streamed in (a marker names its database by it).
+    pub sha256: String,
 }
 
 impl TempDownload {
@@ -443,11 +447,7 @@ impl ObjectStore {
             Some(out) => out,
             None => return Ok(GetOutcome::NotFound),
         };
-        let etag = out.e_tag().unwrap_or_default().to_string();
-        let last_modified_ms = out
-            .last_modified()
-            .and_then(|t| t.to_millis().ok())
-            .and_then(|ms| u64::try_from(ms).ok());
+        let (etag, last_modified_ms) = etag_and_time(&out);
         let bytes = out
             .body
             .collect()
@@ -456,6 +456,46 @@ impl ObjectStore {
             .into_bytes();
         Ok(GetOutcome::Found(ObjectBody {
             bytes,
+            etag,
+            last_modified_ms,
+        }))
+    }
+
+    /// Gets an object whole only if it holds at most `max` bytes: one the store says is larger,
+    /// or whose body runs past `max`, is an `Integrity` error before more than `max` bytes are
+    /// held (objects anyone with the store's credentials can write are untrusted input).
+    pub async fn get_bytes_capped(&self, key: &str, max: usize) -> Result<GetOutcome, StoreError> {
+        let op = Operation::GetObject;
+        let too_large = |n: String| StoreError::Integrity {
+            operation: op,
+            key: key.to_string(),
+            message: format!("{n} bytes, more than the {max} allowed"),
+        };
+        let out = match self.get_request(key).await? {
+            Some(out) => out,
+            None => return Ok(GetOutcome::NotFound),
+        };
+        if let Some(n) = out
+            .content_length()
+            .filter(|n| usize::try_from(*n).map_or(true, |n| n > max))
+        {
+            return Err(too_large(n.to_string()));
+        }
+        let (etag, last_modified_ms) = etag_and_time(&out);
+        let mut body = out.body;
+        let mut bytes = Vec::new();
+        while let Some(chunk) = body
+            .try_next()
+            .await
+            .map_err(|e| request_error(op, key, &DisplayErrorContext(&e)))?
+        {
+            if bytes.len() + chunk.len() > max {
+                return Err(too_large(format!("over {}", bytes.len() + chunk.len())));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(GetOutcome::Found(ObjectBody {
+            bytes: Bytes::from(bytes),
             etag,
             last_modified_ms,
         }))
@@ -511,11 +551,13 @@ impl ObjectStore {
             tokio::io::BufWriter::with_capacity(1 << 20, tokio::fs::File::from_std(std_file));
         let mut body = out.body;
         let mut written: u64 = 0;
+        let mut hasher = Sha256::new();
         while let Some(chunk) = body
             .try_next()
             .await
             .map_err(|e| request_error(op, key, &DisplayErrorContext(&e)))?
         {
+            hasher.update(&chunk);
             file.write_all(&chunk)
                 .await
                 .map_err(|e| StoreError::local(op, key, tmp.path(), e))?;
@@ -539,6 +581,7 @@ impl ObjectStore {
             file: tmp,
             etag,
             bytes: written,
+            sha256: hex::encode(hasher.finalize()),
         }))
     }
 
@@ -619,6 +662,18 @@ impl ObjectStore {
             capped: true,
         })
     }
+}
+
+/// A get's ETag and LastModified (epoch ms; S3 has 1 s resolution).
+fn etag_and_time(
+    out: &aws_sdk_s3::operation::get_object::GetObjectOutput,
+) -> (String, Option<u64>) {
+    let etag = out.e_tag().unwrap_or_default().to_string();
+    let last_modified_ms = out
+        .last_modified()
+        .and_then(|t| t.to_millis().ok())
+        .and_then(|ms| u64::try_from(ms).ok());
+    (etag, last_modified_ms)
 }
 
 fn request_error(operation: Operation, key: &str, err: &dyn std::fmt::Display) -> StoreError {

@@ -12,8 +12,10 @@ pub struct StoreKeys {
     lease: String,
 }
 
-/// The only file restore ever downloads from `sessions/` (an allowlist).
+/// The files restore ever downloads from `sessions/` (an allowlist): the database, and the marker
+/// that names it (the same name as the marker beside the database, `phases::paths::MARKER_FILE`).
 pub const SESSION_DB_NAME: &str = "opencode.db";
+pub const SESSION_MARKER_NAME: &str = "fro-bot.json";
 
 impl StoreKeys {
     pub fn new(prefix: &str, owner: &str, repo: &str) -> Result<StoreKeys, ValidationError> {
@@ -41,6 +43,12 @@ impl StoreKeys {
 
     pub fn session_db(&self) -> String {
         format!("{}{SESSION_DB_NAME}", self.sessions_dir())
+    }
+
+    /// `.../sessions/fro-bot.json`: the marker of the database published last; it holds the
+    /// database's SHA-256, so it is believed only beside exactly that database.
+    pub fn session_marker(&self) -> String {
+        format!("{}{SESSION_MARKER_NAME}", self.sessions_dir())
     }
 
     /// `.../metadata/{runKey}.json`; `run_key` is `{runId}-{runAttempt}[-{identity}]`.
@@ -93,6 +101,10 @@ mod tests {
         assert_eq!(
             k.session_db(),
             "fro-bot-state/github/octo/hello.world/sessions/opencode.db"
+        );
+        assert_eq!(
+            k.session_marker(),
+            "fro-bot-state/github/octo/hello.world/sessions/fro-bot.json"
         );
         assert_eq!(
             k.run_metadata("123-2-build-m0a1b2c3d").unwrap(),

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 use super::client::{
-    Condition, DownloadOutcome, ObjectKind, ObjectStore, Operation, PutOutcome, StoreError,
+    Condition, DownloadOutcome, GetOutcome, ObjectKind, ObjectStore, Operation, PutOutcome,
+    StoreError,
 };
 use super::keys::{StoreKeys, SESSION_DB_NAME};
 use super::validate::confine_path;
@@ -48,9 +49,16 @@ pub async fn publish_session_db(
 
 #[derive(Debug)]
 pub enum StoreRestore {
-    Hit { etag: String, bytes: u64 },
+    /// `sha256`: hex SHA-256 of the database as downloaded (before any check touched it).
+    Hit {
+        etag: String,
+        bytes: u64,
+        sha256: String,
+    },
     Miss,
-    Failed { error: StoreError },
+    Failed {
+        error: StoreError,
+    },
 }
 
 /// Downloads `sessions/opencode.db` — and only that name — into `data_dir`: to a temp file first,
@@ -62,7 +70,11 @@ pub async fn restore_session_db(
     data_dir: &Path,
 ) -> StoreRestore {
     match restore_inner(store, keys, data_dir).await {
-        Ok(Some((etag, bytes))) => StoreRestore::Hit { etag, bytes },
+        Ok(Some((etag, bytes, sha256))) => StoreRestore::Hit {
+            etag,
+            bytes,
+            sha256,
+        },
         Ok(None) => StoreRestore::Miss,
         Err(error) => StoreRestore::Failed { error },
     }
@@ -72,7 +84,7 @@ async fn restore_inner(
     store: &ObjectStore,
     keys: &StoreKeys,
     data_dir: &Path,
-) -> Result<Option<(String, u64)>, StoreError> {
+) -> Result<Option<(String, u64, String)>, StoreError> {
     let key = keys.session_db();
     let op = Operation::GetObject;
     let target = confine_path(data_dir, SESSION_DB_NAME)
@@ -93,7 +105,11 @@ async fn restore_inner(
             Err(e) => return Err(StoreError::local(op, &key, &side, e)),
         }
     }
-    let (etag, bytes) = (download.etag.clone(), download.bytes);
+    let (etag, bytes, sha256) = (
+        download.etag.clone(),
+        download.bytes,
+        download.sha256.clone(),
+    );
     let tmp_path = download.path().to_path_buf();
     tokio::task::spawn_blocking({
         let target = target.clone();
@@ -102,7 +118,50 @@ async fn restore_inner(
     .await
     .map_err(|e| StoreError::local(op, &key, &tmp_path, std::io::Error::other(e)))?
     .map_err(|e| StoreError::local(op, &key, &target, e))?;
-    Ok(Some((etag, bytes)))
+    Ok(Some((etag, bytes, sha256)))
+}
+
+/// The most a store marker may hold: a session map and trust records for tens of thousands of
+/// sessions fit many times over; anything larger is refused unread.
+pub const MAX_MARKER_BYTES: usize = 8 << 20;
+
+/// Puts the marker of the database just published to `sessions/fro-bot.json`. Unconditional: the
+/// caller holds the lease, and restore believes a marker only beside the database whose SHA-256
+/// it names, so a marker that lost a race is never applied to another run's database.
+pub async fn publish_marker(store: &ObjectStore, keys: &StoreKeys, marker: &Path) -> UploadOutcome {
+    let key = keys.session_marker();
+    match store
+        .put_file(&key, marker, Condition::None, ObjectKind::SessionMarker)
+        .await
+    {
+        Ok(PutOutcome::Written { etag }) => UploadOutcome::Uploaded { etag },
+        Ok(PutOutcome::PreconditionFailed) => UploadOutcome::Failed {
+            error: unexpected_precondition(key),
+        },
+        Err(error) => UploadOutcome::Failed { error },
+    }
+}
+
+/// `sessions/fro-bot.json`, at most [`MAX_MARKER_BYTES`] (`None`: there is none).
+pub async fn fetch_marker(
+    store: &ObjectStore,
+    keys: &StoreKeys,
+) -> Result<Option<Bytes>, StoreError> {
+    match store
+        .get_bytes_capped(&keys.session_marker(), MAX_MARKER_BYTES)
+        .await?
+    {
+        GetOutcome::Found(body) => Ok(Some(body.bytes)),
+        GetOutcome::NotFound => Ok(None),
+    }
+}
+
+fn unexpected_precondition(key: String) -> StoreError {
+    StoreError::Integrity {
+        operation: Operation::PutObject,
+        key,
+        message: "unexpected precondition failure".into(),
+    }
 }
 
 fn sidecar(db: &Path, suffix: &str) -> PathBuf {
@@ -141,11 +200,7 @@ pub async fn upload_run_metadata(
         Ok(PutOutcome::Written { etag }) => UploadOutcome::Uploaded { etag },
         // Unconditional puts have no precondition; kept for exhaustiveness.
         Ok(PutOutcome::PreconditionFailed) => UploadOutcome::Failed {
-            error: StoreError::Integrity {
-                operation: Operation::PutObject,
-                key,
-                message: "unexpected precondition failure".into(),
-            },
+            error: unexpected_precondition(key),
         },
         Err(error) => UploadOutcome::Failed { error },
     }

@@ -79,18 +79,28 @@ impl CacheMergeReport {
         for (k, v) in sessions {
             self.sessions.entry(k).or_insert(v);
         }
-        for (id, record) in trust {
-            let lowered = match self.trust.remove(&id) {
-                Some(seen) => seen.lowered_by(&record),
-                None => record,
-            };
-            self.trust.insert(id, lowered);
-        }
+        crate::trust::join_lowering(&mut self.trust, trust);
         self.from_them.extend(from_them);
     }
 
-    /// These merges (the restore's), then `later`'s (the save's): one report for the marker
-    /// and the summary. The listing is `later`'s, the one taken just before the save.
+    /// Joins what was merged into `map`, the threads fro-bot keeps: an entry's thread this run's
+    /// map lacks is added (this run's mapping stands where both have one).
+    pub fn join_sessions_into(&self, map: &mut Map) {
+        for (k, v) in &self.sessions {
+            map.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+
+    /// Joins the merged entries' trust records into `trust`, this run's: a session whose merged
+    /// version is theirs takes their record, the lower one where both hold it
+    /// (docs/security.md#trust-follows-memory).
+    pub fn join_trust_into(&self, trust: &mut TrustMap) {
+        trust.retain(|id, _| !self.from_them.contains(id));
+        crate::trust::join_lowering(trust, self.trust.clone());
+    }
+
+    /// These merges (the restore's), then `later`'s (the save's): one report for the summary
+    /// (the restore's threads and records are joined into the run's own at restore). The listing is `later`'s, the one taken just before the save.
     pub fn then(mut self, later: CacheMergeReport) -> CacheMergeReport {
         self.fold(later.sessions, later.trust, later.from_them);
         self.merged.extend(later.merged);

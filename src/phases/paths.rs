@@ -178,6 +178,22 @@ pub fn parse_marker(text: &str) -> MarkerCheck {
     }
 }
 
+/// The marker in `bytes` (the store's, so untrusted) if it may stand beside the database whose
+/// SHA-256 is `db_sha256`: one of our storage version that names exactly that database. A publish
+/// whose marker put did not follow, or a planted marker, names another one.
+pub fn marker_naming(bytes: &[u8], db_sha256: &str) -> Result<Marker, String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_string())?;
+    match parse_marker(text) {
+        MarkerCheck::Compatible(m) if m.db_sha256.eq_ignore_ascii_case(db_sha256) => Ok(m),
+        MarkerCheck::Compatible(_) => Err("it names another database".into()),
+        MarkerCheck::VersionMismatch { found } => Err(format!(
+            "storage version {found}, this fro-bot reads version {STORAGE_VERSION}"
+        )),
+        MarkerCheck::Unreadable { message } => Err(format!("it is unreadable: {message}")),
+        MarkerCheck::Missing => Err("it is empty".into()),
+    }
+}
+
 /// Writes the marker for the database as it is now (after its checkpoint), atomically. `sessions`
 /// is the session map to record; `None` keeps the map of the marker on disk (post, which did not
 /// see the run); so does `trust` for the trust records. Entries whose session is gone from the
@@ -243,6 +259,28 @@ pub fn write_marker(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_marker_from_the_store_stands_only_beside_the_database_it_names() {
+        let sha = "ab".repeat(32);
+        let marker = |version: u32, sha: &str| {
+            serde_json::json!({
+                "storage_version": version, "writer_version": "fro-bot 0", "run_id": "1",
+                "saved_at": 1, "db_size": 4, "db_sha256": sha, "sessions": {"issue-1": "ses_a"},
+            })
+            .to_string()
+        };
+        let named = marker_naming(marker(1, &sha).as_bytes(), &sha).unwrap();
+        assert_eq!(named.sessions.unwrap()["issue-1"], "ses_a");
+        assert!(marker_naming(marker(1, &sha.to_uppercase()).as_bytes(), &sha).is_ok());
+        let other = marker_naming(marker(1, &"cd".repeat(32)).as_bytes(), &sha).unwrap_err();
+        assert_eq!(other, "it names another database");
+        let version = marker_naming(marker(2, &sha).as_bytes(), &sha).unwrap_err();
+        assert!(version.contains("storage version 2"), "{version}");
+        assert!(marker_naming(b"{\"storage_version\": 1}", &sha).is_err());
+        assert!(marker_naming(b"\xff\xfe", &sha).is_err());
+        assert!(marker_naming(b"", &sha).is_err());
+    }
 
     #[test]
     fn path_list_is_exact_and_follows_xdg() {

@@ -60,6 +60,9 @@ pub struct PublishReport {
     pub lease_waits: u32,
     /// Newer copies merged, and what each merge reported (conflicts included).
     pub merges: Vec<MergeReport>,
+    /// Why the marker did not follow the published database (`None`: it did, or nothing was
+    /// published). The next restore then finds threads by title, with no trust records.
+    pub marker_failure: Option<String>,
 }
 
 impl From<StorePublish> for PublishReport {
@@ -70,6 +73,7 @@ impl From<StorePublish> for PublishReport {
             puts: 0,
             lease_waits: 0,
             merges: Vec::new(),
+            marker_failure: None,
         }
     }
 }
@@ -102,6 +106,11 @@ impl PublishReport {
                     .filter(|c| c.lost_a_turn())
                     .map(|c| c.describe()),
             );
+        }
+        if let Some(why) = &self.marker_failure {
+            notes.push(format!(
+                "the marker was not published beside the database ({why}): the next run from the store finds threads by title, with no trust records"
+            ));
         }
         notes
     }
@@ -179,7 +188,7 @@ async fn put_merging(inputs: &PublishInputs<'_>, handle: &LeaseHandle) -> Publis
     let mut expected = inputs.expected_etag.clone();
     // The merged file, once there is one; this run's own database is never modified until a put
     // of the merged result succeeds.
-    let mut merged: Option<(tempfile::TempDir, PathBuf)> = None;
+    let mut merged: Option<Newer> = None;
     loop {
         if let Some(reason) = gate(handle).await {
             report.outcome = withheld_outcome(reason);
@@ -188,7 +197,7 @@ async fn put_merging(inputs: &PublishInputs<'_>, handle: &LeaseHandle) -> Publis
         failpoint::hit("save:before-publish");
         let candidate = merged
             .as_ref()
-            .map_or(inputs.paths.db(), |(_, p)| p.clone());
+            .map_or(inputs.paths.db(), |newer| newer.merged.clone());
         report.puts += 1;
         let put = store::sync::publish_session_db(
             &inputs.store.store,
@@ -200,9 +209,10 @@ async fn put_merging(inputs: &PublishInputs<'_>, handle: &LeaseHandle) -> Publis
         match put {
             store::PublishOutcome::Published { .. } => {
                 report.outcome = match merged {
-                    Some((_dir, path)) => adopt_merged(inputs, &path),
+                    Some(newer) => adopt_merged(inputs, &newer),
                     None => StorePublish::Published,
                 };
+                report.marker_failure = publish_marker(inputs).await;
                 return report;
             }
             store::PublishOutcome::Failed { error } => {
@@ -224,10 +234,10 @@ async fn put_merging(inputs: &PublishInputs<'_>, handle: &LeaseHandle) -> Publis
             store::PublishOutcome::Conflict => {}
         }
         match merge_newer(inputs).await {
-            Ok((dir, path, etag, merge_report)) => {
-                report.merges.push(merge_report);
-                expected = Some(etag);
-                merged = Some((dir, path));
+            Ok(newer) => {
+                report.merges.push(newer.report.clone());
+                expected = Some(newer.etag.clone());
+                merged = Some(newer);
             }
             Err(reason) => {
                 log::warning(&format!(
@@ -241,6 +251,25 @@ async fn put_merging(inputs: &PublishInputs<'_>, handle: &LeaseHandle) -> Publis
         if report.puts > 1 {
             let pause = Duration::from_millis(100).mul_f64(0.5 + rand::random::<f64>());
             tokio::time::sleep(pause * report.puts).await;
+        }
+    }
+}
+
+/// Puts the marker beside the database just published, still under the lease; why it did not
+/// go, if it did not. A marker that names another database (a merged copy this run could not
+/// adopt) is put all the same: restore believes a marker only beside the database it names.
+async fn publish_marker(inputs: &PublishInputs<'_>) -> Option<String> {
+    let marker = inputs.paths.marker();
+    if !marker.is_file() {
+        return Some("this run has no marker; the save could not write it".into());
+    }
+    match store::sync::publish_marker(&inputs.store.store, &inputs.store.keys, &marker).await {
+        store::UploadOutcome::Uploaded { .. } => None,
+        store::UploadOutcome::Failed { error } => {
+            log::warning(&format!(
+                "the memory marker was not published to the object store: {error}"
+            ));
+            Some(error.to_string())
         }
     }
 }
@@ -262,11 +291,23 @@ async fn gate(handle: &LeaseHandle) -> Option<String> {
     }
 }
 
-/// Downloads the store's current copy and merges this run's sessions into it: the merged file
-/// (in its own temp dir), the copy's ETag, and the merge's report.
-async fn merge_newer(
-    inputs: &PublishInputs<'_>,
-) -> Result<(tempfile::TempDir, PathBuf, String, MergeReport), String> {
+/// A newer copy of the store's, with this run's sessions merged into it.
+struct Newer {
+    /// Holds the download and the merge until the put is done.
+    _dir: tempfile::TempDir,
+    merged: PathBuf,
+    /// The copy's ETag, for the next put.
+    etag: String,
+    report: MergeReport,
+    /// The copy's sessions as it was published, and its marker when one names it: the records
+    /// and map of the run that published it.
+    theirs: Option<Snapshot>,
+    their_marker: Option<crate::phases::paths::Marker>,
+}
+
+/// Downloads the store's current copy and merges this run's sessions into it, in a temp dir of
+/// its own; reads the copy's marker too, believed only if it names that copy.
+async fn merge_newer(inputs: &PublishInputs<'_>) -> Result<Newer, String> {
     let Some(restored) = inputs.restored.cloned() else {
         return Err("what this run restored is unknown".into());
     };
@@ -274,42 +315,60 @@ async fn merge_newer(
         .prefix(".fro-bot-merge")
         .tempdir_in(&inputs.paths.data_dir)
         .map_err(|e| format!("cannot make a scratch dir: {e}"))?;
-    let etag =
-        match store::sync::restore_session_db(&inputs.store.store, &inputs.store.keys, dir.path())
-            .await
-        {
-            store::StoreRestore::Hit { etag, .. } => etag,
-            // Deleted since the put failed: the next put (on no ETag) decides.
-            store::StoreRestore::Miss => return Err("the newer copy disappeared".into()),
-            store::StoreRestore::Failed { error } => {
-                return Err(format!("cannot download it: {error}"))
-            }
-        };
+    let (store, keys) = (&inputs.store.store, &inputs.store.keys);
+    let (etag, sha256) = match store::sync::restore_session_db(store, keys, dir.path()).await {
+        store::StoreRestore::Hit { etag, sha256, .. } => (etag, sha256),
+        // Deleted since the put failed: the next put (on no ETag) decides.
+        store::StoreRestore::Miss => return Err("the newer copy disappeared".into()),
+        store::StoreRestore::Failed { error } => {
+            return Err(format!("cannot download it: {error}"))
+        }
+    };
+    let their_marker = match store::sync::fetch_marker(store, keys).await {
+        Ok(Some(bytes)) => crate::phases::paths::marker_naming(&bytes, &sha256)
+            .map_err(|why| tracing::info!("the newer copy's marker is not used: {why}"))
+            .ok(),
+        Ok(None) => None,
+        Err(e) => {
+            tracing::info!("cannot fetch the newer copy's marker: {e}");
+            None
+        }
+    };
     let base = dir.path().join(store::keys::SESSION_DB_NAME);
     let out = dir.path().join("merged.db");
     let ours = inputs.paths.db();
-    let merged = {
+    let (merged, theirs) = {
         let out = out.clone();
-        tokio::task::spawn_blocking(move || merge::merge(&base, &ours, &restored, &out))
-            .await
-            .map_err(|e| format!("merge task failed: {e}"))?
+        tokio::task::spawn_blocking(move || {
+            let theirs = Snapshot::capture(&base).ok();
+            (merge::merge(&base, &ours, &restored, &out), theirs)
+        })
+        .await
+        .map_err(|e| format!("merge task failed: {e}"))?
     };
     let report = merged.map_err(|e| e.to_string())?;
     tracing::info!(
         "merged this run's sessions into newer memory in {} ms",
         (report.copy_time + report.merge_time + report.sync_time).as_millis()
     );
-    Ok((dir, out, etag, report))
+    Ok(Newer {
+        _dir: dir,
+        merged: out,
+        etag,
+        report,
+        theirs,
+        their_marker,
+    })
 }
 
 /// The merged database is what the store now holds: it replaces this run's database, with a
 /// marker naming both runs' threads, so the Actions cache entry saved next holds the same.
-fn adopt_merged(inputs: &PublishInputs<'_>, merged: &Path) -> StorePublish {
+fn adopt_merged(inputs: &PublishInputs<'_>, newer: &Newer) -> StorePublish {
     let db = inputs.paths.db();
     // What this run wrote, to tell which merged sessions keep their trust records.
     let ours = merge::Snapshot::capture(&db).ok();
-    let adopted =
-        crate::checkpoint::remove_stale_sidecars(&db).and_then(|()| std::fs::rename(merged, &db));
+    let adopted = crate::checkpoint::remove_stale_sidecars(&db)
+        .and_then(|()| std::fs::rename(&newer.merged, &db));
     if let Err(e) = adopted {
         // The store holds the merged copy; the cache entry then holds this run's own, which the
         // next run's restore prefers less (docs/design.md#the-store-publish).
@@ -326,10 +385,28 @@ fn adopt_merged(inputs: &PublishInputs<'_>, merged: &Path) -> StorePublish {
         | MarkerCheck::Unreadable { .. }
         | MarkerCheck::VersionMismatch { .. } => (None, Default::default()),
     };
-    let map = ours_map.map(|ours| session_map::after_merge(&db, inputs.workspace, &ours));
+    let (their_map, their_trust) = match &newer.their_marker {
+        Some(m) => (m.sessions.clone(), m.trust.clone().unwrap_or_default()),
+        None => (None, Default::default()),
+    };
+    let map = ours_map.map(|ours| match their_map {
+        Some(mut theirs) => {
+            theirs.extend(ours);
+            theirs
+        }
+        // No marker of theirs: their threads are found as a store restore without one finds them.
+        None => session_map::after_merge(&db, inputs.workspace, &ours),
+    });
     let trust = match (&ours, inputs.restored, merge::Snapshot::capture(&db)) {
         (Some(ours), Some(restored), Ok(merged)) => {
-            session_map::trust_after_merge(&ours_trust, ours, restored, &merged)
+            let mut trust = session_map::trust_after_merge(&ours_trust, ours, restored, &merged);
+            // Theirs hold for the sessions whose merged version is theirs; the lower one where
+            // both runs' records hold.
+            if let Some(theirs) = &newer.theirs {
+                let kept = session_map::trust_after_merge(&their_trust, theirs, theirs, &merged);
+                crate::trust::join_lowering(&mut trust, kept);
+            }
+            trust
         }
         // Without the versions nothing tells whose a session is: no records (the lowest).
         _ => crate::trust::TrustMap::new(),

@@ -28,11 +28,25 @@ pub enum StoreAttempt {
     /// `sessions/opencode.db` was downloaded into the data dir.
     Hit {
         etag: String,
+        marker: StoreMarker,
     },
     Miss,
     Failed {
         message: String,
     },
+}
+
+/// What the store's marker (`sessions/fro-bot.json`) said about the database downloaded beside
+/// it (docs/design.md#object-store).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreMarker {
+    /// It names exactly this database (its SHA-256): written beside it as the run's marker.
+    Matching,
+    /// The store has none (memory published before fro-bot published markers).
+    Absent,
+    /// Not believed: it names another database, is unreadable or too large, has another storage
+    /// version, or could not be fetched.
+    Unusable { reason: String },
 }
 
 pub struct RestoreInputs<'a> {
@@ -96,14 +110,13 @@ pub async fn restore(
 
     match store.await {
         StoreAttempt::Disabled => {}
-        StoreAttempt::Hit { etag } => {
+        StoreAttempt::Hit { etag, marker } => {
             match validate(&inputs, RestoreSource::Storage, &mut report.notes).await {
                 Validation::Valid => {
                     report.status = CacheStatus::Hit;
                     report.source = RestoreSource::Storage;
                     report.store_etag = Some(etag);
-                    // The store holds the database alone, no marker: threads are found by title.
-                    report.sessions = SessionMap::Legacy;
+                    report.sessions = store_sessions(&mut report, inputs.paths, marker);
                     return report;
                 }
                 Validation::Discard { reason, .. } => {
@@ -372,26 +385,63 @@ fn restored(mut report: RestoreReport, paths: &StatePaths, key: String) -> Resto
     report.status = CacheStatus::Hit;
     report.source = RestoreSource::Cache;
     report.matched_key = Some(key);
-    report.sessions = match check_marker(&paths.marker()) {
+    report.sessions = maps_from_marker(&mut report, paths).unwrap_or_else(|| {
+        // Without a readable marker there is no record of fro-bot's sessions: none is resumed.
+        report
+            .notes
+            .push("the entry has no session map: conversations start new sessions".into());
+        SessionMap::default()
+    });
+    report
+}
+
+/// The session map after a store restore, and the trust records into `report`. Without a marker
+/// naming this database (memory published before markers were, or one not believed) threads are
+/// found by title, and every session counts as the lowest.
+fn store_sessions(
+    report: &mut RestoreReport,
+    paths: &StatePaths,
+    marker: StoreMarker,
+) -> SessionMap {
+    let why = match marker {
+        StoreMarker::Matching => match maps_from_marker(report, paths) {
+            Some(map) => return map,
+            None => "it could not be read back".to_string(),
+        },
+        StoreMarker::Absent => {
+            report.notes.push(
+                "the object store's copy has no marker (published before markers were): threads are found by title, and no session has a trust record"
+                    .into(),
+            );
+            return SessionMap::Legacy;
+        }
+        StoreMarker::Unusable { reason } => reason,
+    };
+    warn(
+        &mut report.notes,
+        format!(
+            "the object store's marker is not used ({why}): threads are found by title, and no session has a trust record"
+        ),
+    );
+    SessionMap::Legacy
+}
+
+/// The session map and trust records of the marker beside the restored database (`None`: no
+/// usable marker; `report.trust` is then left empty).
+fn maps_from_marker(report: &mut RestoreReport, paths: &StatePaths) -> Option<SessionMap> {
+    match check_marker(&paths.marker()) {
         MarkerCheck::Compatible(marker) => {
             // No records (an older marker): every session counts as the lowest.
             report.trust = marker.trust.unwrap_or_default();
-            match marker.sessions {
+            Some(match marker.sessions {
                 Some(map) => SessionMap::Owned(map),
                 None => SessionMap::Legacy,
-            }
+            })
         }
-        // Without a readable marker there is no record of fro-bot's sessions: none is resumed.
         MarkerCheck::Missing
         | MarkerCheck::Unreadable { .. }
-        | MarkerCheck::VersionMismatch { .. } => {
-            report
-                .notes
-                .push("the entry has no session map: conversations start new sessions".into());
-            SessionMap::default()
-        }
-    };
-    report
+        | MarkerCheck::VersionMismatch { .. } => None,
+    }
 }
 
 fn finish(mut report: RestoreReport, discarded: bool) -> RestoreReport {
@@ -572,11 +622,49 @@ pub(crate) async fn store_attempt(ctx: Option<&StoreContext>, paths: &StatePaths
         };
     }
     match store::sync::restore_session_db(&ctx.store, &ctx.keys, &paths.data_dir).await {
-        store::StoreRestore::Hit { etag, .. } => StoreAttempt::Hit { etag },
+        store::StoreRestore::Hit { etag, sha256, .. } => StoreAttempt::Hit {
+            etag,
+            marker: store_marker(ctx, paths, &sha256).await,
+        },
         store::StoreRestore::Miss => StoreAttempt::Miss,
         store::StoreRestore::Failed { error } => StoreAttempt::Failed {
             message: error.to_string(),
         },
+    }
+}
+
+/// Fetches the store's marker and, when it names the database just downloaded, writes it beside
+/// it. A marker already in the data dir describes some other database and is removed either way.
+async fn store_marker(ctx: &StoreContext, paths: &StatePaths, sha256: &str) -> StoreMarker {
+    let marker = paths.marker();
+    if let Err(e) = std::fs::remove_file(&marker) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return StoreMarker::Unusable {
+                reason: format!("cannot remove the marker already in the data dir: {e}"),
+            };
+        }
+    }
+    let bytes = match store::sync::fetch_marker(&ctx.store, &ctx.keys).await {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return StoreMarker::Absent,
+        Err(e) => {
+            return StoreMarker::Unusable {
+                reason: format!("cannot fetch it: {e}"),
+            }
+        }
+    };
+    if let Err(reason) = crate::phases::paths::marker_naming(&bytes, sha256) {
+        return StoreMarker::Unusable { reason };
+    }
+    let tmp = paths.data_dir.join(".fro-bot-store-marker.tmp");
+    match std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &marker)) {
+        Ok(()) => StoreMarker::Matching,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            StoreMarker::Unusable {
+                reason: format!("cannot write it beside the database: {e}"),
+            }
+        }
     }
 }
 

@@ -28,6 +28,7 @@ use crate::phases::publish::{publish, PublishInputs, PublishReport, LEASE_WAIT};
 use crate::phases::report::{RestoreReport, RestoreSource};
 use crate::phases::restore::{restore, store_attempt, RestoreInputs};
 use crate::phases::save::{save, SaveInputs, SaveReport};
+use crate::phases::session_map::SessionMap;
 use crate::phases::thread_turn::{self, ThreadTurn};
 use crate::phases::tracking::{self, Tracker};
 use crate::runner::env::{output, state};
@@ -138,6 +139,14 @@ async fn restore_memory(ctx: &mut RunContext) -> (RestoreReport, Option<CacheMer
     // After the digest and the sessions above: those describe the store's copy, which the
     // publish compares against; the merged result is saved because it differs.
     let merged = merge_cache_into_store_copy(ctx, &restored).await;
+    let mut restored = restored;
+    if let Some(merged) = &merged {
+        // The turn resolves threads and judges sessions by these, as the save's marker will.
+        if let SessionMap::Owned(map) = &mut restored.sessions {
+            merged.join_sessions_into(map);
+        }
+        merged.join_trust_into(&mut restored.trust);
+    }
     ctx.report.restore = Some(restored.clone());
     ctx.report.record_phase("restore", t.elapsed());
     match project_identity::align(&ctx.workspace, &ctx.paths.db()) {

@@ -87,12 +87,14 @@ where
             return not_saved(result, Some(cp));
         }
     }
-    let cache_merge = match &inputs.cache_merge {
-        Some(merge) => {
-            let now = merge_newer_entries(merge).await;
-            merge.earlier.cloned().unwrap_or_default().then(now)
-        }
-        None => CacheMergeReport::default(),
+    // The restore's merges are in this run's map and records already (`run::restore_memory`, so
+    // a session this run wrote keeps its own lowered record): only the save's are joined here.
+    let (earlier, cache_merge) = match &inputs.cache_merge {
+        Some(merge) => (
+            merge.earlier.cloned().unwrap_or_default(),
+            merge_newer_entries(merge).await,
+        ),
+        None => Default::default(),
     };
     let (sessions, trust) = marker_maps(&inputs, &cache_merge);
     let marker = write_marker(
@@ -127,7 +129,7 @@ where
         checkpoint: Some(cp),
         scrub: Some(scrub),
         publish,
-        cache_merge,
+        cache_merge: earlier.then(cache_merge),
         key_taken,
     }
 }
@@ -140,20 +142,13 @@ fn marker_maps(
     merged: &CacheMergeReport,
 ) -> (Option<Map>, Option<crate::trust::TrustMap>) {
     let sessions = inputs.sessions.map(|ours| {
-        let mut map = merged.sessions.clone();
-        map.extend(ours.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let mut map = ours.clone();
+        merged.join_sessions_into(&mut map);
         map
     });
     let trust = inputs.trust.map(|ours| {
         let mut trust = ours.clone();
-        trust.retain(|id, _| !merged.from_them.contains(id));
-        for (id, record) in &merged.trust {
-            let lowered = match trust.remove(id) {
-                Some(mine) => mine.lowered_by(record),
-                None => record.clone(),
-            };
-            trust.insert(id.clone(), lowered);
-        }
+        merged.join_trust_into(&mut trust);
         trust
     });
     (sessions, trust)

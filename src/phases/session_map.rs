@@ -19,8 +19,8 @@ const TITLE_PREFIX: &str = "fro-bot: ";
 pub enum SessionMap {
     /// The restored marker's map (empty for fresh or discarded memory): the only threads resumed.
     Owned(Map),
-    /// Restored memory whose marker predates the map, or a database from the object store (which
-    /// carries no marker): threads are found by title, and the map is built from them at save.
+    /// Restored memory whose marker predates the map, or a store copy without a marker that names
+    /// it: threads are found by title, and the map is built from them at save.
     Legacy,
 }
 
@@ -73,9 +73,9 @@ impl SessionMap {
     }
 }
 
-/// The map for a database merged from newer shared memory: that memory's fro-bot-titled threads
-/// (the store holds no marker, so they are found as a store restore finds them), then this run's
-/// map over them.
+/// The map for a database merged from newer shared memory whose marker is not known (none in
+/// the store, or one that names another database): that memory's fro-bot-titled threads, found as
+/// a store restore without a marker finds them, then this run's map over them.
 pub fn after_merge(db: &Path, workspace: &Path, ours: &Map) -> Map {
     let mut map = titled_sessions(db, workspace).unwrap_or_else(|e| {
         tracing::warn!("cannot read the merged memory's session titles: {e}");

@@ -191,9 +191,16 @@ async fn restore_downloads_only_the_allowlisted_db_and_clears_stale_wal() {
     write(&data.join("opencode.db-wal"), b"stale wal");
     write(&data.join("opencode.db-shm"), b"stale shm");
     match restore_session_db(&store, &keys, &data).await {
-        StoreRestore::Hit { etag: got, bytes } => {
+        StoreRestore::Hit {
+            etag: got,
+            bytes,
+            sha256,
+        } => {
             assert_eq!(got, etag);
             assert_eq!(bytes, 17);
+            use sha2::Digest;
+            let want = hex::encode(sha2::Sha256::digest(b"the real database"));
+            assert_eq!(sha256, want, "the SHA-256 of the body as downloaded");
         }
         other => panic!("{other:?}"),
     }
@@ -508,4 +515,59 @@ async fn requests_carry_expected_owner_and_sse_but_no_tagging_on_custom_endpoint
         Some("123456789012")
     );
     assert_eq!(h(1, "if-match").as_deref(), Some("\"abc\""));
+}
+
+/// The marker published beside the database comes back as it was; a marker object larger than
+/// `MAX_MARKER_BYTES` (anyone with the store's credentials can write one) is refused unread.
+#[tokio::test]
+async fn the_marker_round_trips_and_an_oversized_one_is_refused() {
+    use fro_bot::object_store::sync::{fetch_marker, publish_marker, MAX_MARKER_BYTES};
+    let (store, keys) = s3::fresh("marker").await;
+    assert!(fetch_marker(&store, &keys).await.unwrap().is_none());
+    let tmp = tempfile::tempdir().unwrap();
+    let marker = tmp.path().join("fro-bot.json");
+    write(&marker, b"{\"storage_version\":1}");
+    assert!(matches!(
+        publish_marker(&store, &keys, &marker).await,
+        UploadOutcome::Uploaded { .. }
+    ));
+    assert_eq!(
+        fetch_marker(&store, &keys).await.unwrap().as_deref(),
+        Some(&b"{\"storage_version\":1}"[..])
+    );
+
+    let huge = Bytes::from(vec![b' '; MAX_MARKER_BYTES + 1]);
+    store
+        .put_bytes(
+            &keys.session_marker(),
+            huge,
+            Condition::None,
+            ObjectKind::Artifact,
+        )
+        .await
+        .unwrap();
+    match fetch_marker(&store, &keys).await {
+        Err(StoreError::Integrity { message, .. }) => {
+            assert!(message.contains("more than the"), "{message}")
+        }
+        other => panic!(
+            "an oversized marker was read: {:?}",
+            other.map(|b| b.map(|b| b.len()))
+        ),
+    }
+    // Exactly at the cap is still a marker (the bound is inclusive).
+    let full = Bytes::from(vec![b' '; MAX_MARKER_BYTES]);
+    store
+        .put_bytes(
+            &keys.session_marker(),
+            full,
+            Condition::None,
+            ObjectKind::Artifact,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        fetch_marker(&store, &keys).await.unwrap().map(|b| b.len()),
+        Some(MAX_MARKER_BYTES)
+    );
 }

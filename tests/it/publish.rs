@@ -77,6 +77,14 @@ struct RunState {
     files: FileCommands,
 }
 
+/// The marker's entries a run writes for its session: its thread, and a record naming it.
+fn thread_of(session: &str) -> String {
+    format!("issue-{session}")
+}
+fn author_of(session: &str) -> String {
+    format!("author-{session}")
+}
+
 fn run_with_session(base: &Path, session: &str) -> RunState {
     let root = tempfile::tempdir().unwrap();
     let paths = StatePaths::new(root.path().join("opencode"));
@@ -85,6 +93,14 @@ fn run_with_session(base: &Path, session: &str) -> RunState {
     let c = Connection::open(paths.db()).unwrap();
     add_session(&c, session, 2_000);
     drop(c);
+    // As the save writes it just before the publish.
+    let map = [(thread_of(session), session.to_string())].into();
+    let trust = [(
+        session.to_string(),
+        fro_bot::trust::SessionTrust::new(&author_of(session), "OWNER", false, false),
+    )]
+    .into();
+    fro_bot::phases::paths::write_marker(&paths, "1", 1, Some(&map), Some(&trust)).unwrap();
     let files = FileCommands {
         output: None,
         state: Some(root.path().join("state")),
@@ -183,6 +199,32 @@ async fn sixteen_concurrent_publishers_each_adding_a_session_leave_all_sixteen()
     expected.push("ses_base".into());
     expected.sort();
     assert_eq!(published_sessions(&ctx.store, &ctx.keys).await, expected);
+    // The marker beside the store's copy names it, and holds every run's thread and record: each
+    // publish that merged carried over those of the copy it merged into.
+    let store::GetOutcome::Found(db) = ctx.store.get_bytes(&ctx.keys.session_db()).await.unwrap()
+    else {
+        panic!("no store copy");
+    };
+    let marker = store::sync::fetch_marker(&ctx.store, &ctx.keys)
+        .await
+        .unwrap()
+        .expect("a marker beside the store's copy");
+    use sha2::Digest;
+    let marker = fro_bot::phases::paths::marker_naming(
+        &marker,
+        &hex::encode(sha2::Sha256::digest(&db.bytes)),
+    )
+    .unwrap();
+    let (map, trust) = (marker.sessions.unwrap(), marker.trust.unwrap());
+    for i in 0..RUNS {
+        let session = format!("ses_run{i:02}");
+        assert_eq!(map.get(&thread_of(&session)), Some(&session), "{map:?}");
+        assert_eq!(
+            trust.get(&session).map(|r| r.author.clone()),
+            Some(author_of(&session)),
+            "{trust:?}"
+        );
+    }
     puts.sort();
     println!(
         "16 concurrent publishers in {took:.1?}: puts per run {puts:?} (total {}), lease waits {waits}",

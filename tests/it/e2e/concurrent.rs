@@ -332,13 +332,37 @@ async fn a_save_that_reached_only_the_cache_is_not_shadowed_by_the_stores_older_
     .await;
     assert_eq!(b.output("cache-save-result"), "durable", "{}", explain(&b));
     world.llm.push(Reply::text("It was narwhal-9."));
-    let (_, c) = main_step(job(5302, 41, 732, "@fro-bot which word was it?", true)).await;
+    // The follow-up's issue is now eve's (an outsider): the run that read it lowers the record of
+    // the session it wrote, though that session and its record came from the cache entry merged
+    // in before the turn.
+    world
+        .github
+        .seed_issue_by(41, "Cache-only thread", "Body.", "eve", "NONE");
+    let mut follow_up = job(5302, 41, 732, "@fro-bot which word was it?", true);
+    let mut event = comment_event(41, 732, "@fro-bot which word was it?");
+    event["issue"]["user"]["login"] = serde_json::json!("eve");
+    event["issue"]["author_association"] = serde_json::json!("NONE");
+    follow_up.event("issue_comment", &event);
+    let (follow_up, c) = main_step(follow_up).await;
     assert_eq!(c.code, 0, "{}", explain(&c));
     assert_eq!(
         c.output("session-id"),
         b.output("session-id"),
         "the follow-up resumes the cache-only session: {}",
         explain(&c)
+    );
+    let marker: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(fro_bot::phases::paths::StatePaths::new(follow_up.data_dir()).marker())
+            .unwrap(),
+    )
+    .unwrap();
+    let record = &marker["trust"][c.output("session-id")];
+    assert_eq!(record["level"], "outsider", "{marker}");
+    assert_eq!(record["author"], "eve", "{marker}");
+    assert_eq!(
+        marker["trust"][a.output("session-id")]["level"],
+        "maintainer",
+        "{marker}"
     );
     let asked = request_text(world.llm.requests().last().unwrap());
     assert!(asked.contains("remember the word narwhal-9"), "{asked}");

@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 
-use crate::e2e::scenarios::{main_step, World};
+use crate::e2e::scenarios::{main_step, with_s3, World};
 use crate::support::action::{comment_event, explain, Job, StepResult};
 use crate::support::fake_llm::{request_text, Reply};
 use fro_bot::phases::paths::StatePaths;
@@ -39,6 +39,15 @@ async fn run(job: Job, event: &Value) -> (Job, StepResult) {
 /// Run 1: mona's own issue 9 (trusted). Run 2: mona asks about eve's issue 7 (eve: NONE).
 /// Returns the job and the two sessions.
 async fn two_threads(world: &World, first_run: u64) -> (Job, String, String) {
+    two_threads_on(world, first_run, None).await
+}
+
+/// [`two_threads`], with the object store under `prefix` when given.
+async fn two_threads_on(
+    world: &World,
+    first_run: u64,
+    prefix: Option<&str>,
+) -> (Job, String, String) {
     world
         .github
         .seed_issue(9, "walrus-index report 9", TRUSTED_BODY);
@@ -52,11 +61,11 @@ async fn two_threads(world: &World, first_run: u64) -> (Job, String, String) {
     world.llm.push(Reply::text(format!(
         "The walrus-index rebuild runs weekly ({TRUSTED})."
     )));
-    let (mut job, r) = run(
-        world.job(first_run),
-        &comment_on(9, first_run * 10, "mona", "OWNER"),
-    )
-    .await;
+    let mut first = world.job(first_run);
+    if let Some(prefix) = prefix {
+        with_s3(&mut first, prefix);
+    }
+    let (mut job, r) = run(first, &comment_on(9, first_run * 10, "mona", "OWNER")).await;
     let trusted = r.output("session-id").to_string();
     job.next_run(first_run + 1);
     world.llm.push(Reply::text(format!(
@@ -281,6 +290,99 @@ async fn a_forged_trust_record_is_lowered_again_and_memory_without_records_count
         assert!(!results.contains(id.as_str()), "{id}: {results}");
     }
     assert!(results.contains(r.output("session-id")), "{results}");
+}
+
+/// The store's copy and its marker (`sessions/fro-bot.json`), as JSON.
+async fn store_copy(prefix: &str) -> (Vec<u8>, Value) {
+    let store = crate::support::s3::connect(&crate::support::s3::settings(prefix)).await;
+    let keys = fro_bot::object_store::StoreKeys::new(prefix, "octo", "hello").unwrap();
+    let get = |key: String| {
+        let store = store.clone();
+        async move {
+            match store.get_bytes(&key).await.unwrap() {
+                fro_bot::object_store::GetOutcome::Found(body) => body.bytes.to_vec(),
+                fro_bot::object_store::GetOutcome::NotFound => panic!("no {key} in the store"),
+            }
+        }
+    };
+    let db = get(keys.session_db()).await;
+    let marker = serde_json::from_slice(&get(keys.session_marker()).await).unwrap();
+    (db, marker)
+}
+
+/// From here on the runs restore the store's copy alone.
+fn empty_the_cache(world: &World) {
+    for entry in world.cache.entries() {
+        world.cache.handle().delete(&entry.key);
+    }
+}
+
+/// The marker travels with the store's copy too: published beside the database, naming it by its
+/// SHA-256, and restored with it, so trust records and the session map outlive a restore from the
+/// store (without it every store restore dropped every record, and a schedule run got no prior
+/// work at all). A marker that names another database — a publish whose marker did not follow, or
+/// a planted one — is not believed.
+#[tokio::test]
+async fn trust_records_travel_with_the_stores_copy_and_a_marker_for_another_database_is_not_believed(
+) {
+    use sha2::Digest;
+    let world = World::start().await;
+    let prefix = crate::support::s3::unique_prefix("e2e-trust-store");
+    // Run 2 restored run 1's memory from the store: its records came with it (two_threads checks
+    // mona's record is still there after run 2).
+    let (job, trusted, outsider) = two_threads_on(&world, 3500, Some(&prefix)).await;
+    let (db, marker) = store_copy(&prefix).await;
+    assert_eq!(
+        marker["db_sha256"],
+        hex::encode(sha2::Sha256::digest(&db)),
+        "the marker names the database beside it"
+    );
+    assert_eq!(marker["trust"][&trusted]["level"], "maintainer", "{marker}");
+    assert_eq!(marker["trust"][&outsider]["level"], "outsider", "{marker}");
+    assert_eq!(marker["sessions"]["issue-9"], trusted.as_str(), "{marker}");
+
+    // A schedule run from the store alone: the maintainer's thread comes through, the outsider's
+    // is left out.
+    empty_the_cache(&world);
+    let (job, r, prompt, everything) = schedule(&world, job, 3502).await;
+    assert_eq!(r.output("cache-status"), "hit", "{}", explain(&r));
+    assert!(
+        !everything.contains(OUTSIDER),
+        "a schedule run read the outsider's text: {everything}"
+    );
+    assert!(prompt.contains(TRUSTED_BODY), "{prompt}");
+    assert!(
+        prompt.contains("1 earlier session(s) below this run's trust left out"),
+        "{prompt}"
+    );
+
+    // The store's marker, records intact, but naming another database: not believed, so nothing
+    // holds a record and the schedule run gets no prior work.
+    let (_, mut stale) = store_copy(&prefix).await;
+    assert_eq!(stale["trust"][&trusted]["level"], "maintainer", "{stale}");
+    stale["db_sha256"] = json!("0".repeat(64));
+    let store = crate::support::s3::connect(&crate::support::s3::settings(&prefix)).await;
+    let keys = fro_bot::object_store::StoreKeys::new(&prefix, "octo", "hello").unwrap();
+    store
+        .put_bytes(
+            &keys.session_marker(),
+            serde_json::to_vec(&stale).unwrap().into(),
+            fro_bot::object_store::Condition::None,
+            fro_bot::object_store::ObjectKind::Artifact,
+        )
+        .await
+        .unwrap();
+    empty_the_cache(&world);
+    let (_job, r, prompt, everything) = schedule(&world, job, 3503).await;
+    assert_eq!(r.output("cache-status"), "hit", "{}", explain(&r));
+    assert!(!everything.contains(OUTSIDER), "{everything}");
+    assert!(!prompt.contains(TRUSTED_BODY), "{prompt}");
+    assert!(
+        r.summary
+            .contains("the object store's marker is not used (it names another database)"),
+        "{}",
+        r.summary
+    );
 }
 
 /// OpenCode starts the session tools as the agent's uid, which cannot enter a root-only home
