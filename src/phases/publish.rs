@@ -324,13 +324,11 @@ async fn merge_newer(inputs: &PublishInputs<'_>) -> Result<Newer, String> {
             return Err(format!("cannot download it: {error}"))
         }
     };
-    let their_marker = match store::sync::fetch_marker(store, keys).await {
-        Ok(Some(bytes)) => crate::phases::paths::marker_naming(&bytes, &sha256)
-            .map_err(|why| tracing::info!("the newer copy's marker is not used: {why}"))
-            .ok(),
-        Ok(None) => None,
-        Err(e) => {
-            tracing::info!("cannot fetch the newer copy's marker: {e}");
+    let their_marker = match crate::phases::restore::fetch_store_marker(inputs.store, &sha256).await
+    {
+        Ok(found) => found.map(|(_, marker)| marker),
+        Err(why) => {
+            tracing::info!("the newer copy's marker is not used: {why}");
             None
         }
     };

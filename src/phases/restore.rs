@@ -633,6 +633,21 @@ pub(crate) async fn store_attempt(ctx: Option<&StoreContext>, paths: &StatePaths
     }
 }
 
+/// The store's marker, if it names the database whose SHA-256 is `db_sha256`: its bytes and what
+/// they say (`Ok(None)`: the store has none; `Err`: why it is not believed).
+pub(crate) async fn fetch_store_marker(
+    ctx: &StoreContext,
+    db_sha256: &str,
+) -> Result<Option<(bytes::Bytes, crate::phases::paths::Marker)>, String> {
+    let bytes = match store::sync::fetch_marker(&ctx.store, &ctx.keys).await {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(format!("cannot fetch it: {e}")),
+    };
+    let marker = crate::phases::paths::marker_naming(&bytes, db_sha256)?;
+    Ok(Some((bytes, marker)))
+}
+
 /// Fetches the store's marker and, when it names the database just downloaded, writes it beside
 /// it. A marker already in the data dir describes some other database and is removed either way.
 async fn store_marker(ctx: &StoreContext, paths: &StatePaths, sha256: &str) -> StoreMarker {
@@ -644,18 +659,11 @@ async fn store_marker(ctx: &StoreContext, paths: &StatePaths, sha256: &str) -> S
             };
         }
     }
-    let bytes = match store::sync::fetch_marker(&ctx.store, &ctx.keys).await {
-        Ok(Some(bytes)) => bytes,
+    let bytes = match fetch_store_marker(ctx, sha256).await {
+        Ok(Some((bytes, _))) => bytes,
         Ok(None) => return StoreMarker::Absent,
-        Err(e) => {
-            return StoreMarker::Unusable {
-                reason: format!("cannot fetch it: {e}"),
-            }
-        }
+        Err(reason) => return StoreMarker::Unusable { reason },
     };
-    if let Err(reason) = crate::phases::paths::marker_naming(&bytes, sha256) {
-        return StoreMarker::Unusable { reason };
-    }
     let tmp = paths.data_dir.join(".fro-bot-store-marker.tmp");
     match std::fs::write(&tmp, &bytes).and_then(|()| std::fs::rename(&tmp, &marker)) {
         Ok(()) => StoreMarker::Matching,
