@@ -3,6 +3,7 @@
 //! input, the bad value (unless secret) and what is accepted.
 
 pub mod inputs;
+pub mod safe_outputs;
 
 use std::time::Duration;
 
@@ -182,6 +183,8 @@ pub struct Settings {
     pub thread_wait: Option<Duration>,
     /// Names of variables of the job passed on to the agent (`agent-env`).
     pub agent_env: Vec<String>,
+    /// What becomes of what the agent proposes (`changes`, `protected-paths`, ...).
+    pub safe_outputs: safe_outputs::SafeOutputSettings,
 }
 
 /// Whether `auth-json` must be given (the action) or may default to `{}` (a local run).
@@ -262,6 +265,7 @@ impl Settings {
             trigger_label: text(&input::TRIGGER_LABEL),
             s3,
             agent_env: parse_agent_env(optional(env, &input::AGENT_ENV))?,
+            safe_outputs: safe_outputs::parse(env)?,
         })
     }
 }
@@ -695,6 +699,8 @@ mod tests {
             Parser::SseMode => (Some("aes256"), "AES256"),
             Parser::ContextAuthors => (Some("everyone"), "ALL"),
             Parser::CommentMode => (Some("thread"), "Sticky"),
+            Parser::Changes => (Some("push"), "OFF"),
+            Parser::List => (None, "a, b"),
         }
     }
 

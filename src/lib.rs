@@ -20,6 +20,7 @@ pub mod opencode;
 pub mod phases;
 pub mod redact;
 pub mod runner;
+pub mod safe_outputs;
 pub mod save_result;
 pub mod scrub;
 pub mod trust;

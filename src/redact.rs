@@ -166,8 +166,9 @@ pub fn redact_counted(text: &str) -> (String, usize) {
     }
 }
 
-/// Byte-level redaction, for values that may not be UTF-8 (database blobs).
-pub fn redact_bytes(hay: &[u8]) -> (Vec<u8>, usize) {
+/// Where registered secrets and token shapes stand in `hay` (byte ranges, sorted by start; they
+/// may overlap). The secret gate of a proposed change names the line of each, never the secret.
+pub fn secret_spans(hay: &[u8]) -> Vec<(usize, usize)> {
     let mut spans = shape_spans(hay);
     {
         let reg = registry().read().unwrap_or_else(|e| e.into_inner());
@@ -175,10 +176,16 @@ pub fn redact_bytes(hay: &[u8]) -> (Vec<u8>, usize) {
             spans.extend(finder.find_iter(hay).map(|at| (at, at + needle.len())));
         }
     }
+    spans.sort_unstable();
+    spans
+}
+
+/// Byte-level redaction, for values that may not be UTF-8 (database blobs).
+pub fn redact_bytes(hay: &[u8]) -> (Vec<u8>, usize) {
+    let spans = secret_spans(hay);
     if spans.is_empty() {
         return (hay.to_vec(), 0);
     }
-    spans.sort_unstable();
     let mut out = Vec::with_capacity(hay.len());
     let mut at = 0;
     let mut count = 0;

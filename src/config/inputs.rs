@@ -85,6 +85,10 @@ pub enum Parser {
     ContextAuthors,
     /// `run` or `sticky`, any case.
     CommentMode,
+    /// `pull-request` or `off`, any case.
+    Changes,
+    /// Names or path patterns, comma- or newline-separated.
+    List,
 }
 
 impl Parser {
@@ -103,6 +107,8 @@ impl Parser {
             Parser::SseMode => "aws:kms|AES256",
             Parser::ContextAuthors => "trusted|all",
             Parser::CommentMode => "run|sticky",
+            Parser::Changes => "pull-request|off",
+            Parser::List => "LIST",
         }
     }
 }
@@ -155,7 +161,7 @@ impl InputSpec {
 // `INPUT_GITHUB-TOKEN` instead).
 pub const GITHUB_TOKEN: InputSpec = spec(
     "github-token",
-    "Token for reactions, context and the response comment (and, for schedule/dispatch runs, given to the agent as GH_TOKEN).",
+    "Token for reactions, context, the response comment, and carrying out what the agent proposes (commits, pull requests, labels, issues). Never given to the agent.",
 )
 .default(Expression("${{ github.token }}"))
 .secret()
@@ -308,6 +314,75 @@ pub const S3_SSE_ENCRYPTION: InputSpec = spec(
 pub const S3_SSE_KMS_KEY_ID: InputSpec =
     spec("s3-sse-kms-key-id", "KMS key id for aws:kms encryption.");
 
+pub const CHANGES: InputSpec = spec(
+    "changes",
+    "What becomes of the files the agent changes: 'pull-request' commits them (signed, by fro-bot, never by the agent) to a branch per issue, pull request or discussion and opens a draft pull request; 'off' delivers nothing (the answer only).",
+)
+.default(Value("pull-request"))
+.parser(Parser::Changes)
+.not_local();
+pub const PROTECTED_PATHS: InputSpec = spec(
+    "protected-paths",
+    "Paths a delivered change may not touch (comma- or newline-separated; 'dir/' is a directory, a name without '/' matches at any depth); replaces the default list. 'none' protects nothing.",
+)
+.default(Value(
+    ".github/, .opencode/, opencode.json, opencode.jsonc, AGENTS.md, CODEOWNERS, .gitmodules",
+))
+.parser(Parser::List)
+.not_local();
+pub const MAX_CHANGE_FILES: InputSpec = spec(
+    "max-change-files",
+    "A change touching more files than this is not delivered (the answer says by how much).",
+)
+.default(Value("100"))
+.parser(Parser::Count)
+.not_local();
+pub const MAX_CHANGE_BYTES: InputSpec = spec(
+    "max-change-bytes",
+    "A change with more bytes of changed content than this is not delivered.",
+)
+.default(Value("4194304"))
+.parser(Parser::Count)
+.not_local();
+pub const BRANCH_PREFIX: InputSpec = spec(
+    "branch-prefix",
+    "Prefix of the branches fro-bot creates: {prefix}issue-N, {prefix}pr-N, {prefix}discussion-N, {prefix}run-ID.",
+)
+.default(Value("fro-bot/"))
+.not_local();
+pub const PUSH_TO_PR_BRANCH: InputSpec = spec(
+    "push-to-pr-branch",
+    "On a same-repository pull request asked by someone with write access, commit to the pull request's own branch (else to fro-bot's branch for it). Fork pull requests are never pushed to.",
+)
+.default(Value("true"))
+.parser(Parser::Bool)
+.not_local();
+pub const PR_DRAFT: InputSpec = spec("pr-draft", "Open fro-bot's pull requests as drafts.")
+    .default(Value("true"))
+    .parser(Parser::Bool)
+    .not_local();
+pub const ALLOWED_LABELS: InputSpec = spec(
+    "allowed-labels",
+    "Labels the agent may add or remove through its add_labels/remove_labels tools (comma- or newline-separated).",
+)
+.default(Derived("the repository's existing labels"))
+.parser(Parser::List)
+.not_local();
+pub const MAX_COMMENTS: InputSpec = spec(
+    "max-comments",
+    "Comments the agent may have fro-bot post through its comment tool in one run (its answer is not counted).",
+)
+.default(Value("3"))
+.parser(Parser::Count)
+.not_local();
+pub const MAX_ISSUES: InputSpec = spec(
+    "max-issues",
+    "Issues the agent may have fro-bot open through its create_issue tool in one run.",
+)
+.default(Value("1"))
+.parser(Parser::Count)
+.not_local();
+
 /// Every input, in `action.yaml`'s order.
 pub const INPUTS: &[InputSpec] = &[
     GITHUB_TOKEN,
@@ -338,6 +413,16 @@ pub const INPUTS: &[InputSpec] = &[
     S3_ALLOW_INSECURE_ENDPOINT,
     S3_SSE_ENCRYPTION,
     S3_SSE_KMS_KEY_ID,
+    CHANGES,
+    PROTECTED_PATHS,
+    MAX_CHANGE_FILES,
+    MAX_CHANGE_BYTES,
+    BRANCH_PREFIX,
+    PUSH_TO_PR_BRANCH,
+    PR_DRAFT,
+    ALLOWED_LABELS,
+    MAX_COMMENTS,
+    MAX_ISSUES,
 ];
 
 /// The input of that name.

@@ -354,6 +354,12 @@ impl GitHub {
         Ok(PullRequestFlags { fork, draft })
     }
 
+    /// Posts a GraphQL request and returns the whole answer (`data` and `errors`), for callers
+    /// that must tell one error type from another.
+    pub(crate) async fn graphql_raw(&self, payload: Value) -> Result<Value, octocrab::Error> {
+        self.graphql_client.post("/graphql", Some(&payload)).await
+    }
+
     /// Runs a GraphQL request and returns its `data`.
     pub(crate) async fn graphql(
         &self,

@@ -10,6 +10,7 @@ pub mod dedup;
 pub mod event;
 pub mod keys;
 pub mod marker;
+pub mod repo;
 pub mod response;
 pub mod route;
 pub mod tracking;
@@ -19,10 +20,11 @@ pub use event::Event;
 pub use keys::{CacheKeys, LogicalKey};
 pub use route::{route, Route, RouteSettings, RunPlan, SkipReason};
 
-/// Whether the agent process gets the GitHub token (as `GH_TOKEN`): only for schedule and
-/// dispatch runs, which act on the repository. For comment-triggered runs the harness posts the
-/// answer itself, so text from untrusted threads never steers a token-holding agent.
-pub fn agent_gets_token(event: &Event) -> bool {
+/// Whether the run acts on the repository with no person reading along: schedule and dispatch
+/// runs, whose agent's proposals (labels, issues, comments) fro-bot carries out unasked. No run
+/// gives the agent a token; these runs still leave lower-trust memory out of the prompt, so text
+/// from untrusted threads never steers what they propose (docs/security.md#trust-follows-memory).
+pub fn acts_unattended(event: &Event) -> bool {
     match event {
         Event::Schedule { .. } | Event::WorkflowDispatch { .. } => true,
         Event::Comment { .. }

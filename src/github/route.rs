@@ -72,8 +72,8 @@ pub struct RunPlan {
     /// fork or a draft: the caller should check (`GitHub::pull_request_flags`) and apply
     /// `gate_pull_request` before running.
     pub pull_request_unchecked: bool,
-    /// Whether the agent process gets the GitHub token (schedule/dispatch only).
-    pub agent_gets_token: bool,
+    /// Whether the run acts unattended (schedule/dispatch only): `github::acts_unattended`.
+    pub acts_unattended: bool,
     /// Who asked, as trust goes: the run's own level, from the event and never from memory
     /// (docs/security.md#trust-follows-memory).
     pub requester: crate::trust::SessionTrust,
@@ -297,7 +297,7 @@ fn route_event(event: &Event, settings: &RouteSettings<'_>) -> Route {
                     comment.author.login
                 ),
                 pull_request_unchecked: unchecked,
-                agent_gets_token: false,
+                acts_unattended: false,
                 requester: crate::trust::SessionTrust::new(
                     &comment.author.login,
                     comment.association.as_str(),
@@ -440,7 +440,7 @@ fn entity_plan(target: &Target, dedup: Option<DedupEntity>) -> RunPlan {
         trigger_summary: String::new(),
         pull_request_unchecked: target.kind == TargetKind::PullRequest
             && (target.fork == Flag::Unknown || target.draft == Flag::Unknown),
-        agent_gets_token: false,
+        acts_unattended: false,
         requester: crate::trust::SessionTrust::new(
             target
                 .author
@@ -489,7 +489,7 @@ fn run_scoped(logical_key: LogicalKey) -> RunPlan {
         dedup: None,
         trigger_summary: String::new(),
         pull_request_unchecked: false,
-        agent_gets_token: true,
+        acts_unattended: true,
         requester: crate::trust::SessionTrust::new(
             "workflow",
             crate::trust::WORKFLOW,

@@ -9,7 +9,8 @@ use serde_json::{json, Map, Value};
 
 use crate::config::ModelRef;
 use crate::runner::env::{
-    FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_SESSION_TRUST, FRO_BOT_WORKSPACE,
+    FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_OUTPUT_POLICY, FRO_BOT_PROPOSALS,
+    FRO_BOT_SESSION_TRUST, FRO_BOT_WORKSPACE,
 };
 
 /// Name of the MCP server entry that gives the agent `session_*` tools.
@@ -27,6 +28,8 @@ pub struct SessionToolsEntry {
     pub workspace: PathBuf,
     /// The trust view the tools apply (`session_tools::TrustSource`); `None`: all untrusted.
     pub trust_file: Option<PathBuf>,
+    /// The proposal tools' file and policy (`crate::safe_outputs::tools`).
+    pub proposals: Option<crate::safe_outputs::tools::ProposalTools>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -50,6 +53,12 @@ pub fn config_content(input: &ConfigInput<'_>) -> String {
         });
         if let Some(file) = &tools.trust_file {
             environment[FRO_BOT_SESSION_TRUST] = json!(file.to_string_lossy());
+        }
+        if let Some(p) = &tools.proposals {
+            environment[FRO_BOT_PROPOSALS] = json!(p.file.to_string_lossy());
+            if let Some(policy) = &p.policy {
+                environment[FRO_BOT_OUTPUT_POLICY] = json!(policy.to_string_lossy());
+            }
         }
         let entry = json!({"mcp": {SESSION_TOOLS_MCP: {
             "type": "local",
@@ -142,6 +151,7 @@ mod tests {
             password: "pw-secret".into(),
             workspace: "/ws".into(),
             trust_file: Some("/tmp/trust.json".into()),
+            proposals: None,
         };
         let model = ModelRef {
             provider: "anthropic".into(),

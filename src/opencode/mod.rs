@@ -177,6 +177,9 @@ pub struct AgentOptions {
     /// How the session tools judge earlier sessions (docs/security.md#trust-follows-memory);
     /// `None`: every session is quoted as untrusted.
     pub session_trust: Option<crate::trust::TrustView>,
+    /// Where the proposal tools write and what they check against (`crate::safe_outputs`);
+    /// `None`: the agent gets no proposal tools.
+    pub proposals: Option<crate::safe_outputs::tools::ProposalTools>,
     pub model: Option<ModelRef>,
     pub user_config: Option<Map<String, Value>>,
     /// `auth-json` (provider id → auth entry): API keys are served through the proxy; only
@@ -345,6 +348,7 @@ impl Agent {
         let trust_path = trust_file.as_ref().map(|f| f.path().to_path_buf());
         let trust = opts.session_trust.clone().zip(trust_file);
         let workspace = opts.workspace.clone();
+        let proposals = opts.proposals.clone();
         let exe = session_tools_exe(&opts, &mut notes);
         let with_tools = exe.is_some();
         let model = opts.model.clone();
@@ -356,6 +360,7 @@ impl Agent {
                 password: password.to_string(),
                 workspace: workspace.clone(),
                 trust_file: trust_path.clone(),
+                proposals: proposals.clone(),
             });
             config::config_content(&config::ConfigInput {
                 session_tools: tools.as_ref(),

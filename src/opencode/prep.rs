@@ -208,7 +208,7 @@ pub enum ResponseRules {
     /// The harness posts the agent's final answer as one comment (comment-triggered runs).
     #[default]
     HarnessPosts,
-    /// The agent acts on the repository itself (schedule/dispatch with a token).
+    /// The agent acts on the repository through its proposal tools (schedule/dispatch).
     AgentActs,
     /// Nothing is posted anywhere (`response-mode: none`, local runs).
     NoPosting,
@@ -437,11 +437,16 @@ fn rules_section(rules: ResponseRules) -> String {
     let how = match rules {
         ResponseRules::HarnessPosts => {
             "Your final message is posted as the reply on GitHub by the harness: write it for the \
-             person who asked, in Markdown. Do not post comments yourself."
+             person who asked, in Markdown. Do not post comments yourself. Files you change in \
+             the work tree are committed for you after your turn and opened as a pull request \
+             (call describe_change to give it a title and body, discard_changes to deliver \
+             nothing); there is no need to commit, and nothing can be pushed."
         }
         ResponseRules::AgentActs => {
-            "Act on the repository as the task requires (you have a GitHub token as GH_TOKEN). \
-             End with a short summary of what you did."
+            "Act on the repository through your fro-bot tools (add_labels, remove_labels, \
+             comment, create_issue; describe_change for files you change): you hold no GitHub \
+             token, and fro-bot carries the proposals out after your turn within the run's \
+             limits. End with a short summary of what you proposed."
         }
         ResponseRules::NoPosting => {
             "Nothing you write is posted anywhere; end with a short summary of what you did."

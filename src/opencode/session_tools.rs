@@ -15,9 +15,11 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 use super::client::{truncate, Client, Session};
 use super::prep::find_excerpts;
 use crate::runner::env::{
-    FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_SESSION_TRUST, FRO_BOT_WORKSPACE,
+    FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_OUTPUT_POLICY, FRO_BOT_PROPOSALS,
+    FRO_BOT_SESSION_TRUST, FRO_BOT_WORKSPACE,
 };
 use crate::runner::Env;
+use crate::safe_outputs::tools::{self as proposal_tools, ProposalTools};
 use crate::trust::{PriorUse, SessionTrust, TrustView};
 use crate::untrusted::{Fence, Label};
 
@@ -46,6 +48,8 @@ pub struct ToolsConfig {
     pub workspace: PathBuf,
     /// How earlier sessions are judged.
     pub trust: TrustSource,
+    /// The proposal tools (`crate::safe_outputs::tools`); `None`: not offered.
+    pub proposals: Option<ProposalTools>,
 }
 
 /// Where the tools' trust view comes from.
@@ -101,6 +105,10 @@ impl ToolsConfig {
     pub fn from_env(env: &Env) -> Self {
         Self {
             trust: trust_from_env(env),
+            proposals: env.get(FRO_BOT_PROPOSALS).map(|file| ProposalTools {
+                file: PathBuf::from(file),
+                policy: env.get(FRO_BOT_OUTPUT_POLICY).map(PathBuf::from),
+            }),
             url: env.get(FRO_BOT_OPENCODE_URL).map(str::to_string),
             password: env.get(FRO_BOT_OPENCODE_PASSWORD).map(str::to_string),
             workspace: env
@@ -193,7 +201,15 @@ pub async fn handle_line(config: &ToolsConfig, line: &str) -> Option<Value> {
             "serverInfo": {"name": "fro-bot-sessions", "version": env!("CARGO_PKG_VERSION")}
         }),
         "ping" => json!({}),
-        "tools/list" => json!({"tools": tool_definitions()}),
+        "tools/list" => {
+            let mut tools = tool_definitions();
+            if config.proposals.is_some() {
+                if let Value::Array(list) = &mut tools {
+                    list.extend(proposal_tools::definitions());
+                }
+            }
+            json!({ "tools": tools })
+        }
         "tools/call" => {
             let name = msg["params"]["name"].as_str().unwrap_or("");
             let args = msg["params"]["arguments"].clone();
@@ -242,6 +258,16 @@ fn tool_definitions() -> Value {
 }
 
 async fn call_tool(config: &ToolsConfig, name: &str, args: &Value) -> Value {
+    if let Some(tools) = config
+        .proposals
+        .as_ref()
+        .filter(|_| proposal_tools::NAMES.contains(&name))
+    {
+        return match tools.call(name, args) {
+            Ok(text) => json!({"content": [{"type": "text", "text": text}], "isError": false}),
+            Err(e) => json!({"content": [{"type": "text", "text": e}], "isError": true}),
+        };
+    }
     let trust = config.trust.view();
     let result = match config.client() {
         Err(e) => Err(e),
@@ -593,6 +619,7 @@ mod tests {
             password: None,
             workspace: "/ws".into(),
             trust: TrustSource::Fixed(TrustView::unknown()),
+            proposals: None,
         }
     }
 
@@ -658,6 +685,7 @@ mod tests {
             password: None,
             workspace: "/ws".into(),
             trust: TrustSource::Fixed(TrustView::unknown()),
+            proposals: None,
         };
         let r = call_tool(&cfg, "session_list", &json!({})).await;
         assert_eq!(r["isError"], true);

@@ -58,18 +58,21 @@ impl AgentRun {
 pub(crate) fn trust_view(plan: &RunPlan, restored: &RestoreReport) -> TrustView {
     TrustView::new(
         plan.requester.level,
-        plan.agent_gets_token,
+        plan.acts_unattended,
         restored.trust.clone(),
     )
 }
 
-pub(crate) async fn start_agent(ctx: &mut RunContext, view: &TrustView) -> Result<Agent, String> {
+pub(crate) async fn start_agent(
+    ctx: &mut RunContext,
+    view: &TrustView,
+    proposals: Option<crate::safe_outputs::tools::ProposalTools>,
+) -> Result<Agent, String> {
     let t = Instant::now();
     let RunContext {
         env,
         settings,
         mode,
-        plan,
         workspace,
         paths,
         ..
@@ -129,11 +132,6 @@ pub(crate) async fn start_agent(ctx: &mut RunContext, view: &TrustView) -> Resul
             ),
         ]);
     }
-    if plan.agent_gets_token {
-        if let Some(token) = &settings.github_token {
-            extra_env.push((env::GH_TOKEN.to_string(), token.expose().to_string()));
-        }
-    }
     let log_dir = env
         .get(env::RUNNER_TEMP)
         .map(PathBuf::from)
@@ -157,10 +155,13 @@ pub(crate) async fn start_agent(ctx: &mut RunContext, view: &TrustView) -> Resul
         .iter()
         .filter_map(|name| env.get(name).map(PathBuf::from))
         .collect(),
-        hide_git_credentials: !plan.agent_gets_token,
+        // No run mode gives the agent a GitHub credential: what it wants done goes through
+        // its proposal tools (docs/security.md#the-agent-proposes-fro-bot-disposes).
+        hide_git_credentials: true,
         extra_env,
         fro_bot_exe: std::env::current_exe().ok(),
         session_trust: Some(view.clone()),
+        proposals,
         model: settings.model.clone(),
         user_config: settings.opencode_config.clone(),
         auth: settings.auth.clone(),
@@ -413,7 +414,7 @@ fn session_trust(
 
 /// Who posts the answer: the harness for a thread, the agent itself on token-holding runs.
 fn response_rules(mode: ResponseMode, plan: &RunPlan) -> prep::ResponseRules {
-    match (mode, plan.thread.is_some(), plan.agent_gets_token) {
+    match (mode, plan.thread.is_some(), plan.acts_unattended) {
         (ResponseMode::None, _, _) => prep::ResponseRules::NoPosting,
         (ResponseMode::Github, true, _) => prep::ResponseRules::HarnessPosts,
         (ResponseMode::Github, false, true) => prep::ResponseRules::AgentActs,

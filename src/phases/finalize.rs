@@ -27,7 +27,11 @@ pub(crate) async fn finalize_github(
 ) -> Option<String> {
     let (settings, env, plan, started) = (&ctx.settings, &ctx.env, &ctx.plan, ctx.started);
     let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
-    let text = final_text(agent_run);
+    let text = match (final_text(agent_run), &ctx.report.delivery_answer) {
+        (Some(t), Some(d)) => Some(format!("{t}\n\n{d}")),
+        (None, Some(d)) => Some(d.clone()),
+        (t, None) => t,
+    };
     let footer = run_footer(env, plan, agent_run, restored, started);
     let url = reply(gh, settings, plan, tracker, text.as_deref(), &footer).await;
     if let Err(e) = gh.conclude(plan, succeeded).await {
@@ -236,7 +240,7 @@ pub(crate) fn write_summary(
     report: &PersistenceReport,
     duration: Duration,
 ) {
-    let rows = vec![
+    let mut rows = vec![
         vec!["Trigger".to_string(), plan.trigger_summary.clone()],
         vec![
             "Conversation".into(),
@@ -263,6 +267,12 @@ pub(crate) fn write_summary(
         ],
         vec!["Duration".into(), format!("{:.1}s", duration.as_secs_f64())],
     ];
+    rows.extend(
+        report
+            .delivery_rows
+            .iter()
+            .map(|(k, v)| vec![k.clone(), v.replace('\n', " ")]),
+    );
     let mut md = format!(
         "### fro-bot run\n\n{}\n",
         crate::runner::summary::table(&["", ""], &rows)

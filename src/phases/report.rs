@@ -134,6 +134,10 @@ pub struct PersistenceReport {
     pub phases: Vec<(&'static str, Duration)>,
     /// How the agent was confined, and what it could still reach (`crate::confine`).
     pub confinement: Vec<String>,
+    /// What fro-bot did with the agent's proposals (`phases::deliver`): the run table's rows and
+    /// the paragraph the answer ends with.
+    pub delivery_rows: Vec<(String, String)>,
+    pub delivery_answer: Option<String>,
 }
 
 impl Default for PersistenceReport {
@@ -148,6 +152,8 @@ impl Default for PersistenceReport {
             concurrency_notes: Vec::new(),
             phases: Vec::new(),
             confinement: Vec::new(),
+            delivery_rows: Vec::new(),
+            delivery_answer: None,
         }
     }
 }
@@ -276,6 +282,8 @@ mod tests {
             ],
             phases: vec![],
             confinement: vec!["the agent runs as uid 1001".into()],
+            delivery_rows: Vec::new(),
+            delivery_answer: None,
         };
         report.record_phase("restore", Duration::from_millis(1500));
         let md = report.to_markdown("Session Persistence");

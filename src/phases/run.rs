@@ -19,10 +19,12 @@ use crate::phases::cleanup::{stop_agent, Stopped};
 use crate::phases::context::{
     set_output, set_state, ExitStatus, Mode, RestoredCopy, RunContext, RunExit,
 };
+use crate::phases::deliver::{deliver, ChangesOutcome};
 use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
 };
 use crate::phases::paths::StatePaths;
+use crate::phases::prepare_outputs::{self, OutputsPlan};
 use crate::phases::project_identity::{self, IdentityOutcome};
 use crate::phases::publish::{publish, PublishInputs, PublishReport, LEASE_WAIT};
 use crate::phases::report::{RestoreReport, RestoreSource};
@@ -74,12 +76,22 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     }
 
     let (restored, merged_at_restore) = restore_memory(&mut ctx).await;
-    let (agent, agent_run) = run_agent(&mut ctx, &restored, tracker.as_ref()).await;
-    // The answer goes out before cleanup, so a slow save never delays it.
+    let outputs = match ctx.cancel.is_cancelled() {
+        true => OutputsPlan::none("the run was cancelled"),
+        false => prepare_outputs::prepare(&mut ctx).await,
+    };
+    let (agent, agent_run) = run_agent(&mut ctx, &restored, tracker.as_ref(), &outputs).await;
+    // The agent is stopped (and everything it left running killed) before its change is read.
+    let retention = ctx.settings.session_retention as usize;
+    let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
+    if !ctx.cancel.is_cancelled() {
+        deliver_outputs(&mut ctx, &outputs, &agent_run).await;
+    }
+    // The answer goes out before the save, so a slow save never delays it.
     let cancelled_edit = respond(&ctx, &agent_run, &restored, tracker).await;
     let saved = cleanup_and_save(
         &mut ctx,
-        agent,
+        stopped,
         &agent_run,
         &restored,
         merged_at_restore.as_ref(),
@@ -228,13 +240,14 @@ async fn run_agent(
     ctx: &mut RunContext,
     restored: &RestoreReport,
     tracker: Option<&Arc<Tracker>>,
+    outputs: &OutputsPlan,
 ) -> (Option<Agent>, AgentRun) {
     let mut agent_run = AgentRun::default();
     let agent = match ctx.cancel.is_cancelled() {
         true => Err("cancelled before the agent started".to_string()),
         false => {
             let view = crate::phases::agent::trust_view(&ctx.plan, restored);
-            start_agent(ctx, &view).await
+            start_agent(ctx, &view, outputs.tools()).await
         }
     };
     let mut agent = match agent {
@@ -322,22 +335,48 @@ enum Saved {
     OutOfTime,
 }
 
+/// What the agent proposed, checked and carried out; its outcome into the outputs, the summary and
+/// the answer.
+async fn deliver_outputs(ctx: &mut RunContext, outputs: &OutputsPlan, agent_run: &AgentRun) {
+    let t = Instant::now();
+    let report = {
+        let _g = log::Group::new("Deliver the agent's proposals");
+        deliver(ctx, outputs, agent_run).await
+    };
+    ctx.set_output(output::CHANGES, report.changes.output());
+    if let ChangesOutcome::Delivered {
+        committed, pull, ..
+    } = &report.changes
+    {
+        ctx.set_output(output::BRANCH, &committed.branch);
+        ctx.set_output(output::COMMIT_SHA, &committed.sha);
+        if let Some(url) = pull.url() {
+            ctx.set_output(output::PR_URL, url);
+        }
+    }
+    for (k, v) in report.summary_rows() {
+        tracing::info!("{k}: {v}");
+    }
+    ctx.report.delivery_rows = report.summary_rows();
+    ctx.report.delivery_answer = report.answer_section();
+    ctx.report.record_phase("deliver", t.elapsed());
+}
+
 /// Cleanup (always; each step isolated), then the save within the cancel budget.
 async fn cleanup_and_save(
     ctx: &mut RunContext,
-    agent: Option<Agent>,
+    stopped: Stopped,
     agent_run: &AgentRun,
     restored: &RestoreReport,
     merged_at_restore: Option<&CacheMergeReport>,
 ) -> Saved {
     let t = Instant::now();
     let _g = log::Group::new("Save memory");
-    let retention = ctx.settings.session_retention as usize;
     let Stopped {
         agent_still_running,
         quiescent,
         strays_remained,
-    } = stop_agent(agent, agent_run, retention, &ctx.cancel).await;
+    } = stopped;
     let save_key = ctx.keys.save_key();
     let restore_keys = ctx.keys.restore_prefixes();
     let sessions = restored.sessions.after_run(

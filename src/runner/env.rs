@@ -78,6 +78,10 @@ pub const FRO_BOT_OPENCODE_PASSWORD: &str = "FRO_BOT_OPENCODE_PASSWORD";
 pub const FRO_BOT_WORKSPACE: &str = "FRO_BOT_WORKSPACE";
 /// Path of the session tools' trust view (JSON, `trust::TrustView`), written by fro-bot.
 pub const FRO_BOT_SESSION_TRUST: &str = "FRO_BOT_SESSION_TRUST";
+/// Where the agent's proposal tools append (`crate::safe_outputs::proposals`).
+pub const FRO_BOT_PROPOSALS: &str = "FRO_BOT_PROPOSALS";
+/// The run's output policy the proposal tools check against (fro-bot's file, read-only to them).
+pub const FRO_BOT_OUTPUT_POLICY: &str = "FRO_BOT_OUTPUT_POLICY";
 
 // Action inputs (`INPUT_<NAME>`) are declared, with their defaults and syntax, in the table at
 // `crate::config::inputs`.
@@ -92,6 +96,12 @@ pub mod output {
     pub const TOKENS: &str = "tokens";
     pub const COST: &str = "cost";
     pub const COMMENT_URL: &str = "comment-url";
+    /// What became of the agent's file changes (`delivered`, `none`, `refused`, `off`, `patch`,
+    /// `failed`).
+    pub const CHANGES: &str = "changes";
+    pub const BRANCH: &str = "branch";
+    pub const COMMIT_SHA: &str = "commit-sha";
+    pub const PR_URL: &str = "pr-url";
 
     /// Every output, in `action.yaml`'s order.
     pub const ALL: &[&str] = &[
@@ -103,6 +113,10 @@ pub mod output {
         TOKENS,
         COST,
         COMMENT_URL,
+        CHANGES,
+        BRANCH,
+        COMMIT_SHA,
+        PR_URL,
     ];
 }
 

@@ -621,7 +621,7 @@ pub(crate) mod scenarios {
         assert_eq!(second.output("cache-status"), "hit");
         assert_ne!(second.output("logical-key"), first.output("logical-key"));
         assert_ne!(second.output("session-id"), first.output("session-id"));
-        // The agent acts on the repository itself, so it gets the token; comment runs never do.
+        // The prompt input is the task (the agent acts through its proposal tools, never a token).
         let prompt = request_text(&world.llm.requests()[0]);
         assert!(prompt.contains("Triage the week's issues."), "{prompt}");
     }
@@ -1664,3 +1664,5 @@ mod untrusted;
 
 /// Trust follows memory (docs/security.md#trust-follows-memory).
 mod trust;
+
+mod changes;

@@ -15,7 +15,7 @@ use fro_bot::github::dedup::{self, DedupDecision, ProceedReason, Sentinel, Senti
 use fro_bot::github::event::{Event, Flag, TargetKind};
 use fro_bot::github::response::{ResponseOutcome, RunFooter};
 use fro_bot::github::route::{route, Route, RouteSettings, SkipReason, Subject, Thread};
-use fro_bot::github::{agent_gets_token, LogicalKey};
+use fro_bot::github::{acts_unattended, LogicalKey};
 use fro_bot::runner::Env;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -89,7 +89,7 @@ fn the_trigger_label_starts_a_run_like_a_mention_by_whoever_added_it() {
             p.trigger_summary
         );
         assert!(
-            p.directive.is_some() && p.dedup.is_none() && !p.agent_gets_token,
+            p.directive.is_some() && p.dedup.is_none() && !p.acts_unattended,
             "{file}"
         );
         // Another label does nothing, and says which one would.
@@ -201,7 +201,7 @@ fn run_plans_carry_trigger_thread_directive_and_dedup() {
     assert_eq!(p.author.as_deref(), Some("mona"));
     assert_eq!(p.dedup, None);
     assert_eq!(p.trigger_summary, "`issue_comment` on issue #42 by @mona");
-    assert!(!p.agent_gets_token && !p.pull_request_unchecked);
+    assert!(!p.acts_unattended && !p.pull_request_unchecked);
     assert_eq!(
         p.thread,
         Some(Thread {
@@ -258,7 +258,7 @@ fn run_plans_carry_trigger_thread_directive_and_dedup() {
         &fixture("schedule.json"),
         true,
     ));
-    assert!(p.agent_gets_token && p.thread.is_none() && p.trigger.is_none());
+    assert!(p.acts_unattended && p.thread.is_none() && p.trigger.is_none());
 
     for (file, gets) in [
         ("schedule.json", true),
@@ -268,7 +268,7 @@ fn run_plans_carry_trigger_thread_directive_and_dedup() {
         ("push.json", false),
     ] {
         assert_eq!(
-            agent_gets_token(&Event::parse(event_name(file), &fixture(file))),
+            acts_unattended(&Event::parse(event_name(file), &fixture(file))),
             gets,
             "{file}"
         );
@@ -1151,7 +1151,7 @@ proptest! {
         match route(&event, &settings) {
             Route::Run(plan) => {
                 prop_assert!(!plan.logical_key.as_str().is_empty());
-                prop_assert_eq!(plan.agent_gets_token, agent_gets_token(&event));
+                prop_assert_eq!(plan.acts_unattended, acts_unattended(&event));
             }
             Route::Skip(reason) => prop_assert!(!reason.describe().is_empty()),
         }

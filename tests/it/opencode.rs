@@ -64,6 +64,7 @@ impl Harness {
             extra_env: vec![],
             fro_bot_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_fro-bot"))),
             session_trust: None,
+            proposals: None,
             model: None,
             user_config: Some(serde_json::from_value(self.llm.opencode_config()).expect("object")),
             auth: serde_json::Map::new(),
@@ -543,6 +544,7 @@ async fn writeback_is_searchable_through_the_session_tools() {
         trust: fro_bot::opencode::session_tools::TrustSource::Fixed(
             fro_bot::trust::TrustView::unknown(),
         ),
+        proposals: None,
     };
     let call = |name: &str, args: Value| {
         json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",

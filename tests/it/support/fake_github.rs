@@ -6,6 +6,10 @@
 //! Responses follow GitHub's shapes for the fields the client reads; errors carry GitHub's
 //! `{"message", "documentation_url"}` body. Paths are accepted with or without the GitHub
 //! Enterprise Server prefix (`/api/v3` for REST, `/api/graphql` for GraphQL).
+//!
+//! Repository labels, issue labels and issue creation live here; branches, commits, pull
+//! requests, `createCommitOnBranch` and git smart HTTP are in [`super::fake_git`], which keeps a
+//! real bare repository (`seed_git_repo`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -18,6 +22,7 @@ use axum::Router;
 use serde_json::{json, Value};
 
 use super::cache_server::{CacheHandle, Entry};
+use super::fake_git::{self, GitState};
 
 pub const TOKEN: &str = "ghs_faketoken0123456789";
 const DOCS: &str = "https://docs.github.com/rest";
@@ -57,12 +62,12 @@ pub struct SeedComment {
 }
 
 #[derive(Debug, Default)]
-struct Data {
-    requests: Vec<Recorded>,
+pub(super) struct Data {
+    pub(super) requests: Vec<Recorded>,
     faults: Vec<Fault>,
-    issues: BTreeMap<u64, Value>,
+    pub(super) issues: BTreeMap<u64, Value>,
     comments: BTreeMap<u64, Vec<SeedComment>>,
-    pulls: BTreeMap<u64, Value>,
+    pub(super) pulls: BTreeMap<u64, Value>,
     /// Discussion number → (node id, title, body, comments).
     discussions: BTreeMap<u64, (String, String, String, Vec<SeedComment>)>,
     /// (subject path or node id, content).
@@ -71,12 +76,22 @@ struct Data {
     edits: Vec<(String, String)>,
     /// GraphQL operations to fail: (text the query contains, times left; `None`: always).
     graphql_faults: Vec<(String, Option<usize>)>,
+    /// Permissions by login (`GET /collaborators/{login}/permission`); unlisted logins are admins.
+    permissions: BTreeMap<String, String>,
     /// `GET /user`'s login: set, the token is a personal token of that user; unset, it is an
     /// installation token, which GitHub refuses there (403).
     user: Option<String>,
     next_id: u64,
     /// The Actions cache behind `/actions/caches` (none: those routes answer 404).
     cache: Option<CacheHandle>,
+    /// The repository's labels: (name, color).
+    labels: Vec<(String, String)>,
+    /// Labels on each issue or pull request, by name, in the order they were added.
+    issue_labels: BTreeMap<u64, Vec<String>>,
+    /// Bodies of `POST /issues` requests that created an issue.
+    created_issues: Vec<Value>,
+    /// The bare repository and what goes with it.
+    pub(super) git: GitState,
 }
 
 type Shared = Arc<Mutex<Data>>;
@@ -113,7 +128,7 @@ impl FakeGitHub {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Data> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Data> {
         self.data.lock().unwrap()
     }
 
@@ -191,6 +206,13 @@ impl FakeGitHub {
             number,
             (node_id.into(), title.into(), body.into(), comments),
         );
+    }
+
+    /// What `GET /collaborators/{login}/permission` says for `login` (`read`, `write`, ...).
+    pub fn set_permission(&self, login: &str, permission: &str) {
+        self.lock()
+            .permissions
+            .insert(login.to_string(), permission.to_string());
     }
 
     /// Makes the token a personal token of `login` (`GET /user` answers with it).
@@ -341,6 +363,34 @@ impl FakeGitHub {
             .push((operation.to_string(), times));
     }
 
+    /// The repository's labels (colors from GitHub's defaults, in turn).
+    pub fn seed_labels(&self, names: &[&str]) {
+        let mut d = self.lock();
+        for name in names {
+            let color = LABEL_COLORS[d.labels.len() % LABEL_COLORS.len()];
+            d.labels.push((name.to_string(), color.to_string()));
+        }
+    }
+
+    /// The repository's labels now, seeded ones first, then any created through the API.
+    pub fn labels(&self) -> Vec<String> {
+        self.lock().labels.iter().map(|(l, _)| l.clone()).collect()
+    }
+
+    /// The labels on an issue or pull request, in the order they were added.
+    pub fn issue_labels(&self, number: u64) -> Vec<String> {
+        self.lock()
+            .issue_labels
+            .get(&number)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Bodies of the `POST /issues` requests that created an issue.
+    pub fn created_issues(&self) -> Vec<Value> {
+        self.lock().created_issues.clone()
+    }
+
     /// Adds one comment to a discussion (after any seeded ones); its node id is `DC_{id}`.
     pub fn add_discussion_comment(&self, number: u64, id: u64, author: &str, body: &str) {
         let mut d = self.lock();
@@ -355,7 +405,7 @@ impl FakeGitHub {
     }
 }
 
-fn error(status: StatusCode, message: &str) -> Response {
+pub(super) fn error(status: StatusCode, message: &str) -> Response {
     (
         status,
         axum::Json(json!({"message": message, "documentation_url": DOCS, "status": status.as_u16().to_string()})),
@@ -363,7 +413,7 @@ fn error(status: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
-fn ok(status: StatusCode, body: Value) -> Response {
+pub(super) fn ok(status: StatusCode, body: Value) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
@@ -389,40 +439,62 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let body_json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let mut d = data.lock().unwrap();
-    d.requests.push(Recorded {
-        method: method.to_string(),
-        raw_path: raw_path.clone(),
-        path: path.clone(),
-        query: uri.query().map(str::to_string),
-        body: body_json.clone(),
-        auth: auth.clone(),
-        at: std::time::Instant::now(),
-    });
+    // The lock is released before git http-backend is awaited.
+    let cgi = {
+        let mut d = data.lock().unwrap();
+        d.requests.push(Recorded {
+            method: method.to_string(),
+            raw_path: raw_path.clone(),
+            path: path.clone(),
+            query: uri.query().map(str::to_string),
+            body: body_json.clone(),
+            auth: auth.clone(),
+            at: std::time::Instant::now(),
+        });
 
-    if let Some(i) = d.faults.iter().position(|f| {
-        f.method.as_ref().is_none_or(|m| *m == method)
-            && path.contains(&f.path_contains)
-            && f.remaining != Some(0)
-    }) {
-        let fault = &mut d.faults[i];
-        if let Some(n) = fault.remaining.as_mut() {
-            *n -= 1;
+        if let Some(i) = d.faults.iter().position(|f| {
+            f.method.as_ref().is_none_or(|m| *m == method)
+                && path.contains(&f.path_contains)
+                && f.remaining != Some(0)
+        }) {
+            let fault = &mut d.faults[i];
+            if let Some(n) = fault.remaining.as_mut() {
+                *n -= 1;
+            }
+            let status = StatusCode::from_u16(fault.status).unwrap();
+            if fault.html {
+                return (status, "<html><body><h1>502 Bad Gateway</h1></body></html>")
+                    .into_response();
+            }
+            let message = match fault.status {
+                403 => "Resource not accessible by integration",
+                404 => "Not Found",
+                422 => "Validation Failed",
+                _ => "Server Error",
+            };
+            return error(status, message);
         }
-        let status = StatusCode::from_u16(fault.status).unwrap();
-        if fault.html {
-            return (status, "<html><body><h1>502 Bad Gateway</h1></body></html>").into_response();
-        }
-        let message = match fault.status {
-            403 => "Resource not accessible by integration",
-            404 => "Not Found",
-            422 => "Validation Failed",
-            _ => "Server Error",
-        };
-        return error(status, message);
-    }
 
-    if auth.as_deref() != Some(&format!("Bearer {TOKEN}")) {
+        // Git smart HTTP authenticates with Basic credentials, not the API's bearer token.
+        match fake_git::smart_http(&mut d, &method, &path, uri.query(), &headers, &body) {
+            Some(Ok(cgi)) => cgi,
+            Some(Err(response)) => return response,
+            None => return api(&mut d, method, &uri, &path, auth.as_deref(), &body_json),
+        }
+    };
+    fake_git::run_http_backend(cgi).await
+}
+
+/// The API's routes (bearer token), after recording and fault injection.
+fn api(
+    d: &mut Data,
+    method: Method,
+    uri: &Uri,
+    path: &str,
+    auth: Option<&str>,
+    body_json: &Value,
+) -> Response {
+    if auth != Some(&format!("Bearer {TOKEN}")) {
         return error(StatusCode::UNAUTHORIZED, "Bad credentials");
     }
 
@@ -436,8 +508,14 @@ async fn handle(
         })
         .unwrap_or_default();
 
+    if let Some(response) = fake_git::route(d, &method, &segments, &query, body_json)
+        .or_else(|| labels_route(d, &method, &segments, &query, body_json))
+    {
+        return response;
+    }
+
     match (method.clone(), segments.as_slice()) {
-        (Method::POST, ["graphql"]) => graphql(&mut d, &body_json),
+        (Method::POST, ["graphql"]) => graphql(d, body_json),
         (Method::GET, ["user"]) => match &d.user {
             Some(login) => ok(
                 StatusCode::OK,
@@ -453,6 +531,7 @@ async fn handle(
             match d.issues.get(&n).cloned() {
                 Some(mut issue) => {
                     issue["comments"] = json!(d.comments.get(&n).map_or(0, Vec::len));
+                    issue["labels"] = issue_label_objects(d, n);
                     ok(StatusCode::OK, issue)
                 }
                 None => error(StatusCode::NOT_FOUND, "Not Found"),
@@ -564,7 +643,7 @@ async fn handle(
             }
             let id = d.next_id;
             d.next_id += 1;
-            d.reactions.push((path.clone(), content.to_string()));
+            d.reactions.push((path.to_string(), content.to_string()));
             ok(
                 StatusCode::CREATED,
                 json!({"id": id, "content": content, "user": {"login": "github-actions[bot]"}}),
@@ -612,15 +691,160 @@ async fn handle(
                 json!({"total_count": list.len(), "actions_caches": list}),
             )
         }
-        (Method::GET, ["repos", _, _, "pulls", n]) => {
-            let n: u64 = n.parse().unwrap_or(0);
-            match d.pulls.get(&n) {
-                Some(pr) => ok(StatusCode::OK, pr.clone()),
-                None => error(StatusCode::NOT_FOUND, "Not Found"),
-            }
-        }
         _ => error(StatusCode::NOT_FOUND, "Not Found"),
     }
+}
+
+/// Colors of seeded labels, in turn (GitHub's defaults for a new repository's labels).
+const LABEL_COLORS: [&str; 8] = [
+    "d73a4a", "0075ca", "cfd3d7", "a2eeef", "7057ff", "008672", "e4e669", "d876e3",
+];
+/// The color GitHub gives a label it creates because an issue was given an unknown one.
+const NEW_LABEL_COLOR: &str = "ededed";
+
+fn label_object(d: &Data, name: &str) -> Value {
+    let (i, color) = d
+        .labels
+        .iter()
+        .enumerate()
+        .find(|(_, (l, _))| l == name)
+        .map_or((0, NEW_LABEL_COLOR), |(i, (_, c))| (i + 1, c.as_str()));
+    json!({"id": 7_000_000 + i as u64, "node_id": format!("LA_{i}"), "name": name,
+           "color": color, "default": false, "description": null})
+}
+
+fn issue_label_objects(d: &Data, n: u64) -> Value {
+    let names = d.issue_labels.get(&n).cloned().unwrap_or_default();
+    Value::Array(names.iter().map(|l| label_object(d, l)).collect())
+}
+
+/// The repository's label called `name` (GitHub matches label names ignoring case); an unknown
+/// one is created, as GitHub creates it when an issue is given it.
+fn ensure_label(d: &mut Data, name: &str) -> String {
+    if let Some((l, _)) = d.labels.iter().find(|(l, _)| l.eq_ignore_ascii_case(name)) {
+        return l.clone();
+    }
+    d.labels.push((name.to_string(), NEW_LABEL_COLOR.into()));
+    name.to_string()
+}
+
+/// Adds labels (strings, or objects with a `name`) to an issue; `None` when one is malformed.
+fn add_labels(d: &mut Data, n: u64, labels: &[Value]) -> Option<()> {
+    for l in labels {
+        let name = l.as_str().or_else(|| l["name"].as_str())?;
+        let name = ensure_label(d, name);
+        let list = d.issue_labels.entry(n).or_default();
+        if !list.contains(&name) {
+            list.push(name);
+        }
+    }
+    Some(())
+}
+
+/// Repository labels, issue labels and issue creation; `None` for any other route.
+fn labels_route(
+    d: &mut Data,
+    method: &Method,
+    segments: &[&str],
+    query: &BTreeMap<String, String>,
+    body: &Value,
+) -> Option<Response> {
+    let known = |d: &Data, n: &str| {
+        n.parse::<u64>()
+            .ok()
+            .filter(|n| d.issues.contains_key(n) || d.pulls.contains_key(n))
+    };
+    let response = match (method.clone(), segments) {
+        // A user's permission: the seeded one (`set_permission`), else `admin`.
+        (Method::GET, ["repos", _, _, "collaborators", login, "permission"]) => {
+            let permission = d
+                .permissions
+                .get(*login)
+                .cloned()
+                .unwrap_or_else(|| "admin".into());
+            ok(
+                StatusCode::OK,
+                json!({"permission": permission, "user": {"login": login}}),
+            )
+        }
+        (Method::GET, ["repos", _, _, "labels"]) => {
+            let number = |k: &str, default: usize| {
+                query.get(k).and_then(|v| v.parse().ok()).unwrap_or(default)
+            };
+            let per_page = number("per_page", 30).clamp(1, 100);
+            let page = number("page", 1).max(1);
+            let names: Vec<String> = d.labels.iter().map(|(l, _)| l.clone()).collect();
+            let list = names
+                .iter()
+                .skip((page - 1) * per_page)
+                .take(per_page)
+                .map(|l| label_object(d, l))
+                .collect();
+            ok(StatusCode::OK, Value::Array(list))
+        }
+        (Method::GET, ["repos", _, _, "issues", n, "labels"]) => match known(d, n) {
+            Some(n) => ok(StatusCode::OK, issue_label_objects(d, n)),
+            None => error(StatusCode::NOT_FOUND, "Not Found"),
+        },
+        (Method::POST, ["repos", _, _, "issues", n, "labels"]) => {
+            let Some(n) = known(d, n) else {
+                return Some(error(StatusCode::NOT_FOUND, "Not Found"));
+            };
+            let labels = body["labels"].as_array().or(body.as_array()).cloned();
+            match labels.and_then(|l| add_labels(d, n, &l)) {
+                Some(()) => ok(StatusCode::OK, issue_label_objects(d, n)),
+                None => error(StatusCode::UNPROCESSABLE_ENTITY, "Validation Failed"),
+            }
+        }
+        (Method::DELETE, ["repos", _, _, "issues", n, "labels", name @ ..]) if !name.is_empty() => {
+            let Some(n) = known(d, n) else {
+                return Some(error(StatusCode::NOT_FOUND, "Not Found"));
+            };
+            let name = fake_git::decode(&name.join("/"));
+            let list = d.issue_labels.entry(n).or_default();
+            match list.iter().position(|l| l.eq_ignore_ascii_case(&name)) {
+                Some(i) => {
+                    list.remove(i);
+                    ok(StatusCode::OK, issue_label_objects(d, n))
+                }
+                None => error(StatusCode::NOT_FOUND, "Label does not exist"),
+            }
+        }
+        (Method::POST, ["repos", o, r, "issues"]) => create_issue(d, o, r, body),
+        _ => return None,
+    };
+    Some(response)
+}
+
+fn create_issue(d: &mut Data, o: &str, r: &str, body: &Value) -> Response {
+    let Some(title) = body["title"].as_str().filter(|t| !t.trim().is_empty()) else {
+        return error(StatusCode::UNPROCESSABLE_ENTITY, "Validation Failed");
+    };
+    let text = body["body"].as_str().unwrap_or("");
+    let labels = body["labels"].as_array().cloned().unwrap_or_default();
+    let number = d
+        .issues
+        .keys()
+        .chain(d.pulls.keys())
+        .max()
+        .map_or(1, |n| n + 1);
+    if add_labels(d, number, &labels).is_none() {
+        return error(StatusCode::UNPROCESSABLE_ENTITY, "Validation Failed");
+    }
+    let user = json!({"login": "github-actions[bot]", "type": "Bot"});
+    d.issues.insert(
+        number,
+        json!({"number": number, "title": title, "body": text, "state": "open",
+               "locked": false, "user": user, "author_association": "NONE"}),
+    );
+    d.created_issues.push(body.clone());
+    ok(
+        StatusCode::CREATED,
+        json!({"id": 8_000_000 + number, "node_id": format!("I_{number}"), "number": number,
+               "html_url": format!("https://github.com/{o}/{r}/issues/{number}"),
+               "title": title, "body": text, "state": "open", "user": user,
+               "labels": issue_label_objects(d, number)}),
+    )
 }
 
 /// A cache entry in the REST shape; creation order stands in for the creation time.
@@ -656,6 +880,9 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
             *n -= 1;
         }
         return gql_error("Could not resolve to a node (scripted fault)");
+    }
+    if query.contains("createCommitOnBranch") {
+        return fake_git::create_commit_on_branch(d, &vars);
     }
     // Who the token is in GraphQL: a personal token's user, else the Actions app (no `[bot]`).
     let viewer = d.user.clone().unwrap_or_else(|| "github-actions".into());

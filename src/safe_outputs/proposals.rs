@@ -1,0 +1,236 @@
+//! What the agent proposes through its tools (`describe_change`, `discard_changes`, `add_labels`,
+//! `remove_labels`, `comment`, `create_issue`), and the policy it proposes against.
+//!
+//! The tools run as the agent's uid (OpenCode starts them), so anything they write the agent could
+//! write itself: they only check the arguments' shape, tell the agent early what the policy will
+//! refuse, and append one JSON line per proposal to a file in a per-run directory the agent owns
+//! (`FRO_BOT_PROPOSALS`). After the turn — the agent's processes dead — fro-bot reads that file
+//! (no symlink followed, size-capped) and checks every proposal again against the policy it
+//! holds itself. The policy file (`FRO_BOT_OUTPUT_POLICY`) is fro-bot's, read-only to the agent.
+
+use std::io::{Read as _, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The most a proposals file may hold; the rest is not read (and the summary says so).
+pub const MAX_PROPOSALS_BYTES: u64 = 1 << 20;
+/// GitHub's limit for a comment or issue body.
+pub const MAX_BODY_CHARS: usize = 65_536;
+pub const MAX_TITLE_CHARS: usize = 256;
+pub const MAX_LABELS_PER_CALL: usize = 20;
+
+/// One proposal, one JSON line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "tool", rename_all = "snake_case")]
+pub enum Proposal {
+    DescribeChange {
+        title: String,
+        body: String,
+    },
+    DiscardChanges {
+        reason: String,
+    },
+    AddLabels {
+        number: u64,
+        labels: Vec<String>,
+    },
+    RemoveLabels {
+        number: u64,
+        labels: Vec<String>,
+    },
+    Comment {
+        number: u64,
+        body: String,
+    },
+    CreateIssue {
+        title: String,
+        body: String,
+        labels: Vec<String>,
+    },
+}
+
+/// What fro-bot allows this run, as the tools read it (fro-bot checks again after the turn).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputPolicy {
+    /// Whether file changes are delivered (`changes: pull-request`).
+    pub changes: bool,
+    /// Labels the agent may add or remove; `None`: any label the repository has.
+    pub labels: Option<Vec<String>>,
+    pub max_comments: u64,
+    pub max_issues: u64,
+}
+
+impl OutputPolicy {
+    pub fn allows_label(&self, label: &str) -> bool {
+        self.labels
+            .as_ref()
+            .is_none_or(|l| l.iter().any(|a| a.eq_ignore_ascii_case(label)))
+    }
+
+    /// Writes it where the tools read it: fro-bot's file, readable by the agent's uid, which cannot
+    /// change it. It lives as long as the returned handle.
+    pub fn write_file(&self) -> std::io::Result<tempfile::NamedTempFile> {
+        use std::os::unix::fs::PermissionsExt;
+        let mut file = tempfile::Builder::new()
+            .prefix("fro-bot-output-policy-")
+            .suffix(".json")
+            .tempfile()?;
+        file.write_all(&serde_json::to_vec(self).map_err(std::io::Error::other)?)?;
+        file.flush()?;
+        std::fs::set_permissions(file.path(), std::fs::Permissions::from_mode(0o644))?;
+        Ok(file)
+    }
+
+    pub fn read_file(path: &Path) -> Option<OutputPolicy> {
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    }
+}
+
+/// Checks a proposal's shape; the error is what the tool tells the agent.
+pub fn validate(p: &Proposal, policy: &OutputPolicy) -> Result<(), String> {
+    let title = |t: &str| match t.trim().chars().count() {
+        0 => Err("the title is empty".to_string()),
+        n if n > MAX_TITLE_CHARS => Err(format!("the title is over {MAX_TITLE_CHARS} characters")),
+        _ => Ok(()),
+    };
+    let body = |b: &str| match b.chars().count() {
+        n if n > MAX_BODY_CHARS => Err(format!("the body is over {MAX_BODY_CHARS} characters")),
+        _ => Ok(()),
+    };
+    let labels = |ls: &[String]| {
+        if ls.is_empty() || ls.len() > MAX_LABELS_PER_CALL {
+            return Err(format!("give 1 to {MAX_LABELS_PER_CALL} labels"));
+        }
+        match ls.iter().find(|l| !policy.allows_label(l)) {
+            Some(l) => Err(format!(
+                "the label {l:?} is not allowed (allowed: the `allowed-labels` input, else the repository's existing labels)"
+            )),
+            None => Ok(()),
+        }
+    };
+    let number = |n: u64| match n {
+        0 => Err("the issue or pull request number must be positive".to_string()),
+        _ => Ok(()),
+    };
+    match p {
+        Proposal::DescribeChange { title: t, body: b } => {
+            if !policy.changes {
+                return Err("file changes are not delivered in this run (`changes: off`)".into());
+            }
+            title(t).and(body(b))
+        }
+        Proposal::DiscardChanges { .. } => Ok(()),
+        Proposal::AddLabels {
+            number: n,
+            labels: l,
+        }
+        | Proposal::RemoveLabels {
+            number: n,
+            labels: l,
+        } => number(*n).and(labels(l)),
+        Proposal::Comment { number: n, body: b } => {
+            number(*n).and(body(b)).and(match b.trim().is_empty() {
+                true => Err("the body is empty".into()),
+                false => Ok(()),
+            })
+        }
+        Proposal::CreateIssue {
+            title: t,
+            body: b,
+            labels: l,
+        } => title(t)
+            .and(body(b))
+            .and(if l.is_empty() { Ok(()) } else { labels(l) }),
+    }
+}
+
+/// Appends one proposal to the file at `path` (the tools' side).
+pub fn append(path: &Path, p: &Proposal) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut line = serde_json::to_vec(p).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    f.write_all(&line)
+}
+
+/// The proposals as fro-bot reads them after the turn.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReadProposals {
+    pub proposals: Vec<Proposal>,
+    /// Lines that were not a proposal (the agent may write the file directly).
+    pub malformed: usize,
+    /// The file was over [`MAX_PROPOSALS_BYTES`]: only the first part was read.
+    pub truncated: bool,
+    /// Why the file could not be read at all (a symlink, not a regular file, ...).
+    pub unreadable: Option<String>,
+}
+
+/// Reads the proposals file: never through a symlink, only a regular file, at most
+/// [`MAX_PROPOSALS_BYTES`]. A missing file is no proposal.
+pub fn read(path: &Path) -> ReadProposals {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut out = ReadProposals::default();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    let file = match file {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return out,
+        Err(e) => {
+            out.unreadable = Some(format!("cannot open {}: {e}", path.display()));
+            return out;
+        }
+    };
+    match file.metadata() {
+        Ok(m) if m.is_file() => out.truncated = m.len() > MAX_PROPOSALS_BYTES,
+        Ok(_) => {
+            out.unreadable = Some(format!("{} is not a regular file", path.display()));
+            return out;
+        }
+        Err(e) => {
+            out.unreadable = Some(format!("cannot stat {}: {e}", path.display()));
+            return out;
+        }
+    }
+    let mut bytes = Vec::new();
+    if let Err(e) = file.take(MAX_PROPOSALS_BYTES).read_to_end(&mut bytes) {
+        out.unreadable = Some(format!("cannot read {}: {e}", path.display()));
+        return out;
+    }
+    for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        match serde_json::from_slice::<Proposal>(line) {
+            Ok(p) => out.proposals.push(p),
+            Err(_) => out.malformed += 1,
+        }
+    }
+    out
+}
+
+/// The per-run directory the proposals file lives in: the agent's uid owns it for the turn.
+pub struct ProposalsDir {
+    dir: tempfile::TempDir,
+}
+
+impl ProposalsDir {
+    /// A fresh 0700 directory under the system temp dir, handed to `uid:gid` when fro-bot is root.
+    pub fn create(owner: Option<(u32, u32)>) -> std::io::Result<ProposalsDir> {
+        let dir = tempfile::Builder::new()
+            .prefix("fro-bot-proposals-")
+            .tempdir()?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))?;
+        }
+        Ok(ProposalsDir { dir })
+    }
+
+    pub fn file(&self) -> PathBuf {
+        self.dir.path().join("proposals.jsonl")
+    }
+}

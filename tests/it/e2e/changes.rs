@@ -1,0 +1,380 @@
+//! Safe outputs (docs/security.md#the-agent-proposes-fro-bot-disposes): the real OpenCode, driven by
+//! the scripted model, changes files and calls its proposal tools; fro-bot — never the agent —
+//! commits through the fake GitHub's `createCommitOnBranch` onto a real bare repository, opens the
+//! pull request, and carries out labels, comments and issues within the run's policy.
+
+use serde_json::json;
+
+use super::scenarios::{main_step, World};
+use crate::support::action::{comment_event, explain, fresh_checkout, Job, StepResult};
+use crate::support::fake_github::TOKEN;
+use crate::support::fake_llm::{request_text, Reply};
+
+const RUNNER_UID: u32 = 1001;
+
+/// A tool of fro-bot's MCP server, as OpenCode names it for the model.
+fn tool(name: &str) -> String {
+    format!("fro-bot-sessions_{name}")
+}
+
+fn bash(command: &str) -> Reply {
+    Reply::tool("bash", json!({"command": command, "description": "work"}))
+}
+
+/// A job whose checkout belongs to the runner's user and whose repository the fake GitHub serves.
+fn job(world: &World, run_id: u64) -> Job {
+    let mut job = world.job(run_id);
+    job.set("GITHUB_SERVER_URL", world.github.url.clone());
+    job.owned_by_runner_user(RUNNER_UID);
+    job
+}
+
+/// A new job's checkout: the repository's `main` again, as `actions/checkout` leaves it.
+fn fresh_workspace(job: &mut Job) {
+    fresh_checkout(&job.workspace(), "hello\n");
+    crate::support::action::chown_r(&job.workspace(), RUNNER_UID);
+}
+
+fn answer(world: &World) -> String {
+    world
+        .github
+        .comment_versions()
+        .last()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn files(world: &World, branch: &str) -> Vec<(String, String)> {
+    world
+        .github
+        .branch_files(branch)
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+        .collect()
+}
+
+fn assert_delivered(r: &StepResult, branch: &str) {
+    assert_eq!(r.code, 0, "{}", explain(r));
+    assert_eq!(r.output("changes"), "delivered", "{}", explain(r));
+    assert_eq!(r.output("branch"), branch);
+}
+
+#[tokio::test]
+async fn an_issue_gets_a_branch_and_a_draft_pull_request_and_a_follow_up_adds_to_it() {
+    let world = World::start().await;
+    world
+        .github
+        .seed_issue(5, "Typo in README", "It says hello.");
+    let mut job = job(&world, 3000);
+    world.github.seed_git_repo(&job.workspace());
+    let main_head = world.github.branch_head("main").unwrap();
+    world.llm.push(bash(
+        "printf 'hello world\\n' > README.md && mkdir -p docs && printf 'new page\\n' > docs/new.md",
+    ));
+    world.llm.push(Reply::tool(
+        tool("describe_change"),
+        json!({"title": "Fix the README greeting", "body": "Greets the world. @someone please look"}),
+    ));
+    world.llm.push(Reply::text("Fixed the greeting."));
+    job.event(
+        "issue_comment",
+        &comment_event(5, 501, "@fro-bot fix the typo"),
+    );
+    let (mut job, first) = main_step(job).await;
+    assert_delivered(&first, "fro-bot/issue-5");
+    let sha = first.output("commit-sha").to_string();
+    assert_eq!(
+        world.github.branch_head("fro-bot/issue-5").as_deref(),
+        Some(sha.as_str())
+    );
+    assert_eq!(
+        world.github.commit_parent(&sha).as_deref(),
+        Some(main_head.as_str())
+    );
+    assert_eq!(
+        files(&world, "fro-bot/issue-5"),
+        [
+            ("README.md".to_string(), "hello world\n".to_string()),
+            ("docs/new.md".to_string(), "new page\n".to_string())
+        ],
+        "the branch holds what the agent wrote, byte for byte"
+    );
+    let message = world.github.commit_message(&sha);
+    assert!(
+        message.starts_with("Fix the README greeting\n"),
+        "{message}"
+    );
+    assert!(
+        message.contains("Co-authored-by: mona <mona@users.noreply.github.com>"),
+        "{message}"
+    );
+    let run = format!(
+        "Fro-Bot-Run: {}/octo/hello/actions/runs/3000",
+        world.github.url
+    );
+    assert!(message.ends_with(&run), "{message}");
+    assert!(
+        message.contains("`@someone`"),
+        "mentions are inert: {message}"
+    );
+    let pulls = world.github.created_pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    let pr = &pulls[0];
+    assert_eq!(pr["draft"], true);
+    assert_eq!(pr["head"]["ref"], "fro-bot/issue-5");
+    assert_eq!(pr["base"]["ref"], "main");
+    assert_eq!(pr["title"], "Fix the README greeting");
+    let body = pr["body"].as_str().unwrap();
+    assert!(body.contains("Closes #5"), "{body}");
+    assert!(body.contains("`@someone`"), "mentions are inert: {body}");
+    assert_eq!(first.output("pr-url"), pr["html_url"].as_str().unwrap());
+    let text = answer(&world);
+    assert!(text.contains("Fixed the greeting."), "{text}");
+    assert!(text.contains(pr["html_url"].as_str().unwrap()), "{text}");
+    assert!(first.summary.contains("| Changes |"), "{}", first.summary);
+    assert_eq!(world.github.git_pushes(), 0, "fro-bot never pushes");
+
+    // A follow-up on the thread, on a fresh runner: the agent starts on the branch.
+    job.next_run(3001);
+    fresh_workspace(&mut job);
+    world.llm.push(bash("printf 'more\\n' >> README.md"));
+    world.llm.push(Reply::text("Added a line."));
+    job.event(
+        "issue_comment",
+        &comment_event(5, 502, "@fro-bot also add a line"),
+    );
+    let (mut job, second) = main_step(job).await;
+    assert_delivered(&second, "fro-bot/issue-5");
+    let sha2 = second.output("commit-sha").to_string();
+    assert_ne!(sha2, sha);
+    assert_eq!(
+        world.github.commit_parent(&sha2).as_deref(),
+        Some(sha.as_str())
+    );
+    assert_eq!(
+        files(&world, "fro-bot/issue-5")[0].1,
+        "hello world\nmore\n",
+        "built on the first commit"
+    );
+    assert_eq!(
+        world.github.created_pulls().len(),
+        1,
+        "never a second pull request"
+    );
+    assert!(
+        answer(&world).contains("Added to pull request"),
+        "{}",
+        answer(&world)
+    );
+    assert!(
+        world
+            .github
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("/git-upload-pack") && r.auth.is_some()),
+        "the branch was fetched with the token"
+    );
+    let config = std::fs::read_to_string(job.workspace().join(".git/config")).unwrap();
+    assert!(
+        !config.contains("AUTHORIZATION"),
+        "no credential written: {config}"
+    );
+
+    // Attempt 2 of the same run: its commit is at the branch head already.
+    let mutations = world.github.commit_mutations();
+    fresh_workspace(&mut job);
+    job.set("GITHUB_RUN_ATTEMPT", "2");
+    world.llm.push(bash("printf 'more\\n' >> README.md"));
+    world.llm.push(Reply::text("Added a line."));
+    let (_job, again) = main_step(job).await;
+    assert_delivered(&again, "fro-bot/issue-5");
+    assert_eq!(again.output("commit-sha"), sha2, "the same commit");
+    assert_eq!(
+        world.github.commit_mutations(),
+        mutations,
+        "no second commit"
+    );
+}
+
+/// One run on issue `n` whose agent runs `command`; what it ended with.
+async fn refused_run(world: &World, n: u64, command: &str, inputs: &[(&str, &str)]) -> StepResult {
+    world.github.seed_issue(n, "Change things", "Please.");
+    let mut job = job(world, 3100 + n);
+    for (k, v) in inputs {
+        job.input(k, *v);
+    }
+    world.github.seed_git_repo(&job.workspace());
+    world.llm.push(bash(command));
+    world.llm.push(Reply::text("Done."));
+    job.event(
+        "issue_comment",
+        &comment_event(n, 600 + n, "@fro-bot change things"),
+    );
+    main_step(job).await.1
+}
+
+#[tokio::test]
+async fn protected_over_limit_and_secret_changes_are_refused_and_nothing_is_written() {
+    let world = World::start().await;
+    let secret = format!("ghp_{}", "Zq9Xw8Ev7Rt6".repeat(3));
+    // (issue, the agent's command, inputs, what the answer must say)
+    type Case<'a> = (u64, String, Vec<(&'a str, &'a str)>, Vec<&'a str>);
+    let cases: Vec<Case> = vec![
+        (
+            11,
+            "mkdir -p .github/workflows && echo 'on: push' > .github/workflows/x.yml && echo x > ok.txt".into(),
+            vec![],
+            vec!["`.github/workflows/x.yml`", "`protected-paths`"],
+        ),
+        (
+            12,
+            "echo a > a.txt && echo b > b.txt && echo c > c.txt".into(),
+            vec![("max-change-files", "2")],
+            vec!["3 files, 1 over `max-change-files` (2)"],
+        ),
+        (
+            13,
+            format!("printf 'fine\\ntoken = {secret}\\n' > config.ini"),
+            vec![],
+            vec!["`config.ini` line 2 holds what looks like a secret"],
+        ),
+        (
+            14,
+            "head -c 3000 /dev/zero > big.bin".into(),
+            vec![("max-change-bytes", "1000")],
+            vec!["3000 bytes of changed content, 2000 over `max-change-bytes` (1000)"],
+        ),
+    ];
+    for (n, command, inputs, said) in cases {
+        let r = refused_run(&world, n, &command, &inputs).await;
+        assert_eq!(r.code, 0, "{}", explain(&r));
+        assert_eq!(r.output("changes"), "refused", "#{n}: {}", explain(&r));
+        let text = answer(&world);
+        for s in said {
+            assert!(text.contains(s), "#{n}: {s:?} not in the answer:\n{text}");
+        }
+        assert!(
+            text.contains("nothing was written to the repository"),
+            "{text}"
+        );
+        assert!(!text.contains(&secret), "the secret never leaves: {text}");
+        assert!(!r.summary.contains(&secret));
+        assert!(world
+            .github
+            .branch_head(&format!("fro-bot/issue-{n}"))
+            .is_none());
+    }
+    assert_eq!(world.github.commit_mutations(), 0);
+    assert!(world.github.created_pulls().is_empty());
+}
+
+#[tokio::test]
+async fn hooks_and_config_the_agent_plants_in_git_never_run_while_fro_bot_reads_the_change() {
+    let world = World::start().await;
+    world.github.seed_issue(21, "Edit", "Edit a file.");
+    let job = job(&world, 3200);
+    world.github.seed_git_repo(&job.workspace());
+    let ran_dir = job.root.path().join("ran");
+    std::fs::create_dir(&ran_dir).unwrap();
+    crate::support::action::chown_r(&ran_dir, RUNNER_UID);
+    let ran = ran_dir.display();
+    let script = format!(
+        "set -e; mark='#!/bin/sh\ntouch {ran}/$(basename $0)\n'
+for h in pre-commit post-checkout post-index-change reference-transaction fsmonitor-watchman; do
+  printf \"$mark\" > .git/hooks/$h; chmod +x .git/hooks/$h; done
+printf \"$mark\" > .git/fsmon.sh; chmod +x .git/fsmon.sh
+printf '[core]\\n\\tfsmonitor = %s/.git/fsmon.sh\\n' \"$PWD\" > .git/extra.cfg
+git config core.fsmonitor \"$PWD/.git/fsmon.sh\"
+git config include.path \"$PWD/.git/extra.cfg\"
+git config filter.evil.clean \"$PWD/.git/fsmon.sh\"
+echo '* filter=evil' > .git/info/attributes
+rm -f {ran}/*
+echo changed > README.md"
+    );
+    world.llm.push(bash(&script));
+    world.llm.push(Reply::text("Edited."));
+    let mut job = job;
+    job.event("issue_comment", &comment_event(21, 701, "@fro-bot edit"));
+    let (_job, r) = main_step(job).await;
+    assert_delivered(&r, "fro-bot/issue-21");
+    assert_eq!(
+        files(&world, "fro-bot/issue-21")[0].1,
+        "changed\n",
+        "no clean filter ran"
+    );
+    let ran: Vec<_> = std::fs::read_dir(&ran_dir).unwrap().collect();
+    assert!(
+        ran.is_empty(),
+        "planted programs ran during capture: {ran:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_schedule_run_labels_through_its_tools_within_the_allowlist_and_holds_no_credential() {
+    let world = World::start().await;
+    world.github.seed_issue(7, "Crash on start", "It crashes.");
+    world.github.seed_labels(&["bug", "triage"]);
+    let mut job = job(&world, 3300);
+    world.github.seed_git_repo(&job.workspace());
+    job.input("prompt", "Triage the open issues and label them.");
+    job.input("max-comments", "1");
+    job.event(
+        "schedule",
+        &json!({"schedule": "0 6 * * 1", "repository": {"full_name": "octo/hello"}}),
+    );
+    // What the agent can see of credentials, then the tools, then a forged proposals file.
+    world.llm.push(bash(
+        "env; git config --list --show-origin 2>/dev/null | grep -i -e extraheader -e credential || true",
+    ));
+    world.llm.push(Reply::tool(
+        tool("add_labels"),
+        json!({"number": 7, "labels": ["bug"]}),
+    ));
+    world.llm.push(Reply::tool(
+        tool("add_labels"),
+        json!({"number": 7, "labels": ["wontfix-custom"]}),
+    ));
+    world.llm.push(bash(
+        "for d in /tmp/fro-bot-proposals-*/; do printf '%s\\n' \
+        '{\"tool\":\"add_labels\",\"number\":7,\"labels\":[\"forged\"]}' \
+        '{\"tool\":\"comment\",\"number\":7,\"body\":\"one\"}' \
+        '{\"tool\":\"comment\",\"number\":7,\"body\":\"two @octocat\"}' \
+        'not json' >> \"$d/proposals.jsonl\"; done; ls /tmp/fro-bot-proposals-*/",
+    ));
+    world.llm.push(Reply::text("Labelled #7 as a bug."));
+    let (_job, r) = main_step(job).await;
+    assert_eq!(r.code, 0, "{}", explain(&r));
+    assert_eq!(
+        world.github.issue_labels(7),
+        ["bug"],
+        "only the allowed label"
+    );
+    let requests = world.llm.requests();
+    let seen: String = requests.iter().map(request_text).collect();
+    assert!(seen.contains("PATH="), "the env dump reached the model");
+    assert!(!seen.contains("GH_TOKEN"), "no GH_TOKEN for the agent");
+    assert!(
+        !seen.contains(TOKEN),
+        "no token anywhere the agent could read"
+    );
+    assert!(
+        seen.contains("is not allowed"),
+        "the tool told the agent at once"
+    );
+    let comments = world.github.created_comments();
+    let on7: Vec<_> = comments.iter().filter(|(k, _)| k == "issue-7").collect();
+    assert_eq!(on7.len(), 1, "max-comments 1: {comments:?}");
+    assert!(on7[0].1.starts_with("one"), "{on7:?}");
+    assert!(on7[0].1.contains("<!-- fro-bot:response -->"));
+    assert!(
+        r.summary.contains("over `max-comments` (1)") && r.summary.contains("`forged`"),
+        "{}",
+        r.summary
+    );
+    assert!(
+        r.summary.contains("1 malformed proposal line(s) ignored"),
+        "{}",
+        r.summary
+    );
+    assert_eq!(r.output("changes"), "none");
+}
