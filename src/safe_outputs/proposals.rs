@@ -234,3 +234,105 @@ impl ProposalsDir {
         self.dir.path().join("proposals.jsonl")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> OutputPolicy {
+        OutputPolicy {
+            changes: true,
+            labels: Some(vec!["bug".into()]),
+            max_comments: 1,
+            max_issues: 1,
+        }
+    }
+
+    #[test]
+    fn proposals_round_trip_and_malformed_lines_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("p.jsonl");
+        let p = Proposal::AddLabels {
+            number: 3,
+            labels: vec!["bug".into()],
+        };
+        append(&f, &p).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&f)
+            .unwrap()
+            .write_all(b"{\"tool\":\"rm_rf\"}\nnot json\n")
+            .unwrap();
+        let read = read(&f);
+        assert_eq!(read.proposals, [p]);
+        assert_eq!(read.malformed, 2);
+        assert_eq!(read.unreadable, None);
+        assert_eq!(
+            super::read(&dir.path().join("absent")),
+            ReadProposals::default()
+        );
+    }
+
+    #[test]
+    fn a_symlink_or_a_fifo_is_never_read_and_a_huge_file_only_in_part() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "{\"tool\":\"discard_changes\",\"reason\":\"x\"}\n").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        let r = read(&link);
+        assert!(r.proposals.is_empty());
+        assert!(r.unreadable.is_some(), "{r:?}");
+        let fifo = dir.path().join("fifo");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let r = read(&fifo);
+        assert!(r.unreadable.unwrap().contains("not a regular file"));
+        let big = dir.path().join("big");
+        let line = "{\"tool\":\"discard_changes\",\"reason\":\"x\"}\n";
+        std::fs::write(
+            &big,
+            line.repeat((MAX_PROPOSALS_BYTES as usize) / line.len() + 10),
+        )
+        .unwrap();
+        let r = read(&big);
+        assert!(r.truncated);
+        assert!(r.proposals.len() < (MAX_PROPOSALS_BYTES as usize) / line.len() + 1);
+    }
+
+    #[test]
+    fn validation_names_what_is_wrong() {
+        let p = policy();
+        let bad_label = Proposal::AddLabels {
+            number: 1,
+            labels: vec!["BUG".into(), "evil".into()],
+        };
+        assert!(validate(&bad_label, &p).unwrap_err().contains("\"evil\""));
+        let long = Proposal::CreateIssue {
+            title: "t".repeat(MAX_TITLE_CHARS + 1),
+            body: String::new(),
+            labels: vec![],
+        };
+        assert!(validate(&long, &p).unwrap_err().contains("title"));
+        let off = OutputPolicy {
+            changes: false,
+            ..policy()
+        };
+        let describe = Proposal::DescribeChange {
+            title: "x".into(),
+            body: String::new(),
+        };
+        assert!(validate(&describe, &off)
+            .unwrap_err()
+            .contains("changes: off"));
+        assert!(validate(&describe, &p).is_ok());
+        let empty = Proposal::Comment {
+            number: 1,
+            body: " ".into(),
+        };
+        assert!(validate(&empty, &p).is_err());
+    }
+}

@@ -139,3 +139,45 @@ impl ProposalTools {
 fn write(file: &Path, p: &Proposal) -> Result<(), String> {
     proposals::append(file, p).map_err(|e| format!("cannot record the proposal: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_records_a_checked_proposal_and_a_refused_one_records_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let policy = OutputPolicy {
+            changes: true,
+            labels: Some(vec!["bug".into()]),
+            max_comments: 1,
+            max_issues: 1,
+        };
+        let policy_file = policy.write_file().unwrap();
+        let tools = ProposalTools {
+            file: dir.path().join("p.jsonl"),
+            policy: Some(policy_file.path().to_path_buf()),
+        };
+        let ok = tools.call("add_labels", &json!({"number": "#4", "labels": "bug"}));
+        assert!(ok.unwrap().starts_with("Recorded"));
+        let refused = tools.call("add_labels", &json!({"number": 4, "labels": ["wontfix"]}));
+        assert!(refused.unwrap_err().contains("not allowed"));
+        assert!(
+            tools.call("comment", &json!({"body": "x"})).is_err(),
+            "no number"
+        );
+        let read = proposals::read(&tools.file);
+        assert_eq!(
+            read.proposals,
+            [Proposal::AddLabels {
+                number: 4,
+                labels: vec!["bug".into()]
+            }]
+        );
+        let names: Vec<String> = definitions()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(names, NAMES);
+    }
+}

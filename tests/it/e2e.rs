@@ -31,6 +31,8 @@ macro_rules! launched_scenarios {
             scenarios::sigint_mid_turn_saves_and_the_next_run_resumes,
             scenarios::sigint_then_sigterm_mid_turn_saves_memory_within_the_runners_budget,
             scenarios::a_prompt_injected_agent_finds_no_secret_and_reaches_nothing,
+            changes::an_issue_gets_a_branch_and_a_draft_pull_request_and_a_follow_up_adds_to_it,
+            changes::hooks_and_config_the_agent_plants_in_git_never_run_while_fro_bot_reads_the_change,
         );
     };
     ($launch:expr; $($module:ident :: $name:ident),* $(,)?) => {$(
@@ -1665,4 +1667,4 @@ mod untrusted;
 /// Trust follows memory (docs/security.md#trust-follows-memory).
 mod trust;
 
-mod changes;
+pub(crate) mod changes;

@@ -6,7 +6,7 @@
 use serde_json::json;
 
 use super::scenarios::{main_step, World};
-use crate::support::action::{comment_event, explain, fresh_checkout, Job, StepResult};
+use crate::support::action::{comment_event, explain, fresh_checkout, Job, Launch, StepResult};
 use crate::support::fake_github::TOKEN;
 use crate::support::fake_llm::{request_text, Reply};
 
@@ -59,9 +59,10 @@ fn assert_delivered(r: &StepResult, branch: &str) {
     assert_eq!(r.output("branch"), branch);
 }
 
-#[tokio::test]
-async fn an_issue_gets_a_branch_and_a_draft_pull_request_and_a_follow_up_adds_to_it() {
-    let world = World::start().await;
+pub(crate) async fn an_issue_gets_a_branch_and_a_draft_pull_request_and_a_follow_up_adds_to_it(
+    launch: Launch,
+) {
+    let world = World::start_with(launch).await;
     world
         .github
         .seed_issue(5, "Typo in README", "It says hello.");
@@ -268,18 +269,16 @@ async fn protected_over_limit_and_secret_changes_are_refused_and_nothing_is_writ
     assert!(world.github.created_pulls().is_empty());
 }
 
-#[tokio::test]
-async fn hooks_and_config_the_agent_plants_in_git_never_run_while_fro_bot_reads_the_change() {
-    let world = World::start().await;
+pub(crate) async fn hooks_and_config_the_agent_plants_in_git_never_run_while_fro_bot_reads_the_change(
+    launch: Launch,
+) {
+    let world = World::start_with(launch).await;
     world.github.seed_issue(21, "Edit", "Edit a file.");
     let job = job(&world, 3200);
     world.github.seed_git_repo(&job.workspace());
-    let ran_dir = job.root.path().join("ran");
-    std::fs::create_dir(&ran_dir).unwrap();
-    crate::support::action::chown_r(&ran_dir, RUNNER_UID);
-    let ran = ran_dir.display();
-    let script = format!(
-        "set -e; mark='#!/bin/sh\ntouch {ran}/$(basename $0)\n'
+    // Marks go beside the planted programs, by the path the agent sees (the container's too).
+    let ran_dir = job.workspace().join(".git/ran");
+    let script = "set -e; mkdir -p .git/ran; ran=\"$PWD/.git/ran\"; mark=\"#!/bin/sh\ntouch $ran/\\$(basename \\$0)\n\"
 for h in pre-commit post-checkout post-index-change reference-transaction fsmonitor-watchman; do
   printf \"$mark\" > .git/hooks/$h; chmod +x .git/hooks/$h; done
 printf \"$mark\" > .git/fsmon.sh; chmod +x .git/fsmon.sh
@@ -288,10 +287,9 @@ git config core.fsmonitor \"$PWD/.git/fsmon.sh\"
 git config include.path \"$PWD/.git/extra.cfg\"
 git config filter.evil.clean \"$PWD/.git/fsmon.sh\"
 echo '* filter=evil' > .git/info/attributes
-rm -f {ran}/*
-echo changed > README.md"
-    );
-    world.llm.push(bash(&script));
+rm -f \"$ran\"/*
+echo changed > README.md";
+    world.llm.push(bash(script));
     world.llm.push(Reply::text("Edited."));
     let mut job = job;
     job.event("issue_comment", &comment_event(21, 701, "@fro-bot edit"));
@@ -377,4 +375,149 @@ async fn a_schedule_run_labels_through_its_tools_within_the_allowlist_and_holds_
         r.summary
     );
     assert_eq!(r.output("changes"), "none");
+}
+
+/// A comment on pull request `n` by mona, as GitHub sends it (no fork/draft flags: fro-bot asks).
+fn pull_comment(n: u64, id: u64, body: &str) -> serde_json::Value {
+    let mut event = comment_event(n, id, body);
+    event["issue"]["pull_request"] =
+        json!({"url": format!("https://api.github.com/repos/octo/hello/pulls/{n}")});
+    event
+}
+
+#[tokio::test]
+async fn a_pull_request_gets_the_commit_on_its_own_branch_unless_the_requester_cannot_write() {
+    let world = World::start().await;
+    let mut job = job(&world, 3400);
+    world.github.seed_git_repo(&job.workspace());
+    let feature = world
+        .github
+        .add_commit_on_branch("feature", "feature.txt", "from the pr\n");
+    world.github.seed_pull_on_branch(8, "feature", false);
+    world.llm.push(bash("cat feature.txt > copy.txt"));
+    world.llm.push(Reply::text("Copied."));
+    job.event("issue_comment", &pull_comment(8, 801, "@fro-bot copy it"));
+    let (mut job, r) = main_step(job).await;
+    assert_delivered(&r, "feature");
+    let sha = r.output("commit-sha").to_string();
+    assert_eq!(
+        world.github.commit_parent(&sha).as_deref(),
+        Some(feature.as_str())
+    );
+    let on_feature = files(&world, "feature");
+    assert!(
+        on_feature.contains(&("copy.txt".into(), "from the pr\n".into())),
+        "the agent started on the pull request's head: {on_feature:?}"
+    );
+    assert!(
+        world.github.created_pulls().is_empty(),
+        "no second pull request"
+    );
+    assert!(
+        answer(&world).contains("Pushed to this pull request"),
+        "{}",
+        answer(&world)
+    );
+
+    // Someone who may only read: fro-bot's own branch for the pull request, proposed into it.
+    world.github.set_permission("mona", "read");
+    job.next_run(3401);
+    fresh_workspace(&mut job);
+    world.llm.push(bash("echo more > more.txt"));
+    world.llm.push(Reply::text("More."));
+    job.event("issue_comment", &pull_comment(8, 802, "@fro-bot more"));
+    let (_job, r) = main_step(job).await;
+    assert_delivered(&r, "fro-bot/pr-8");
+    let pulls = world.github.created_pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    assert_eq!(pulls[0]["base"]["ref"], "feature");
+    assert_eq!(
+        world.github.branch_head("feature").as_deref(),
+        Some(sha.as_str())
+    );
+}
+
+#[tokio::test]
+async fn a_repository_that_forbids_actions_pull_requests_gets_the_link_and_the_setting() {
+    let world = World::start().await;
+    world.github.seed_issue(31, "Docs", "Add docs.");
+    world.github.forbid_pull_request_creation();
+    let mut job = job(&world, 3500);
+    world.github.seed_git_repo(&job.workspace());
+    world.llm.push(bash("echo docs > DOCS.md"));
+    world.llm.push(Reply::text("Added docs."));
+    job.event("issue_comment", &comment_event(31, 901, "@fro-bot docs"));
+    let (_job, r) = main_step(job).await;
+    assert_delivered(&r, "fro-bot/issue-31");
+    assert!(!r.outputs.contains_key("pr-url"), "{:?}", r.outputs);
+    let text = answer(&world);
+    assert!(
+        text.contains("compare/main...fro-bot/issue-31?expand=1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Allow GitHub Actions to create and approve pull requests"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_branch_that_moves_during_the_commit_is_read_again_and_same_file_edits_are_not_overwritten(
+) {
+    let world = World::start().await;
+    world.github.seed_issue(41, "Two things", "Do both.");
+    let mut job = job(&world, 3600);
+    world.github.seed_git_repo(&job.workspace());
+    world.llm.push(bash("echo one > one.txt"));
+    world.llm.push(Reply::text("One."));
+    job.event("issue_comment", &comment_event(41, 1001, "@fro-bot one"));
+    let (mut job, first) = main_step(job).await;
+    assert_delivered(&first, "fro-bot/issue-41");
+
+    // A person pushes to the branch while the second run commits: other files, so it retries.
+    job.next_run(3601);
+    fresh_workspace(&mut job);
+    let person = "fro-bot/issue-41";
+    world
+        .github
+        .move_branch_before_next_commit(person, "theirs.txt", "person\n");
+    world.llm.push(bash("echo two > two.txt"));
+    world.llm.push(Reply::text("Two."));
+    job.event("issue_comment", &comment_event(41, 1002, "@fro-bot two"));
+    let (mut job, second) = main_step(job).await;
+    assert_delivered(&second, person);
+    let sha = second.output("commit-sha").to_string();
+    let parent = world.github.commit_parent(&sha).unwrap();
+    assert_ne!(
+        parent,
+        first.output("commit-sha"),
+        "built on the person's commit"
+    );
+    let names: Vec<String> = files(&world, person).into_iter().map(|(k, _)| k).collect();
+    assert!(
+        names.contains(&"theirs.txt".into()) && names.contains(&"two.txt".into()),
+        "{names:?}"
+    );
+
+    // The same file: never overwritten.
+    job.next_run(3602);
+    fresh_workspace(&mut job);
+    world
+        .github
+        .move_branch_before_next_commit(person, "two.txt", "person's two\n");
+    world.llm.push(bash("echo three > two.txt"));
+    world.llm.push(Reply::text("Three."));
+    job.event("issue_comment", &comment_event(41, 1003, "@fro-bot three"));
+    let (_job, third) = main_step(job).await;
+    assert_eq!(third.output("changes"), "failed", "{}", explain(&third));
+    assert!(
+        answer(&world).contains("touch the same files (two.txt)"),
+        "{}",
+        answer(&world)
+    );
+    let two = files(&world, person)
+        .into_iter()
+        .find(|(k, _)| k == "two.txt")
+        .unwrap();
+    assert_eq!(two.1, "person's two\n");
 }
