@@ -2,7 +2,7 @@
 //! request and the agent's GitHub actions), parsed once.
 
 use super::inputs::{self as input, InputSpec};
-use super::{invalid, optional, parse_bool, parse_choice, parse_u64, ConfigError};
+use super::{invalid, optional, parse_bool, parse_choice, parse_u32, ConfigError};
 use crate::runner::Env;
 
 /// `changes`.
@@ -95,13 +95,13 @@ pub fn parse(env: &Env) -> Result<SafeOutputSettings, ConfigError> {
     Ok(SafeOutputSettings {
         changes,
         protected_paths: parse_protected(env)?,
-        max_change_files: parse_u64(env, &input::MAX_CHANGE_FILES)?,
-        max_change_bytes: parse_u64(env, &input::MAX_CHANGE_BYTES)?,
+        max_change_files: u64::from(parse_u32(env, &input::MAX_CHANGE_FILES)?),
+        max_change_bytes: u64::from(parse_u32(env, &input::MAX_CHANGE_BYTES)?),
         branch_prefix: parse_prefix(env)?,
         push_to_pr_branch: parse_bool(env, &input::PUSH_TO_PR_BRANCH)?,
         pr_draft: parse_bool(env, &input::PR_DRAFT)?,
         allowed_labels: list(env, &input::ALLOWED_LABELS),
-        max_comments: parse_u64(env, &input::MAX_COMMENTS)?,
-        max_issues: parse_u64(env, &input::MAX_ISSUES)?,
+        max_comments: u64::from(parse_u32(env, &input::MAX_COMMENTS)?),
+        max_issues: u64::from(parse_u32(env, &input::MAX_ISSUES)?),
     })
 }

@@ -232,6 +232,8 @@ pub struct PromptInput {
     /// Schedule/dispatch: the prompt replaces the directive instead of adding to it.
     pub prompt_replaces_directive: bool,
     pub rules: ResponseRules,
+    /// Whether fro-bot delivers the files the agent changes (a commit and pull request).
+    pub changes_delivered: bool,
     /// Characters; 0 = [`DEFAULT_PROMPT_BUDGET`].
     pub budget: usize,
     /// Fences everything not written by the triggering directive (random per run).
@@ -248,7 +250,7 @@ pub fn build_prompt(input: &PromptInput) -> String {
     };
     let env = environment_section(input);
     let task = task_section(input);
-    let rules = rules_section(input.rules);
+    let rules = rules_section(input.rules, input.changes_delivered);
     let fixed = env.len() + task.len() + rules.len();
     let mut prior = input.prior_work.clone();
     let mut ctx = input.context.clone();
@@ -433,14 +435,11 @@ fn task_section(i: &PromptInput) -> String {
     s
 }
 
-fn rules_section(rules: ResponseRules) -> String {
+fn rules_section(rules: ResponseRules, changes_delivered: bool) -> String {
     let how = match rules {
         ResponseRules::HarnessPosts => {
             "Your final message is posted as the reply on GitHub by the harness: write it for the \
-             person who asked, in Markdown. Do not post comments yourself. Files you change in \
-             the work tree are committed for you after your turn and opened as a pull request \
-             (call describe_change to give it a title and body, discard_changes to deliver \
-             nothing); there is no need to commit, and nothing can be pushed."
+             person who asked, in Markdown. Do not post comments yourself."
         }
         ResponseRules::AgentActs => {
             "Act on the repository through your fro-bot tools (add_labels, remove_labels, \
@@ -452,9 +451,18 @@ fn rules_section(rules: ResponseRules) -> String {
             "Nothing you write is posted anywhere; end with a short summary of what you did."
         }
     };
+    let changes = match changes_delivered {
+        true => {
+            "- Files you change in the work tree are committed for you after your turn and \
+                 proposed as a pull request (call describe_change to give it a title and body, \
+                 discard_changes to deliver nothing); there is no need to commit, and nothing \
+                 can be pushed.\n"
+        }
+        false => "- Files you change in the work tree are not delivered anywhere in this run.\n",
+    };
     format!(
-        "## Response rules\n- {how}\n- Be concise; say what you changed and what you did not do.\n\
-         - Never print secrets or tokens.\n"
+        "## Response rules\n- {how}\n{changes}- Be concise; say what you changed and what you did \
+         not do.\n- Never print secrets or tokens.\n"
     )
 }
 
@@ -547,6 +555,7 @@ mod tests {
             prompt: Some("Keep answers short.".into()),
             prompt_replaces_directive: false,
             rules: ResponseRules::HarnessPosts,
+            changes_delivered: true,
             budget: 0,
             fence: Fence::new([0xab; 16]),
         }

@@ -198,6 +198,8 @@ pub(crate) struct AgentInputs<'a> {
     pub(crate) started: Instant,
     /// Where the turn's progress goes: the log, and the tracking comment's watcher.
     pub(crate) progress: ProgressSink,
+    /// Whether the files the agent changes are delivered (the prompt says so).
+    pub(crate) changes_delivered: bool,
 }
 
 /// The thread's context for the prompt. With `context-authors: trusted` comments of authors without
@@ -377,6 +379,7 @@ async fn prepare_prompt(
         prompt: settings.prompt.clone(),
         prompt_replaces_directive: schedule_like,
         rules: response_rules(settings.response_mode, plan),
+        changes_delivered: inputs.changes_delivered,
         budget: 0,
         fence: crate::untrusted::Fence::default(),
     });

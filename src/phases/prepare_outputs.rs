@@ -42,6 +42,11 @@ impl OutputsPlan {
         })
     }
 
+    /// Whether the agent's file changes will be delivered.
+    pub(crate) fn delivers_changes(&self) -> bool {
+        matches!(self.changes, ChangesPlan::Deliver { .. })
+    }
+
     /// The proposals file (`None`: there were no tools).
     pub(crate) fn proposals_file(&self) -> Option<std::path::PathBuf> {
         self.proposals.as_ref().map(ProposalsDir::file)

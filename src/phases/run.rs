@@ -277,6 +277,7 @@ async fn run_agent(
             cancel: &ctx.cancel,
             started: ctx.started,
             progress,
+            changes_delivered: outputs.delivers_changes(),
         };
         drive_agent(&mut agent, &inputs, &mut agent_run).await;
         let prep = agent_run.prep_time;
