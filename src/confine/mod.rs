@@ -5,6 +5,7 @@
 //! credentials are out of its reach; whatever it leaves running is killed before the checkpoint.
 
 pub mod env;
+pub mod git_guard;
 pub mod gitcreds;
 pub mod handover;
 pub mod proxy;

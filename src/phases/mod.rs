@@ -13,6 +13,7 @@ pub mod dedup;
 pub mod deliver;
 pub mod fallback;
 pub mod finalize;
+pub mod git_guard;
 pub mod inspect;
 pub mod paths;
 pub mod post;

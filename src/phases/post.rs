@@ -46,6 +46,15 @@ where
     R: Future<Output = ()>,
 {
     let files = FileCommands::from_env(env);
+    // First: what a killed main left in .git must not outlive this step.
+    let git = env
+        .get(crate::runner::env::GITHUB_WORKSPACE)
+        .and_then(|w| crate::phases::git_guard::post_restore(env, std::path::Path::new(w)));
+    if let Some(text) = &git {
+        if let Err(e) = files.append_summary(&format!("### fro-bot (post)\n\n{text}\n\n")) {
+            tracing::warn!("{e}");
+        }
+    }
     let outcome = match tokio::time::timeout(POST_TIME_BOX, async {
         release_lease.await;
         decide_and_retry(env).await

@@ -23,6 +23,7 @@ use crate::phases::deliver::{deliver, ChangesOutcome};
 use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
 };
+use crate::phases::git_guard;
 use crate::phases::paths::StatePaths;
 use crate::phases::prepare_outputs::{self, OutputsPlan};
 use crate::phases::project_identity::{self, IdentityOutcome};
@@ -80,10 +81,13 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         true => OutputsPlan::none("the run was cancelled"),
         false => prepare_outputs::prepare(&mut ctx).await,
     };
+    let git = git_guard::take(&ctx);
     let (agent, agent_run) = run_agent(&mut ctx, &restored, tracker.as_ref(), &outputs).await;
-    // The agent is stopped (and everything it left running killed) before its change is read.
+    // The agent is stopped (and everything it left running killed) before .git is put back and
+    // its change read.
     let retention = ctx.settings.session_retention as usize;
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
+    git_guard::put_back(&mut ctx, git);
     if !ctx.cancel.is_cancelled() {
         deliver_outputs(&mut ctx, &outputs, &agent_run).await;
     }

@@ -135,4 +135,7 @@ pub mod state {
     pub const SESSION_MAP: &str = "sessionMap";
     /// Main's trust records (JSON, session id → who wrote it), for post's marker.
     pub const SESSION_TRUST: &str = "sessionTrust";
+    /// The `.git` snapshot post restores when main was killed before it could (`{path}\t{sha256}`;
+    /// empty once main restored it).
+    pub const GIT_SNAPSHOT: &str = "gitSnapshot";
 }

@@ -1668,3 +1668,5 @@ mod untrusted;
 mod trust;
 
 pub(crate) mod changes;
+
+mod leftovers;

@@ -1,0 +1,149 @@
+//! Nothing the agent leaves behind outlives its turn (docs/security.md#what-it-leaves-behind): an
+//! injected agent plants hooks and config in `.git`; afterwards a later step's git commands, run as
+//! the runner's user, run none of it — also when the main step was killed and post put `.git` back.
+
+use std::process::Command;
+
+use serde_json::json;
+
+use super::scenarios::{main_step, post_step, World};
+use crate::support::action::{comment_event, explain, Job};
+use crate::support::fake_llm::Reply;
+
+const RUNNER_UID: u32 = 1001;
+
+/// Plants every kind of hook and config a later `git` would run, each marking `.git/ran/<name>`.
+const PLANT: &str = "set -e; mkdir -p .git/ran; chmod 777 .git/ran; ran=\"$PWD/.git/ran\"
+mark=\"#!/bin/sh\ntouch $ran/\\$(basename \\$0)\n\"
+for h in pre-commit post-commit post-checkout post-index-change reference-transaction; do
+  printf \"$mark\" > .git/hooks/$h; chmod +x .git/hooks/$h; done
+printf \"$mark\" > .git/fsmon.sh; chmod +x .git/fsmon.sh
+printf \"$mark\" > .git/alias.sh; chmod +x .git/alias.sh
+printf '[core]\\n\\tfsmonitor = %s/.git/fsmon.sh\\n' \"$PWD\" > .git/extra.cfg
+git config include.path \"$PWD/.git/extra.cfg\"
+git config alias.st \"!$PWD/.git/alias.sh\"
+git config core.hooksPath .git/hooks
+echo changed > README.md";
+
+fn job(world: &World, run_id: u64) -> Job {
+    let mut job = world.job(run_id);
+    job.owned_by_runner_user(RUNNER_UID);
+    job.input("changes", "off");
+    job
+}
+
+/// What a later step of the job does with the checkout, as the runner's user.
+fn later_step(job: &Job) {
+    let ws = job.workspace();
+    for args in [
+        vec!["status"],
+        vec!["st"],
+        vec![
+            "-c",
+            "user.name=ci",
+            "-c",
+            "user.email=ci@e",
+            "commit",
+            "-qam",
+            "ci",
+        ],
+        vec!["checkout", "-q", "-b", "later"],
+    ] {
+        let _ = Command::new("git")
+            .args(&args)
+            .current_dir(&ws)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", job.home())
+            .uid(RUNNER_UID)
+            .gid(RUNNER_UID)
+            .output()
+            .unwrap();
+    }
+}
+
+use std::os::unix::process::CommandExt;
+
+fn ran(job: &Job) -> Vec<String> {
+    std::fs::read_dir(job.workspace().join(".git/ran"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn what_the_agent_plants_in_git_is_put_back_and_a_later_steps_git_runs_none_of_it() {
+    let world = World::start().await;
+    world.github.seed_issue(5, "Edit", "Edit.");
+    let mut job = job(&world, 5100);
+    let config = std::fs::read(job.workspace().join(".git/config")).unwrap();
+    world.llm.push(Reply::tool(
+        "bash",
+        json!({"command": PLANT, "description": "plant"}),
+    ));
+    world.llm.push(Reply::text("Done."));
+    job.event("issue_comment", &comment_event(5, 1, "@fro-bot edit"));
+    let (job, r) = main_step(job).await;
+    assert_eq!(r.code, 0, "{}", explain(&r));
+    assert!(
+        r.summary
+            .contains("the agent changed .git/config: alias.st, core.hookspath, include.path"),
+        "{}",
+        r.summary
+    );
+    assert!(r.summary.contains("added post-checkout"), "{}", r.summary);
+    assert_eq!(
+        std::fs::read(job.workspace().join(".git/config")).unwrap(),
+        config
+    );
+    assert!(
+        std::fs::read_to_string(job.workspace().join("README.md")).unwrap() == "changed\n",
+        "the work tree is the agent's proposed change and stays"
+    );
+    later_step(&job);
+    assert_eq!(
+        ran(&job),
+        Vec::<String>::new(),
+        "a later step ran what the agent planted"
+    );
+}
+
+#[tokio::test]
+async fn after_a_sigkill_of_main_post_puts_git_back() {
+    let world = World::start().await;
+    world.github.seed_issue(6, "Edit", "Edit.");
+    let mut job = job(&world, 5200);
+    let config = std::fs::read(job.workspace().join(".git/config")).unwrap();
+    world.llm.push(Reply::tool(
+        "bash",
+        json!({"command": PLANT, "description": "plant"}),
+    ));
+    world.llm.push(Reply::text("Done."));
+    job.event("issue_comment", &comment_event(6, 1, "@fro-bot edit"));
+    // Killed after the agent stopped, before main could put .git back.
+    job.set("FRO_BOT_FAILPOINT", "run:after-shutdown");
+    let (mut job, main) = main_step(job).await;
+    job.env.remove("FRO_BOT_FAILPOINT");
+    assert_eq!(main.code, 128 + libc::SIGKILL, "{}", explain(&main));
+    assert!(
+        job.workspace().join(".git/hooks/post-checkout").exists(),
+        "planted, not yet put back"
+    );
+    let (job, post) = post_step(job, main).await;
+    assert_eq!(post.code, 0, "{}", explain(&post));
+    assert!(
+        post.summary
+            .contains("The main step stopped before putting .git back"),
+        "{}",
+        post.summary
+    );
+    assert_eq!(
+        std::fs::read(job.workspace().join(".git/config")).unwrap(),
+        config
+    );
+    later_step(&job);
+    assert_eq!(ran(&job), Vec::<String>::new());
+}
