@@ -79,7 +79,7 @@ fn wal_path(db: &Path) -> PathBuf {
     sibling(db, "-wal")
 }
 
-fn sibling(db: &Path, suffix: &str) -> PathBuf {
+pub(crate) fn sibling(db: &Path, suffix: &str) -> PathBuf {
     let mut name = db.as_os_str().to_os_string();
     name.push(suffix);
     PathBuf::from(name)

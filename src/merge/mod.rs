@@ -224,6 +224,8 @@ pub struct MergeReport {
     pub copy_time: Duration,
     pub merge_time: Duration,
     pub sync_time: Duration,
+    /// Roots (with titles) of trees `ours` changed that [`merge_only`] did not take.
+    pub refused: Vec<(String, Option<String>)>,
 }
 
 pub fn merge(
@@ -255,9 +257,48 @@ pub fn merge_with(
         path: out.to_path_buf(),
         source,
     })?;
-    let result = write::run(base, ours, restored, out, options);
+    let result = write::run(base, ours, restored, out, options, None);
     if result.is_err() {
         // Never leave a half-written result where the caller might pick it up.
+        for suffix in ["", "-wal", "-shm", "-journal"] {
+            let mut p = out.as_os_str().to_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(PathBuf::from(p));
+        }
+    }
+    result
+}
+
+/// Like [`merge_with`], but only the trees holding one of `own` sessions are taken from `ours`:
+/// every other tree is the base's, whatever `ours` did to it (the second wall of
+/// docs/security.md#what-it-leaves-behind: a run's memory may change only its own conversation).
+/// Trees `ours` changed and that were not taken are listed in [`MergeReport::refused`].
+pub fn merge_only(
+    base: &Path,
+    ours: &Path,
+    restored: &Snapshot,
+    out: &Path,
+    own: &std::collections::BTreeSet<String>,
+) -> Result<MergeReport, MergeError> {
+    if out.exists() {
+        return Err(MergeError::OutputExists {
+            path: out.to_path_buf(),
+        });
+    }
+    crate::checkpoint::remove_stale_sidecars(out).map_err(|source| MergeError::Io {
+        action: "removing a stale -wal/-shm beside",
+        path: out.to_path_buf(),
+        source,
+    })?;
+    let result = write::run(
+        base,
+        ours,
+        restored,
+        out,
+        MergeOptions::default(),
+        Some(own),
+    );
+    if result.is_err() {
         for suffix in ["", "-wal", "-shm", "-journal"] {
             let mut p = out.as_os_str().to_os_string();
             p.push(suffix);

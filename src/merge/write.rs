@@ -28,6 +28,7 @@ pub(super) fn run(
     restored: &Snapshot,
     out: &Path,
     options: MergeOptions,
+    only: Option<&std::collections::BTreeSet<String>>,
 ) -> Result<MergeReport, MergeError> {
     let base_conn = open_read_only(base, Role::Base)?;
     let base_schema = Schema::read(&base_conn, Role::Base)?;
@@ -40,7 +41,17 @@ pub(super) fn run(
     let ours_versions = read_versions(&ours_conn, &ours_schema, &graph, Role::Ours)?;
     drop(ours_conn);
     let base_versions = read_versions(&base_conn, &base_schema, &graph, Role::Base)?;
-    let plans = plan::plan(&restored.sessions, &ours_versions, &base_versions);
+    let mut plans = plan::plan(&restored.sessions, &ours_versions, &base_versions);
+    let mut refused = Vec::new();
+    if let Some(own) = only {
+        plans.retain(|p| {
+            let mine = own.contains(&p.root) || p.ours_members.iter().any(|m| own.contains(m));
+            if !mine {
+                refused.push((p.root.clone(), p.title.clone()));
+            }
+            mine
+        });
+    }
 
     let started = Instant::now();
     let mut conn = copy_base(&base_conn, base, out)?;
@@ -50,6 +61,7 @@ pub(super) fn run(
     let started = Instant::now();
     let mut report = MergeReport {
         copy_time,
+        refused,
         ..MergeReport::default()
     };
     // A scratch file until the caller renames it: no syncs while writing (it is synced once at the

@@ -15,6 +15,7 @@ pub mod fallback;
 pub mod finalize;
 pub mod git_guard;
 pub mod inspect;
+pub mod memory_guard;
 pub mod paths;
 pub mod post;
 pub mod prepare_outputs;

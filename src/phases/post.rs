@@ -108,6 +108,12 @@ where
 }
 
 async fn decide_and_retry(env: &Env) -> PostOutcome {
+    if env.state(state::MEMORY_GUARD) == Some("pending") {
+        // What the agent may have done to other threads' memory was never undone.
+        return PostOutcome::NothingToDo {
+            why: "the main step was stopped before it limited the agent's changes to memory to its own conversation, so what the agent left is not saved",
+        };
+    }
     match post_decision(StateValue::parse(env.state(state::CACHE_SAVED))) {
         PostDecision::NothingToDo { why } => PostOutcome::NothingToDo { why },
         PostDecision::Declined => PostOutcome::Declined,

@@ -24,6 +24,7 @@ use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
 };
 use crate::phases::git_guard;
+use crate::phases::memory_guard;
 use crate::phases::paths::StatePaths;
 use crate::phases::prepare_outputs::{self, OutputsPlan};
 use crate::phases::project_identity::{self, IdentityOutcome};
@@ -82,12 +83,24 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         false => prepare_outputs::prepare(&mut ctx).await,
     };
     let git = git_guard::take(&ctx);
+    let memory = memory_guard::take(&ctx);
+    if memory.is_some() {
+        ctx.set_state(state::MEMORY_GUARD, "pending");
+    }
     let (agent, agent_run) = run_agent(&mut ctx, &restored, tracker.as_ref(), &outputs).await;
     // The agent is stopped (and everything it left running killed) before .git is put back and
     // its change read.
     let retention = ctx.settings.session_retention as usize;
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
     git_guard::put_back(&mut ctx, git);
+    if memory.is_some() {
+        let own: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
+            .into_iter()
+            .filter_map(|s| s.as_deref())
+            .collect();
+        memory_guard::put_back(&mut ctx, memory, &own);
+        ctx.set_state(state::MEMORY_GUARD, "");
+    }
     if !ctx.cancel.is_cancelled() {
         deliver_outputs(&mut ctx, &outputs, &agent_run).await;
     }

@@ -138,4 +138,7 @@ pub mod state {
     /// The `.git` snapshot post restores when main was killed before it could (`{path}\t{sha256}`;
     /// empty once main restored it).
     pub const GIT_SNAPSHOT: &str = "gitSnapshot";
+    /// `pending` while the agent's changes to memory are not yet limited to its own conversation
+    /// (`phases::memory_guard`): post then does not save what the agent left.
+    pub const MEMORY_GUARD: &str = "memoryGuard";
 }

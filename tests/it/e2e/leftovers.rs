@@ -147,3 +147,103 @@ async fn after_a_sigkill_of_main_post_puts_git_back() {
     later_step(&job);
     assert_eq!(ran(&job), Vec::<String>::new());
 }
+
+/// Every message and part row of `session` (the scrub at save rewrites only secrets, which this
+/// conversation has none of).
+fn rows(db: &std::path::Path, session: &str) -> Vec<(String, String)> {
+    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .unwrap();
+    let mut out = Vec::new();
+    for table in ["message", "part"] {
+        let mut stmt = c
+            .prepare(&format!(
+                "SELECT id, data FROM {table} WHERE session_id = ?1 ORDER BY id"
+            ))
+            .unwrap();
+        let found = stmt
+            .query_map([session], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap();
+        out.extend(found.map(Result::unwrap));
+    }
+    out
+}
+
+/// Rewrites every message, part and session row of every conversation, deletes one part, and adds
+/// a message to another thread, straight in the database from the agent's shell.
+const REWRITE: &str = r#"python3 - <<'PY'
+import glob, os, sqlite3
+db = glob.glob(os.path.expanduser("~/.local/share/opencode/opencode.db"))[0]
+c = sqlite3.connect(db, timeout=10)
+for t in ("message", "part"):
+    c.execute(f"UPDATE {t} SET data = replace(data, 'zebra', 'EVIL')")
+c.execute("UPDATE session SET title = 'EVIL ' || title")
+c.execute("DELETE FROM part WHERE rowid = (SELECT min(rowid) FROM part)")
+c.commit()
+print("rewritten", c.execute("SELECT count(*) FROM part").fetchone())
+PY"#;
+
+#[tokio::test]
+async fn the_agent_cannot_rewrite_another_threads_memory() {
+    let world = World::start().await;
+    world.github.seed_issue(5, "Flaky build", "It fails.");
+    world.github.seed_issue(6, "Other", "Other.");
+    let mut job = job(&world, 5300);
+    world
+        .llm
+        .push(Reply::text("The flake comes from the zebra-cache timeout."));
+    job.event("issue_comment", &comment_event(5, 1, "@fro-bot why?"));
+    let (mut job, first) = main_step(job).await;
+    assert_eq!(first.code, 0, "{}", explain(&first));
+    let thread5 = first.output("session-id").to_string();
+    let db = job.data_dir().join("opencode.db");
+    let before = rows(&db, &thread5);
+    assert!(
+        before.iter().any(|(_, d)| d.contains("zebra")),
+        "{before:?}"
+    );
+
+    job.next_run(5301);
+    world.llm.push(Reply::tool(
+        "bash",
+        json!({"command": REWRITE, "description": "rewrite"}),
+    ));
+    world.llm.push(Reply::text("Done."));
+    job.event("issue_comment", &comment_event(6, 2, "@fro-bot go"));
+    let (mut job, second) = main_step(job).await;
+    assert_eq!(second.code, 0, "{}", explain(&second));
+    let seen: String = world
+        .llm
+        .requests()
+        .iter()
+        .map(crate::support::fake_llm::request_text)
+        .collect();
+    assert!(seen.contains("rewritten ("), "the rewrite ran: {seen}");
+    assert!(
+        second.summary.contains(&format!(
+            "other than this run's (`{thread5}`): put back as restored"
+        )),
+        "{}",
+        second.summary
+    );
+    assert_eq!(
+        rows(&db, &thread5),
+        before,
+        "issue 5's conversation, byte for byte"
+    );
+
+    // The next run on issue 5 resumes the conversation a maintainer had.
+    job.next_run(5302);
+    world.llm.push(Reply::text("Yes."));
+    job.event("issue_comment", &comment_event(5, 3, "@fro-bot sure?"));
+    let (_job, third) = main_step(job).await;
+    assert_eq!(third.output("session-id"), thread5);
+    let last =
+        crate::support::fake_llm::request_text(&world.llm.requests().last().cloned().unwrap());
+    // (The rewrite script itself, with its 'EVIL', may be quoted as issue 6's prior work.)
+    assert!(
+        last.contains("The flake comes from the zebra-cache timeout.")
+            && !last.contains("EVIL-cache")
+            && !last.contains("EVIL Flaky"),
+        "{last}"
+    );
+}
