@@ -8,6 +8,7 @@ pub mod env;
 pub mod git_guard;
 pub mod gitcreds;
 pub mod handover;
+pub mod home_guard;
 pub mod proxy;
 pub mod strays;
 

@@ -170,6 +170,9 @@ pub struct AgentOptions {
     /// Hide the checkout's credentials for the turn (runs where the agent must not hold the
     /// token).
     pub hide_git_credentials: bool,
+    /// The runner's own home when the agent's `HOME` is a private one: its credential stores are
+    /// hidden too.
+    pub runner_home: Option<PathBuf>,
     /// Added on top, e.g. `GH_TOKEN` when the agent is meant to act on the repository.
     pub extra_env: Vec<(String, String)>,
     /// `fro-bot` itself, started by OpenCode as the session-tools MCP server; `None` = no tools.
@@ -289,10 +292,14 @@ impl Agent {
                         .map_err(|source| AgentError::Confine { source })?;
                 }
                 if opts.hide_git_credentials {
-                    let stores = [
+                    let mut stores = vec![
                         opts.dirs.home.join(".git-credentials"),
                         opts.dirs.config_home.join("git/credentials"),
                     ];
+                    if let Some(home) = &opts.runner_home {
+                        stores.push(home.join(".git-credentials"));
+                        stores.push(home.join(".config/git/credentials"));
+                    }
                     let config = gitcreds::repo_config(&opts.workspace);
                     let hidden = HiddenCredentials::hide(config.as_deref(), &stores, uid)
                         .map_err(|source| AgentError::GitCredentials { source })?;

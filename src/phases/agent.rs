@@ -67,6 +67,7 @@ pub(crate) async fn start_agent(
     ctx: &mut RunContext,
     view: &TrustView,
     proposals: Option<crate::safe_outputs::tools::ProposalTools>,
+    private_home: Option<&Path>,
 ) -> Result<Agent, String> {
     let t = Instant::now();
     let RunContext {
@@ -90,21 +91,29 @@ pub(crate) async fn start_agent(
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| home.join(".local/share"));
-    let dirs = Isolation {
-        home: home.clone(),
-        data_home,
-        config_home: env
-            .get(env::XDG_CONFIG_HOME)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home.join(".config")),
-        cache_home: env
-            .get(env::XDG_CACHE_HOME)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home.join(".cache")),
-        state_home: env
-            .get(env::XDG_STATE_HOME)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home.join(".local/state")),
+    let dirs = match private_home {
+        // Everything but memory under the run's private home: nothing the agent writes there
+        // reaches a later step (docs/security.md#what-it-leaves-behind).
+        Some(private) => Isolation {
+            data_home,
+            ..Isolation::under(private)
+        },
+        None => Isolation {
+            home: home.clone(),
+            data_home,
+            config_home: env
+                .get(env::XDG_CONFIG_HOME)
+                .map(PathBuf::from)
+                .unwrap_or_else(|| home.join(".config")),
+            cache_home: env
+                .get(env::XDG_CACHE_HOME)
+                .map(PathBuf::from)
+                .unwrap_or_else(|| home.join(".cache")),
+            state_home: env
+                .get(env::XDG_STATE_HOME)
+                .map(PathBuf::from)
+                .unwrap_or_else(|| home.join(".local/state")),
+        },
     };
     let user = AgentUser::choose(workspace);
     match user {
@@ -158,6 +167,7 @@ pub(crate) async fn start_agent(
         // No run mode gives the agent a GitHub credential: what it wants done goes through
         // its proposal tools (docs/security.md#the-agent-proposes-fro-bot-disposes).
         hide_git_credentials: true,
+        runner_home: private_home.map(|_| home.clone()),
         extra_env,
         fro_bot_exe: std::env::current_exe().ok(),
         session_trust: Some(view.clone()),

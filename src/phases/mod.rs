@@ -14,6 +14,7 @@ pub mod deliver;
 pub mod fallback;
 pub mod finalize;
 pub mod git_guard;
+pub mod home_guard;
 pub mod inspect;
 pub mod memory_guard;
 pub mod paths;

@@ -24,6 +24,7 @@ use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
 };
 use crate::phases::git_guard;
+use crate::phases::home_guard;
 use crate::phases::memory_guard;
 use crate::phases::paths::StatePaths;
 use crate::phases::prepare_outputs::{self, OutputsPlan};
@@ -83,16 +84,25 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         false => prepare_outputs::prepare(&mut ctx).await,
     };
     let git = git_guard::take(&ctx);
+    let home = home_guard::take(&ctx);
     let memory = memory_guard::take(&ctx);
     if memory.is_some() {
         ctx.set_state(state::MEMORY_GUARD, "pending");
     }
-    let (agent, agent_run) = run_agent(&mut ctx, &restored, tracker.as_ref(), &outputs).await;
+    let private_home = home.as_ref().map(|h| h.home().to_path_buf());
+    let (agent, agent_run) = run_agent(
+        &mut ctx,
+        &restored,
+        tracker.as_ref(),
+        (&outputs, private_home.as_deref()),
+    )
+    .await;
     // The agent is stopped (and everything it left running killed) before .git is put back and
     // its change read.
     let retention = ctx.settings.session_retention as usize;
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
     git_guard::put_back(&mut ctx, git);
+    home_guard::give_back(&mut ctx, home.as_ref());
     if memory.is_some() {
         let own: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
             .into_iter()
@@ -257,14 +267,14 @@ async fn run_agent(
     ctx: &mut RunContext,
     restored: &RestoreReport,
     tracker: Option<&Arc<Tracker>>,
-    outputs: &OutputsPlan,
+    (outputs, private_home): (&OutputsPlan, Option<&std::path::Path>),
 ) -> (Option<Agent>, AgentRun) {
     let mut agent_run = AgentRun::default();
     let agent = match ctx.cancel.is_cancelled() {
         true => Err("cancelled before the agent started".to_string()),
         false => {
             let view = crate::phases::agent::trust_view(&ctx.plan, restored);
-            start_agent(ctx, &view, outputs.tools()).await
+            start_agent(ctx, &view, outputs.tools(), private_home).await
         }
     };
     let mut agent = match agent {

@@ -76,6 +76,7 @@ impl Repo {
             fro_bot_exe: Some(PathBuf::from(env!("CARGO_BIN_EXE_fro-bot"))),
             session_trust: None,
             proposals: None,
+            runner_home: None,
             model: None,
             user_config: Some(serde_json::from_value(self.llm.opencode_config()).expect("object")),
             auth: serde_json::Map::new(),

@@ -172,7 +172,7 @@ fn rows(db: &std::path::Path, session: &str) -> Vec<(String, String)> {
 /// a message to another thread, straight in the database from the agent's shell.
 const REWRITE: &str = r#"python3 - <<'PY'
 import glob, os, sqlite3
-db = glob.glob(os.path.expanduser("~/.local/share/opencode/opencode.db"))[0]
+db = os.path.join(os.environ["XDG_DATA_HOME"], "opencode", "opencode.db")
 c = sqlite3.connect(db, timeout=10)
 for t in ("message", "part"):
     c.execute(f"UPDATE {t} SET data = replace(data, 'zebra', 'EVIL')")
@@ -246,4 +246,67 @@ async fn the_agent_cannot_rewrite_another_threads_memory() {
             && !last.contains("EVIL Flaky"),
         "{last}"
     );
+}
+
+#[tokio::test]
+async fn the_agents_home_is_private_and_the_runners_home_and_payload_are_not_its_to_write() {
+    use std::os::unix::fs::MetadataExt;
+    let world = World::start().await;
+    world.github.seed_issue(7, "Home", "Home.");
+    let mut job = job(&world, 5400);
+    job.event("issue_comment", &comment_event(7, 1, "@fro-bot home"));
+    let home = job.home();
+    let payload = job.root.path().join("workflow/event.json");
+    crate::support::action::chown_r(&job.root.path().join("workflow"), RUNNER_UID);
+    let event_before = std::fs::read(&payload).unwrap();
+    let script = format!(
+        "echo \"home=$HOME\"; echo 'alias ls=evil' >> ~/.bashrc; git config --global core.hooksPath /tmp/evil; \
+         for f in {h}/.bashrc {h}/.gitconfig {h}/.npmrc; do echo evil >> $f && echo \"WROTE:$f\"; done; \
+         mkdir -p {h}/.ssh && echo \"WROTE:/$(echo ssh)\"; echo '{{}}' > {p} && echo \"WROTE:/$(echo payload)\"; true",
+        h = home.display(),
+        p = payload.display()
+    );
+    world.llm.push(Reply::tool(
+        "bash",
+        json!({"command": script, "description": "home"}),
+    ));
+    world.llm.push(Reply::text("Done."));
+    let (job, r) = main_step(job).await;
+    assert_eq!(r.code, 0, "{}", explain(&r));
+    let seen: String = world
+        .llm
+        .requests()
+        .iter()
+        .map(crate::support::fake_llm::request_text)
+        .collect();
+    assert!(seen.contains("home=/"), "{seen}");
+    assert!(
+        !seen.contains(&format!("home={}", home.display())),
+        "a private HOME: {seen}"
+    );
+    let written = [
+        format!("WROTE:{}/.bashrc", home.display()),
+        format!("WROTE:{}/.gitconfig", home.display()),
+        format!("WROTE:{}/.npmrc", home.display()),
+        "WROTE:/ssh".to_string(),
+        "WROTE:/payload".to_string(),
+    ];
+    for w in written {
+        assert!(!seen.contains(&w), "{w}: {seen}");
+    }
+    for name in [".bashrc", ".gitconfig", ".npmrc", ".ssh"] {
+        assert!(!home.join(name).exists(), "{name} in the runner's home");
+    }
+    assert_eq!(std::fs::read(&payload).unwrap(), event_before);
+    assert_eq!(
+        std::fs::metadata(&home).unwrap().uid(),
+        RUNNER_UID,
+        "given back"
+    );
+    assert_eq!(
+        std::fs::metadata(&payload).unwrap().uid(),
+        RUNNER_UID,
+        "given back"
+    );
+    drop(job);
 }
