@@ -343,20 +343,20 @@ fn run_url_without_attempt(url: &str) -> String {
 /// The commit headline and body: the agent's `describe_change` (redacted, the headline one line),
 /// or a plain title from the thread.
 fn texts(ctx: &RunContext, describe: &Described) -> (String, String) {
-    let plain = match &ctx.plan.thread {
-        Some(t) => format!("Changes for {} #{} (fro-bot)", t.kind.as_str(), t.number),
-        None => format!("Changes from fro-bot run {}", ctx.run_id),
+    // The thread's title (redacted, one line) names the change when the agent did not.
+    let thread_title = ctx
+        .event
+        .target()
+        .map(|t| one_line(&crate::redact::redact(&t.title)))
+        .filter(|t| !t.is_empty());
+    let plain = match (&ctx.plan.thread, thread_title) {
+        (Some(t), Some(title)) => format!("{title} (#{})", t.number),
+        (Some(t), None) => format!("Changes for {} #{} (fro-bot)", t.kind.as_str(), t.number),
+        (None, _) => format!("Changes from fro-bot run {}", ctx.run_id),
     };
     match describe {
         Described::Titled { title, body } => {
-            let title: String = crate::redact::redact(title)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .trim()
-                .chars()
-                .take(proposals::MAX_TITLE_CHARS)
-                .collect();
+            let title = one_line(&crate::redact::redact(title));
             let title = if title.is_empty() { plain } else { title };
             let body = crate::redact::neutralize_mentions(&crate::redact::redact(body), None);
             (title, body)
@@ -387,6 +387,19 @@ fn pull_body(ctx: &RunContext, body: &str, run_url: &str) -> String {
         "\n\n---\nProposed by the agent and committed by fro-bot{who} in [this run]({run_url}) after its checks (protected paths, size limits, secrets)."
     ));
     out.trim_start().to_string()
+}
+
+/// The first line of `text`, without control characters, at most the title limit.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(proposals::MAX_TITLE_CHARS)
+        .collect::<String>()
+        .trim()
+        .to_string()
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

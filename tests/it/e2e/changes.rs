@@ -450,6 +450,11 @@ async fn a_repository_that_forbids_actions_pull_requests_gets_the_link_and_the_s
     let (_job, r) = main_step(job).await;
     assert_delivered(&r, "fro-bot/issue-31");
     assert!(!r.outputs.contains_key("pr-url"), "{:?}", r.outputs);
+    let message = world.github.commit_message(r.output("commit-sha"));
+    assert!(
+        message.starts_with("Flaky build (#31)\n"),
+        "without describe_change, the thread's title: {message}"
+    );
     let text = answer(&world);
     assert!(
         text.contains("compare/main...fro-bot/issue-31?expand=1"),
