@@ -116,12 +116,16 @@ pub(crate) async fn start_agent(
         },
     };
     let user = AgentUser::choose(workspace);
+    // Running unprivileged (a laptop's `fro-bot local`) is the normal case, not a warning; only
+    // a dedicated uid that cannot write the workspace needs attention.
     match user {
         AgentUser::Switched {
-            why: crate::confine::UidChoice::WorkspaceOwner,
+            why: crate::confine::UidChoice::Dedicated,
             ..
-        } => tracing::info!("{}", user.describe()),
-        _ => log::warning(&user.describe()),
+        } => log::warning(&user.describe()),
+        AgentUser::Switched { .. } | AgentUser::Current { .. } => {
+            tracing::info!("{}", user.describe())
+        }
     }
     let mut extra_env = Vec::new();
     if let Mode::Action = mode {
@@ -141,11 +145,23 @@ pub(crate) async fn start_agent(
             ),
         ]);
     }
-    let log_dir = env
+    let temp = env
         .get(env::RUNNER_TEMP)
         .map(PathBuf::from)
         .filter(|p| p.is_dir())
         .unwrap_or_else(std::env::temp_dir);
+    // A directory of this run's own (0700, a fresh name, never a path another user could have
+    // planted a link at), kept after the run so the log can be read.
+    let log_dir = tempfile::Builder::new()
+        .prefix("fro-bot-run-")
+        .tempdir_in(&temp)
+        .map(tempfile::TempDir::keep)
+        .map_err(|e| {
+            format!(
+                "cannot make a directory for this run's logs in {}: {e}",
+                temp.display()
+            )
+        })?;
     let agent = Agent::start(AgentOptions {
         opencode: located.path().to_path_buf(),
         opencode_version: settings.opencode_version.clone(),
@@ -175,7 +191,7 @@ pub(crate) async fn start_agent(
         model: settings.model.clone(),
         user_config: settings.opencode_config.clone(),
         auth: settings.auth.clone(),
-        log_file: log_dir.join("fro-bot-opencode-server.log"),
+        log_file: log_dir.join("opencode-server.log"),
         startup_deadline: Duration::from_secs(60),
         now_ms: opencode::system_now_ms,
     })
