@@ -246,6 +246,15 @@ pub fn merge_with(
     out: &Path,
     options: MergeOptions,
 ) -> Result<MergeReport, MergeError> {
+    write_out(out, || write::run(base, ours, restored, out, options, None))
+}
+
+/// Runs `write` into `out`, which must not exist; on error nothing is left where the caller
+/// might pick it up.
+fn write_out(
+    out: &Path,
+    write: impl FnOnce() -> Result<MergeReport, MergeError>,
+) -> Result<MergeReport, MergeError> {
     if out.exists() {
         return Err(MergeError::OutputExists {
             path: out.to_path_buf(),
@@ -257,9 +266,8 @@ pub fn merge_with(
         path: out.to_path_buf(),
         source,
     })?;
-    let result = write::run(base, ours, restored, out, options, None);
+    let result = write();
     if result.is_err() {
-        // Never leave a half-written result where the caller might pick it up.
         for suffix in ["", "-wal", "-shm", "-journal"] {
             let mut p = out.as_os_str().to_os_string();
             p.push(suffix);
@@ -280,32 +288,16 @@ pub fn merge_only(
     out: &Path,
     own: &std::collections::BTreeSet<String>,
 ) -> Result<MergeReport, MergeError> {
-    if out.exists() {
-        return Err(MergeError::OutputExists {
-            path: out.to_path_buf(),
-        });
-    }
-    crate::checkpoint::remove_stale_sidecars(out).map_err(|source| MergeError::Io {
-        action: "removing a stale -wal/-shm beside",
-        path: out.to_path_buf(),
-        source,
-    })?;
-    let result = write::run(
-        base,
-        ours,
-        restored,
-        out,
-        MergeOptions::default(),
-        Some(own),
-    );
-    if result.is_err() {
-        for suffix in ["", "-wal", "-shm", "-journal"] {
-            let mut p = out.as_os_str().to_os_string();
-            p.push(suffix);
-            let _ = std::fs::remove_file(PathBuf::from(p));
-        }
-    }
-    result
+    write_out(out, || {
+        write::run(
+            base,
+            ours,
+            restored,
+            out,
+            MergeOptions::default(),
+            Some(own),
+        )
+    })
 }
 
 /// Hardening for every connection: no triggers, no views, no functions with side effects from the

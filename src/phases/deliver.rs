@@ -232,7 +232,7 @@ async fn deliver_changes(
     let capture = match capture::capture(&ctx.workspace, base) {
         Ok(c) => c,
         Err(e) => {
-            let why = error_chain(&e);
+            let why = crate::opencode::client::error_chain(&e);
             crate::runner::log::warning(&format!("cannot read the agent's change: {why}"));
             return ChangesOutcome::Failed {
                 why,
@@ -280,7 +280,7 @@ fn patch_outcome(capture: &Capture, number: u64, why: &str, stats: Stats) -> Cha
             stats,
         },
         Err(e) => ChangesOutcome::Failed {
-            why: error_chain(&e),
+            why: crate::opencode::client::error_chain(&e),
             stats,
         },
     }
@@ -400,16 +400,6 @@ fn one_line(text: &str) -> String {
         .collect::<String>()
         .trim()
         .to_string()
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
 }
 
 impl DeliveryReport {

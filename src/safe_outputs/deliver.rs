@@ -119,7 +119,14 @@ pub async fn commit(
             current_head(gh, &branch).await?
         }
     };
-    if gh.commit_message(&head).await?.contains(&trailer(message)) {
+    // The whole trailer line: run 300's must not match run 3000's.
+    let ours = trailer(message);
+    if gh
+        .commit_message(&head)
+        .await?
+        .lines()
+        .any(|l| l.trim() == ours)
+    {
         return Ok(Committed {
             branch,
             sha: head,

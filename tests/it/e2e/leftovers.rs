@@ -74,18 +74,24 @@ fn ran(job: &Job) -> Vec<String> {
         .unwrap_or_default()
 }
 
-#[tokio::test]
-async fn what_the_agent_plants_in_git_is_put_back_and_a_later_steps_git_runs_none_of_it() {
-    let world = World::start().await;
-    world.github.seed_issue(5, "Edit", "Edit.");
-    let mut job = job(&world, 5100);
+/// A run on issue `n` whose agent plants [`PLANT`]; the checkout's `.git/config` before it.
+fn planting_job(world: &World, n: u64, run_id: u64) -> (Job, Vec<u8>) {
+    world.github.seed_issue(n, "Edit", "Edit.");
+    let mut job = job(world, run_id);
     let config = std::fs::read(job.workspace().join(".git/config")).unwrap();
     world.llm.push(Reply::tool(
         "bash",
         json!({"command": PLANT, "description": "plant"}),
     ));
     world.llm.push(Reply::text("Done."));
-    job.event("issue_comment", &comment_event(5, 1, "@fro-bot edit"));
+    job.event("issue_comment", &comment_event(n, 1, "@fro-bot edit"));
+    (job, config)
+}
+
+#[tokio::test]
+async fn what_the_agent_plants_in_git_is_put_back_and_a_later_steps_git_runs_none_of_it() {
+    let world = World::start().await;
+    let (job, config) = planting_job(&world, 5, 5100);
     let (job, r) = main_step(job).await;
     assert_eq!(r.code, 0, "{}", explain(&r));
     assert!(
@@ -114,15 +120,7 @@ async fn what_the_agent_plants_in_git_is_put_back_and_a_later_steps_git_runs_non
 #[tokio::test]
 async fn after_a_sigkill_of_main_post_puts_git_back() {
     let world = World::start().await;
-    world.github.seed_issue(6, "Edit", "Edit.");
-    let mut job = job(&world, 5200);
-    let config = std::fs::read(job.workspace().join(".git/config")).unwrap();
-    world.llm.push(Reply::tool(
-        "bash",
-        json!({"command": PLANT, "description": "plant"}),
-    ));
-    world.llm.push(Reply::text("Done."));
-    job.event("issue_comment", &comment_event(6, 1, "@fro-bot edit"));
+    let (mut job, config) = planting_job(&world, 6, 5200);
     // Killed after the agent stopped, before main could put .git back.
     job.set("FRO_BOT_FAILPOINT", "run:after-shutdown");
     let (mut job, main) = main_step(job).await;
