@@ -86,35 +86,7 @@ pub(crate) async fn start_agent(
     let located = opencode::locate::locate(env, &settings.opencode_version, &cache_dir)
         .await
         .map_err(|e| e.to_string())?;
-    let data_home = paths
-        .data_dir
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| home.join(".local/share"));
-    let dirs = match private_home {
-        // Everything but memory under the run's private home: nothing the agent writes there
-        // reaches a later step (docs/security.md#what-it-leaves-behind).
-        Some(private) => Isolation {
-            data_home,
-            ..Isolation::under(private)
-        },
-        None => Isolation {
-            home: home.clone(),
-            data_home,
-            config_home: env
-                .get(env::XDG_CONFIG_HOME)
-                .map(PathBuf::from)
-                .unwrap_or_else(|| home.join(".config")),
-            cache_home: env
-                .get(env::XDG_CACHE_HOME)
-                .map(PathBuf::from)
-                .unwrap_or_else(|| home.join(".cache")),
-            state_home: env
-                .get(env::XDG_STATE_HOME)
-                .map(PathBuf::from)
-                .unwrap_or_else(|| home.join(".local/state")),
-        },
-    };
+    let dirs = isolation(env, &paths.data_dir, &home, private_home);
     let user = AgentUser::choose(workspace);
     // Running unprivileged (a laptop's `fro-bot local`) is the normal case, not a warning; only
     // a dedicated uid that cannot write the workspace needs attention.
@@ -127,41 +99,11 @@ pub(crate) async fn start_agent(
             tracing::info!("{}", user.describe())
         }
     }
-    let mut extra_env = Vec::new();
-    if let Mode::Action = mode {
-        // The workspace may belong to another user than the agent's (root's checkout, a dedicated
-        // uid): git would refuse the repository ("dubious ownership"), and OpenCode's project
-        // detection and snapshots with it. Only the child's git sees this setting, and only for
-        // the workspace.
-        extra_env.extend([
-            (env::GIT_CONFIG_COUNT.to_string(), "1".to_string()),
-            (
-                env::GIT_CONFIG_KEY_0.to_string(),
-                "safe.directory".to_string(),
-            ),
-            (
-                env::GIT_CONFIG_VALUE_0.to_string(),
-                workspace.to_string_lossy().into_owned(),
-            ),
-        ]);
-    }
-    let temp = env
-        .get(env::RUNNER_TEMP)
-        .map(PathBuf::from)
-        .filter(|p| p.is_dir())
-        .unwrap_or_else(std::env::temp_dir);
-    // A directory of this run's own (0700, a fresh name, never a path another user could have
-    // planted a link at), kept after the run so the log can be read.
-    let log_dir = tempfile::Builder::new()
-        .prefix("fro-bot-run-")
-        .tempdir_in(&temp)
-        .map(tempfile::TempDir::keep)
-        .map_err(|e| {
-            format!(
-                "cannot make a directory for this run's logs in {}: {e}",
-                temp.display()
-            )
-        })?;
+    let extra_env = match mode {
+        Mode::Action => safe_directory_env(workspace),
+        Mode::Local { .. } => Vec::new(),
+    };
+    let log_dir = run_log_dir(env)?;
     let agent = Agent::start(AgentOptions {
         opencode: located.path().to_path_buf(),
         opencode_version: settings.opencode_version.clone(),
@@ -196,21 +138,78 @@ pub(crate) async fn start_agent(
         now_ms: opencode::system_now_ms,
     })
     .await
-    .map_err(|e| {
-        let mut text = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            text.push_str(&format!(": {s}"));
-            source = s.source();
-        }
-        text
-    })?;
+    .map_err(|e| crate::opencode::client::error_chain(&e))?;
     ctx.report.confinement.push(user.describe());
     ctx.report
         .confinement
         .extend(agent.confinement_notes().iter().cloned());
     ctx.report.record_phase("opencode-start", t.elapsed());
     Ok(agent)
+}
+
+/// The agent's directories: memory where fro-bot keeps it; everything else under the run's private
+/// home when there is one (nothing the agent writes there reaches a later step,
+/// docs/security.md#what-it-leaves-behind), else where the environment says.
+fn isolation(env: &Env, data_dir: &Path, home: &Path, private_home: Option<&Path>) -> Isolation {
+    let data_home = data_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| home.join(".local/share"));
+    if let Some(private) = private_home {
+        return Isolation {
+            data_home,
+            ..Isolation::under(private)
+        };
+    }
+    let xdg = |name: &str, default: &str| {
+        env.get(name)
+            .map(PathBuf::from)
+            .unwrap_or_else(|| home.join(default))
+    };
+    Isolation {
+        home: home.to_path_buf(),
+        data_home,
+        config_home: xdg(env::XDG_CONFIG_HOME, ".config"),
+        cache_home: xdg(env::XDG_CACHE_HOME, ".cache"),
+        state_home: xdg(env::XDG_STATE_HOME, ".local/state"),
+    }
+}
+
+/// The workspace may belong to another user than the agent's (root's checkout, a dedicated uid):
+/// git would refuse the repository ("dubious ownership"), and OpenCode's project detection and
+/// snapshots with it. Only the child's git sees this setting, and only for the workspace.
+fn safe_directory_env(workspace: &Path) -> Vec<(String, String)> {
+    vec![
+        (env::GIT_CONFIG_COUNT.to_string(), "1".to_string()),
+        (
+            env::GIT_CONFIG_KEY_0.to_string(),
+            "safe.directory".to_string(),
+        ),
+        (
+            env::GIT_CONFIG_VALUE_0.to_string(),
+            workspace.to_string_lossy().into_owned(),
+        ),
+    ]
+}
+
+/// A directory of this run's own for OpenCode's log (0700, a fresh name, never a path another user
+/// could have planted a link at), kept after the run so the log can be read.
+fn run_log_dir(env: &Env) -> Result<PathBuf, String> {
+    let temp = env
+        .get(env::RUNNER_TEMP)
+        .map(PathBuf::from)
+        .filter(|p| p.is_dir())
+        .unwrap_or_else(std::env::temp_dir);
+    tempfile::Builder::new()
+        .prefix("fro-bot-run-")
+        .tempdir_in(&temp)
+        .map(tempfile::TempDir::keep)
+        .map_err(|e| {
+            format!(
+                "cannot make a directory for this run's logs in {}: {e}",
+                temp.display()
+            )
+        })
 }
 
 /// What the agent part of the run reads.

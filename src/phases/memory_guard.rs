@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::merge::{self, Snapshot};
 use crate::phases::context::RunContext;
+use crate::runner::env::state;
 use crate::runner::log;
 
 /// The database as restored, kept out of the agent's reach for the turn.
@@ -42,7 +43,11 @@ pub(crate) fn take(ctx: &RunContext) -> Option<MemoryGuard> {
         })
     })();
     match kept {
-        Ok(g) => Some(g),
+        Ok(g) => {
+            // Until `put_back`, post must not save what the agent leaves.
+            ctx.set_state(state::MEMORY_GUARD, "pending");
+            Some(g)
+        }
         Err(e) => {
             log::warning(&format!(
                 "cannot keep a copy of the restored memory, so other threads' conversations are not guarded this run: {e}"
@@ -84,6 +89,7 @@ pub(crate) fn put_back(ctx: &mut RunContext, guard: Option<MemoryGuard>, own: &[
         log::warning(&note);
         ctx.report.confinement.push(note);
     }
+    ctx.set_state(state::MEMORY_GUARD, "");
 }
 
 fn reverted_note(refused: &[(String, Option<String>)]) -> Option<String> {

@@ -16,6 +16,7 @@ pub mod finalize;
 pub mod git_guard;
 pub mod home_guard;
 pub mod inspect;
+pub mod leftovers;
 pub mod memory_guard;
 pub mod paths;
 pub mod post;

@@ -23,9 +23,7 @@ use crate::phases::deliver::{deliver, ChangesOutcome};
 use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
 };
-use crate::phases::git_guard;
-use crate::phases::home_guard;
-use crate::phases::memory_guard;
+use crate::phases::leftovers;
 use crate::phases::paths::StatePaths;
 use crate::phases::prepare_outputs::{self, OutputsPlan};
 use crate::phases::project_identity::{self, IdentityOutcome};
@@ -83,13 +81,8 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         true => OutputsPlan::none("the run was cancelled"),
         false => prepare_outputs::prepare(&mut ctx).await,
     };
-    let git = git_guard::take(&ctx);
-    let home = home_guard::take(&ctx);
-    let memory = memory_guard::take(&ctx);
-    if memory.is_some() {
-        ctx.set_state(state::MEMORY_GUARD, "pending");
-    }
-    let private_home = home.as_ref().map(|h| h.home().to_path_buf());
+    let guards = leftovers::take(&ctx);
+    let private_home = guards.private_home().map(std::path::Path::to_path_buf);
     let (agent, agent_run) = run_agent(
         &mut ctx,
         &restored,
@@ -101,16 +94,7 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     // its change read.
     let retention = ctx.settings.session_retention as usize;
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
-    git_guard::put_back(&mut ctx, git);
-    home_guard::give_back(&mut ctx, home.as_ref());
-    if memory.is_some() {
-        let own: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
-            .into_iter()
-            .filter_map(|s| s.as_deref())
-            .collect();
-        memory_guard::put_back(&mut ctx, memory, &own);
-        ctx.set_state(state::MEMORY_GUARD, "");
-    }
+    leftovers::put_back(&mut ctx, guards, &agent_run);
     if !ctx.cancel.is_cancelled() {
         deliver_outputs(&mut ctx, &outputs, &agent_run).await;
     }

@@ -33,6 +33,9 @@ macro_rules! launched_scenarios {
             scenarios::a_prompt_injected_agent_finds_no_secret_and_reaches_nothing,
             changes::an_issue_gets_a_branch_and_a_draft_pull_request_and_a_follow_up_adds_to_it,
             changes::hooks_and_config_the_agent_plants_in_git_never_run_while_fro_bot_reads_the_change,
+            leftovers::what_the_agent_plants_in_git_is_put_back_and_a_later_steps_git_runs_none_of_it,
+            leftovers::after_a_sigkill_of_main_post_puts_git_back,
+            leftovers::the_agents_home_is_private_and_the_runners_home_and_payload_are_not_its_to_write,
         );
     };
     ($launch:expr; $($module:ident :: $name:ident),* $(,)?) => {$(
@@ -1669,4 +1672,4 @@ mod trust;
 
 pub(crate) mod changes;
 
-mod leftovers;
+pub(crate) mod leftovers;

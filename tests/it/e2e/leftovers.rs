@@ -7,21 +7,25 @@ use std::process::Command;
 use serde_json::json;
 
 use super::scenarios::{main_step, post_step, World};
-use crate::support::action::{comment_event, explain, Job};
+use crate::support::action::{comment_event, explain, Job, Launch};
 use crate::support::fake_llm::Reply;
 
 const RUNNER_UID: u32 = 1001;
 
 /// Plants every kind of hook and config a later `git` would run, each marking `.git/ran/<name>`.
-const PLANT: &str = "set -e; mkdir -p .git/ran; chmod 777 .git/ran; ran=\"$PWD/.git/ran\"
-mark=\"#!/bin/sh\ntouch $ran/\\$(basename \\$0)\n\"
+/// Paths are relative to the checkout, so what runs is the same wherever the checkout is seen
+/// (the container sees it at `/github/workspace`, a later step on the host at the job's path).
+const PLANT: &str = "set -e; mkdir -p .git/ran; chmod 777 .git/ran
+mark='#!/bin/sh
+touch .git/ran/$(basename $0)
+'
 for h in pre-commit post-commit post-checkout post-index-change reference-transaction; do
-  printf \"$mark\" > .git/hooks/$h; chmod +x .git/hooks/$h; done
-printf \"$mark\" > .git/fsmon.sh; chmod +x .git/fsmon.sh
-printf \"$mark\" > .git/alias.sh; chmod +x .git/alias.sh
-printf '[core]\\n\\tfsmonitor = %s/.git/fsmon.sh\\n' \"$PWD\" > .git/extra.cfg
-git config include.path \"$PWD/.git/extra.cfg\"
-git config alias.st \"!$PWD/.git/alias.sh\"
+  printf '%s' \"$mark\" > .git/hooks/$h; chmod +x .git/hooks/$h; done
+printf '%s' \"$mark\" > .git/fsmon.sh; chmod +x .git/fsmon.sh
+printf '%s' \"$mark\" > .git/alias.sh; chmod +x .git/alias.sh
+printf '[core]\\n\\tfsmonitor = .git/fsmon.sh\\n' > .git/extra.cfg
+git config include.path extra.cfg
+git config alias.st '!.git/alias.sh'
 git config core.hooksPath .git/hooks
 echo changed > README.md";
 
@@ -88,9 +92,10 @@ fn planting_job(world: &World, n: u64, run_id: u64) -> (Job, Vec<u8>) {
     (job, config)
 }
 
-#[tokio::test]
-async fn what_the_agent_plants_in_git_is_put_back_and_a_later_steps_git_runs_none_of_it() {
-    let world = World::start().await;
+pub(crate) async fn what_the_agent_plants_in_git_is_put_back_and_a_later_steps_git_runs_none_of_it(
+    launch: Launch,
+) {
+    let world = World::start_with(launch).await;
     let (job, config) = planting_job(&world, 5, 5100);
     let (job, r) = main_step(job).await;
     assert_eq!(r.code, 0, "{}", explain(&r));
@@ -117,9 +122,8 @@ async fn what_the_agent_plants_in_git_is_put_back_and_a_later_steps_git_runs_non
     );
 }
 
-#[tokio::test]
-async fn after_a_sigkill_of_main_post_puts_git_back() {
-    let world = World::start().await;
+pub(crate) async fn after_a_sigkill_of_main_post_puts_git_back(launch: Launch) {
+    let world = World::start_with(launch).await;
     let (mut job, config) = planting_job(&world, 6, 5200);
     // Killed after the agent stopped, before main could put .git back.
     job.set("FRO_BOT_FAILPOINT", "run:after-shutdown");
@@ -246,10 +250,11 @@ async fn the_agent_cannot_rewrite_another_threads_memory() {
     );
 }
 
-#[tokio::test]
-async fn the_agents_home_is_private_and_the_runners_home_and_payload_are_not_its_to_write() {
+pub(crate) async fn the_agents_home_is_private_and_the_runners_home_and_payload_are_not_its_to_write(
+    launch: Launch,
+) {
     use std::os::unix::fs::MetadataExt;
-    let world = World::start().await;
+    let world = World::start_with(launch).await;
     world.github.seed_issue(7, "Home", "Home.");
     let mut job = job(&world, 5400);
     job.event("issue_comment", &comment_event(7, 1, "@fro-bot home"));
@@ -257,12 +262,20 @@ async fn the_agents_home_is_private_and_the_runners_home_and_payload_are_not_its
     let payload = job.root.path().join("workflow/event.json");
     crate::support::action::chown_r(&job.root.path().join("workflow"), RUNNER_UID);
     let event_before = std::fs::read(&payload).unwrap();
+    // The paths as the step sees them (`/github/home` in the container).
+    let seen_as = |p: &std::path::Path| match &job.launch {
+        Launch::Binary => p.display().to_string(),
+        Launch::Container { .. } => {
+            crate::support::container::in_container(job.root.path(), &p.to_string_lossy())
+        }
+    };
+    let (step_home, step_payload) = (seen_as(&home), seen_as(&payload));
     let script = format!(
         "echo \"home=$HOME\"; echo 'alias ls=evil' >> ~/.bashrc; git config --global core.hooksPath /tmp/evil; \
          for f in {h}/.bashrc {h}/.gitconfig {h}/.npmrc; do echo evil >> $f && echo \"WROTE:$f\"; done; \
          mkdir -p {h}/.ssh && echo \"WROTE:/$(echo ssh)\"; echo '{{}}' > {p} && echo \"WROTE:/$(echo payload)\"; true",
-        h = home.display(),
-        p = payload.display()
+        h = step_home,
+        p = step_payload
     );
     world.llm.push(Reply::tool(
         "bash",
@@ -279,13 +292,13 @@ async fn the_agents_home_is_private_and_the_runners_home_and_payload_are_not_its
         .collect();
     assert!(seen.contains("home=/"), "{seen}");
     assert!(
-        !seen.contains(&format!("home={}", home.display())),
+        !seen.contains(&format!("home={step_home}\n")),
         "a private HOME: {seen}"
     );
     let written = [
-        format!("WROTE:{}/.bashrc", home.display()),
-        format!("WROTE:{}/.gitconfig", home.display()),
-        format!("WROTE:{}/.npmrc", home.display()),
+        format!("WROTE:{step_home}/.bashrc"),
+        format!("WROTE:{step_home}/.gitconfig"),
+        format!("WROTE:{step_home}/.npmrc"),
         "WROTE:/ssh".to_string(),
         "WROTE:/payload".to_string(),
     ];

@@ -1,0 +1,47 @@
+//! What the agent leaves behind, recorded before the turn and put back after it
+//! (docs/security.md#what-it-leaves-behind): `.git` (`git_guard`), the runner's home and a
+//! private one for the agent (`home_guard`), and the other conversations in memory
+//! (`memory_guard`).
+
+use std::path::Path;
+
+use crate::phases::agent::AgentRun;
+use crate::phases::context::RunContext;
+use crate::phases::git_guard::{self, GitGuard};
+use crate::phases::home_guard::{self, HomeGuard};
+use crate::phases::memory_guard::{self, MemoryGuard};
+
+/// The three guards of one turn.
+pub(crate) struct Leftovers {
+    git: Option<GitGuard>,
+    home: Option<HomeGuard>,
+    memory: Option<MemoryGuard>,
+}
+
+impl Leftovers {
+    /// The agent's private `HOME`, when it has one.
+    pub(crate) fn private_home(&self) -> Option<&Path> {
+        self.home.as_ref().map(HomeGuard::home)
+    }
+}
+
+/// Before the turn.
+pub(crate) fn take(ctx: &RunContext) -> Leftovers {
+    Leftovers {
+        git: git_guard::take(ctx),
+        home: home_guard::take(ctx),
+        memory: memory_guard::take(ctx),
+    }
+}
+
+/// After the turn, once the agent's processes are gone: `.git` put back, the home given back, and
+/// memory limited to this run's own conversation.
+pub(crate) fn put_back(ctx: &mut RunContext, guards: Leftovers, agent_run: &AgentRun) {
+    git_guard::put_back(ctx, guards.git);
+    home_guard::give_back(ctx, guards.home.as_ref());
+    let own: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
+        .into_iter()
+        .filter_map(|s| s.as_deref())
+        .collect();
+    memory_guard::put_back(ctx, guards.memory, &own);
+}
