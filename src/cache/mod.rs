@@ -263,11 +263,7 @@ impl Backend {
         let mode = CacheMode::parse(env.get(env::ACTIONS_CACHE_MODE));
         match ActionsCacheClient::new(url, token, mode) {
             Ok(mut client) => {
-                // Older runners pass a host RUNNER_TEMP that does not exist in the container.
-                client.scratch = env
-                    .get(env::RUNNER_TEMP)
-                    .map(PathBuf::from)
-                    .filter(|p| p.is_dir());
+                client.scratch = env.runner_temp();
                 Some(Backend::Actions(client))
             }
             Err(e) => {

@@ -192,6 +192,24 @@ const SHELL_UNSETS: &[&str] = &[
 
 const BIN_CACHE: &str = "/tmp/fro-bot-agent-bin";
 
+/// `value` as JSON in a fresh fro-bot-owned 0644 file under the system temp dir: the agent's uid
+/// (the session and proposal tools run as it) can read it but not change it. It lives as long as
+/// the returned handle.
+pub fn agent_readable_json<T: serde::Serialize>(
+    prefix: &str,
+    value: &T,
+) -> std::io::Result<tempfile::NamedTempFile> {
+    use std::io::Write;
+    let mut file = tempfile::Builder::new()
+        .prefix(prefix)
+        .suffix(".json")
+        .tempfile()?;
+    file.write_all(&serde_json::to_vec(value).map_err(std::io::Error::other)?)?;
+    file.flush()?;
+    std::fs::set_permissions(file.path(), std::fs::Permissions::from_mode(0o644))?;
+    Ok(file)
+}
+
 /// Root-owned and writable by root only.
 fn root_only_writable(m: &std::fs::Metadata) -> bool {
     m.uid() == 0 && m.mode() & 0o022 == 0

@@ -80,16 +80,7 @@ impl TrustSource {
 /// Writes `view` where the session tools read it: a root-owned (fro-bot's) file the agent's uid
 /// can read but not change. It lives as long as the returned handle.
 pub fn write_trust_file(view: &TrustView) -> std::io::Result<tempfile::NamedTempFile> {
-    use std::io::Write;
-    use std::os::unix::fs::PermissionsExt;
-    let mut file = tempfile::Builder::new()
-        .prefix("fro-bot-trust-")
-        .suffix(".json")
-        .tempfile()?;
-    file.write_all(&serde_json::to_vec(view).map_err(std::io::Error::other)?)?;
-    file.flush()?;
-    std::fs::set_permissions(file.path(), std::fs::Permissions::from_mode(0o644))?;
-    Ok(file)
+    crate::confine::agent_readable_json("fro-bot-trust-", view)
 }
 
 /// The trust view named by `FRO_BOT_SESSION_TRUST`: unset, every session is an untrusted quote;

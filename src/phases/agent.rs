@@ -195,11 +195,7 @@ fn safe_directory_env(workspace: &Path) -> Vec<(String, String)> {
 /// A directory of this run's own for OpenCode's log (0700, a fresh name, never a path another user
 /// could have planted a link at), kept after the run so the log can be read.
 fn run_log_dir(env: &Env) -> Result<PathBuf, String> {
-    let temp = env
-        .get(env::RUNNER_TEMP)
-        .map(PathBuf::from)
-        .filter(|p| p.is_dir())
-        .unwrap_or_else(std::env::temp_dir);
+    let temp = env.runner_temp().unwrap_or_else(std::env::temp_dir);
     tempfile::Builder::new()
         .prefix("fro-bot-run-")
         .tempdir_in(&temp)

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::confine::git_guard::{self, GitSnapshot};
 use crate::phases::context::RunContext;
-use crate::runner::env::{self, state};
+use crate::runner::env::state;
 use crate::runner::{log, Env};
 
 /// The snapshot of this run's checkout.
@@ -18,10 +18,7 @@ pub(crate) struct GitGuard {
 
 /// Where the copy for post goes: the job's temp dir (it outlives the main step's container).
 fn persist_dir(env: &Env) -> PathBuf {
-    env.get(env::RUNNER_TEMP)
-        .map(PathBuf::from)
-        .filter(|p| p.is_dir())
-        .unwrap_or_else(std::env::temp_dir)
+    env.runner_temp().unwrap_or_else(std::env::temp_dir)
 }
 
 /// Snapshots `.git` before the turn. `None` (with a warning) when the checkout cannot be read.
@@ -80,17 +77,17 @@ pub(crate) fn post_restore(env: &Env, workspace: &Path) -> Option<String> {
     let recorded = env.state(state::GIT_SNAPSHOT).filter(|s| !s.is_empty())?;
     let (path, sha) = recorded.split_once('\t')?;
     let path = Path::new(path);
-    let text = match git_guard::load(path, sha).and_then(|s| git_guard::restore(workspace, &s)) {
-        Ok(reverted) => {
-            let _ = std::fs::remove_file(path);
-            match reverted.describe() {
-                Some(t) => format!("The main step stopped before putting .git back: {t}."),
-                None => {
-                    "The main step stopped before putting .git back; nothing there had changed."
-                        .into()
-                }
+    let result = git_guard::load(path, sha).and_then(|s| git_guard::restore(workspace, &s));
+    // Gone whatever happened: it may hold the checkout's `.git/config` with its credentials, and
+    // post is the last step that could use it.
+    let _ = std::fs::remove_file(path);
+    let text = match result {
+        Ok(reverted) => match reverted.describe() {
+            Some(t) => format!("The main step stopped before putting .git back: {t}."),
+            None => {
+                "The main step stopped before putting .git back; nothing there had changed.".into()
             }
-        }
+        },
         Err(e) => {
             log::error(&format!("post could not put .git back: {e}"));
             format!("Could not put .git back: {e}.")

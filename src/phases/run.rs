@@ -366,10 +366,11 @@ async fn deliver_outputs(ctx: &mut RunContext, outputs: &OutputsPlan, agent_run:
             ctx.set_output(output::PR_URL, url);
         }
     }
-    for (k, v) in report.summary_rows() {
+    let rows = report.summary_rows();
+    for (k, v) in &rows {
         tracing::info!("{k}: {v}");
     }
-    ctx.report.delivery_rows = report.summary_rows();
+    ctx.report.delivery_rows = rows;
     ctx.report.delivery_answer = report.answer_section();
     ctx.report.record_phase("deliver", t.elapsed());
 }

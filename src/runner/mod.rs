@@ -66,6 +66,14 @@ impl Env {
         self.vars.remove(name);
     }
 
+    /// `RUNNER_TEMP` when it is a directory here (older runners pass a host path that does not
+    /// exist in the container).
+    pub fn runner_temp(&self) -> Option<std::path::PathBuf> {
+        self.get(env::RUNNER_TEMP)
+            .map(std::path::PathBuf::from)
+            .filter(|p| p.is_dir())
+    }
+
     /// The raw value of a variable.
     pub fn raw(&self, name: &str) -> Option<&str> {
         self.vars.get(name).map(String::as_str)

@@ -71,15 +71,7 @@ impl OutputPolicy {
     /// Writes it where the tools read it: fro-bot's file, readable by the agent's uid, which cannot
     /// change it. It lives as long as the returned handle.
     pub fn write_file(&self) -> std::io::Result<tempfile::NamedTempFile> {
-        use std::os::unix::fs::PermissionsExt;
-        let mut file = tempfile::Builder::new()
-            .prefix("fro-bot-output-policy-")
-            .suffix(".json")
-            .tempfile()?;
-        file.write_all(&serde_json::to_vec(self).map_err(std::io::Error::other)?)?;
-        file.flush()?;
-        std::fs::set_permissions(file.path(), std::fs::Permissions::from_mode(0o644))?;
-        Ok(file)
+        crate::confine::agent_readable_json("fro-bot-output-policy-", self)
     }
 
     pub fn read_file(path: &Path) -> Option<OutputPolicy> {
