@@ -78,7 +78,7 @@ pub const FRO_BOT_OPENCODE_PASSWORD: &str = "FRO_BOT_OPENCODE_PASSWORD";
 pub const FRO_BOT_WORKSPACE: &str = "FRO_BOT_WORKSPACE";
 /// Path of the session tools' trust view (JSON, `trust::TrustView`), written by fro-bot.
 pub const FRO_BOT_SESSION_TRUST: &str = "FRO_BOT_SESSION_TRUST";
-/// Where the agent's proposal tools append (`crate::safe_outputs::proposals`).
+/// Where the agent's proposal tools append (`safe_outputs::proposals`).
 pub const FRO_BOT_PROPOSALS: &str = "FRO_BOT_PROPOSALS";
 /// The run's output policy the proposal tools check against (fro-bot's file, read-only to them).
 pub const FRO_BOT_OUTPUT_POLICY: &str = "FRO_BOT_OUTPUT_POLICY";
