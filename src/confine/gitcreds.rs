@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::handover::{Handover, HandoverError};
+use super::handover::{Handover, HandoverError, Take, TakenOver};
 
 #[derive(Debug, thiserror::Error)]
 pub enum GitCredsError {
@@ -132,7 +132,7 @@ impl HiddenCredentials {
         };
         let take = |files: &mut Handover, path: &Path| {
             files
-                .take_file(path, agent_uid, false)
+                .take_file(path, agent_uid, Take::Hide)
                 .map_err(|source| GitCredsError::File { source })
         };
         for store in credential_stores {
@@ -182,6 +182,11 @@ impl HiddenCredentials {
             }
         }
         Ok(hidden)
+    }
+
+    /// The credential files taken for the turn.
+    pub fn taken(&self) -> &TakenOver {
+        self.files.taken()
     }
 
     /// How many credential entries and files were hidden.

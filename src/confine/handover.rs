@@ -3,11 +3,14 @@
 //! everything in them becomes fro-bot's again, without group/other write or set-id bits, and
 //! whatever is not a plain file or directory (a symlink planted to make the save read another
 //! file, a FIFO, a socket) is removed. The job's file-command files (and their directory when the
-//! agent's uid owns it) are taken over for the turn (root, 0600) and given back as they were.
+//! agent's uid owns it) are taken over for the turn ([`Take::ReadOnly`]) and given back as they
+//! were; credentials are taken with [`Take::Hide`].
 
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HandoverError {
@@ -33,6 +36,36 @@ struct Was {
     mode: u32,
 }
 
+/// One path taken for the turn, as it was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Taken {
+    pub path: PathBuf,
+    pub uid: u32,
+    pub gid: u32,
+    /// `None` for a symlink (its mode is not its own).
+    pub mode: Option<u32>,
+}
+
+/// Everything taken; [`give_back`] undoes it. Main keeps it in its state, so post can give back
+/// what a killed main could not.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TakenOver {
+    pub taken: Vec<Taken>,
+}
+
+/// How a file is taken for the turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Take {
+    /// The agent must not read it (a credential): root, 0600.
+    Hide,
+    /// The agent must not write it, and the runner must still read it if the step is killed
+    /// before it is given back (a file command): root, 0644. Its directory, when the agent's uid
+    /// owns it, becomes root's for the turn with the sticky bit and group write, so the agent
+    /// cannot replace the file and the runner's user (the directory's group) can still make the
+    /// next step's files.
+    ReadOnly,
+}
+
 fn lchown(path: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
     std::os::unix::fs::lchown(path, Some(uid), Some(gid))
 }
@@ -43,7 +76,7 @@ pub struct Handover {
     /// Handed to the agent; taken back to `owner`.
     given: Vec<(PathBuf, Was)>,
     /// Taken from the runner's user; given back as they were.
-    taken: Vec<(PathBuf, Was)>,
+    taken: TakenOver,
     owner: (u32, u32),
     done: bool,
 }
@@ -54,7 +87,7 @@ impl Handover {
         let owner = unsafe { (libc::geteuid(), libc::getegid()) };
         Handover {
             given: Vec::new(),
-            taken: Vec::new(),
+            taken: TakenOver::default(),
             owner,
             done: false,
         }
@@ -79,14 +112,12 @@ impl Handover {
         walk(dir, &mut |p, _| lchown(p, uid, gid)).map_err(err)
     }
 
-    /// Takes a file over for the turn: root-owned, mode 0600. With `guard_dir`, its directory too
-    /// when `agent_uid` owns it (else the agent could replace the file; for a file that must only
-    /// not be read, that does not matter). A missing file is skipped.
+    /// Takes a file over for the turn, as `how` says. A missing file is skipped.
     pub fn take_file(
         &mut self,
         file: &Path,
         agent_uid: u32,
-        guard_dir: bool,
+        how: Take,
     ) -> Result<(), HandoverError> {
         let err = |source| HandoverError::Give {
             path: file.to_path_buf(),
@@ -95,34 +126,42 @@ impl Handover {
         let Ok(m) = std::fs::symlink_metadata(file) else {
             return Ok(());
         };
-        if let Some(dir) = file.parent().filter(|_| guard_dir) {
+        let mode = match how {
+            Take::Hide => 0o600,
+            Take::ReadOnly => 0o644,
+        };
+        if let Some(dir) = file.parent().filter(|_| how == Take::ReadOnly) {
             if let Ok(d) = std::fs::metadata(dir) {
-                let already = self.taken.iter().any(|(p, _)| p == dir);
+                let already = self.taken.taken.iter().any(|t| t.path == dir);
                 if d.uid() == agent_uid && !already {
-                    let mode = d.mode() & 0o7777 & !0o022;
+                    let mode = (d.mode() & 0o755) | 0o1070;
                     self.take(dir, d, mode).map_err(err)?;
                 }
             }
         }
-        self.take(file, m, 0o600).map_err(err)
+        self.take(file, m, mode).map_err(err)
     }
 
     fn take(&mut self, path: &Path, m: std::fs::Metadata, mode: u32) -> std::io::Result<()> {
-        self.taken.push((
-            path.to_path_buf(),
-            Was {
-                uid: m.uid(),
-                gid: m.gid(),
-                mode: m.mode() & 0o7777,
-            },
-        ));
-        lchown(path, self.owner.0, self.owner.1)?;
+        self.taken.taken.push(Taken {
+            path: path.to_path_buf(),
+            uid: m.uid(),
+            gid: m.gid(),
+            mode: Some(m.mode() & 0o7777),
+        });
+        // The group stays: for a file command's directory it is the runner's user's.
+        std::os::unix::fs::lchown(path, Some(self.owner.0), None)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    }
+
+    /// What is taken over for the turn (to give back when this process is killed first).
+    pub fn taken(&self) -> &TakenOver {
+        &self.taken
     }
 
     /// How many paths are handed or taken over.
     pub fn len(&self) -> usize {
-        self.given.len() + self.taken.len()
+        self.given.len() + self.taken.taken.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -148,14 +187,8 @@ impl Handover {
                 first.get_or_insert(HandoverError::Take { path: dir, source });
             }
         }
-        // Files before their directory (taken in the opposite order).
-        for (path, was) in std::mem::take(&mut self.taken).into_iter().rev() {
-            let r = lchown(&path, was.uid, was.gid).and_then(|()| {
-                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(was.mode))
-            });
-            if let Err(source) = r {
-                first.get_or_insert(HandoverError::Take { path, source });
-            }
+        if let Err(e) = give_back(&std::mem::take(&mut self.taken)) {
+            first.get_or_insert(e);
         }
         first.map_or(Ok(()), Err)
     }
@@ -173,6 +206,38 @@ impl Drop for Handover {
             tracing::warn!("{e}");
         }
     }
+}
+
+/// Gives every taken path back its owner and mode, last taken first (files before their
+/// directory). Every path is attempted; the first error is returned. A path that is gone, or that
+/// is now a symlink where a file was (never followed), is skipped.
+pub fn give_back(t: &TakenOver) -> Result<(), HandoverError> {
+    let mut first = None;
+    for taken in t.taken.iter().rev() {
+        let r = std::fs::symlink_metadata(&taken.path).and_then(|now| {
+            if now.file_type().is_symlink() && taken.mode.is_some() {
+                return Ok(());
+            }
+            lchown(&taken.path, taken.uid, taken.gid)?;
+            match taken.mode {
+                Some(mode) => {
+                    std::fs::set_permissions(&taken.path, std::fs::Permissions::from_mode(mode))
+                }
+                None => Ok(()),
+            }
+        });
+        match r {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                first.get_or_insert(HandoverError::Take {
+                    path: taken.path.clone(),
+                    source,
+                });
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
 }
 
 /// One entry of the agent's tree back to fro-bot: plain files and directories are chowned and lose
@@ -263,14 +328,23 @@ mod tests {
         lchown(&dir, 1001, 1001).unwrap();
         lchown(&f, 1001, 1001).unwrap();
         let mut h = Handover::new();
-        h.take_file(&f, 1001, true).unwrap();
-        h.take_file(&dir.join("missing"), 1001, true).unwrap();
+        h.take_file(&f, 1001, Take::ReadOnly).unwrap();
+        h.take_file(&dir.join("missing"), 1001, Take::ReadOnly)
+            .unwrap();
         let (fm, dm) = (
             std::fs::metadata(&f).unwrap(),
             std::fs::metadata(&dir).unwrap(),
         );
-        assert_eq!((fm.uid(), fm.mode() & 0o777), (0, 0o600));
-        assert_eq!(dm.uid(), 0);
+        assert_eq!(
+            (fm.uid(), fm.mode() & 0o777),
+            (0, 0o644),
+            "the runner can still read it if the step is killed"
+        );
+        assert_eq!(
+            (dm.uid(), dm.gid(), dm.mode() & 0o7777),
+            (0, 1001, 0o1775),
+            "the agent cannot replace the file; the runner's group can make new ones"
+        );
         drop(h);
         let (fm, dm) = (
             std::fs::metadata(&f).unwrap(),

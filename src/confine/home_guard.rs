@@ -8,23 +8,7 @@
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-/// One path taken for the turn, as it was.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Taken {
-    pub path: PathBuf,
-    pub uid: u32,
-    pub gid: u32,
-    /// `None` for a symlink (its mode is not its own).
-    pub mode: Option<u32>,
-}
-
-/// Everything taken; [`give_back`] undoes it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TakenOver {
-    pub taken: Vec<Taken>,
-}
+pub use super::handover::{Taken, TakenOver};
 
 /// At most this many paths are taken (a home with more is left as it is, and the summary says so).
 const MAX_TAKEN: usize = 200_000;
@@ -39,11 +23,10 @@ pub enum HomeGuardError {
     },
     #[error("{} holds over {MAX_TAKEN} paths", root.display())]
     TooMany { root: PathBuf },
-    #[error("cannot give {} back", path.display())]
+    #[error("cannot give the runner's home back")]
     GiveBack {
-        path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: super::handover::HandoverError,
     },
 }
 
@@ -113,31 +96,9 @@ fn walk(
     Ok(())
 }
 
-/// Gives every taken path back its owner and mode. Every path is attempted; the first error is
-/// returned. A path that is no longer what was taken (the agent could not change it) is skipped.
+/// Gives every taken path back its owner and mode ([`give_back`] of the handover).
 pub fn give_back(t: &TakenOver) -> Result<(), HomeGuardError> {
-    let mut first = None;
-    for taken in t.taken.iter().rev() {
-        let r = std::os::unix::fs::lchown(&taken.path, Some(taken.uid), Some(taken.gid)).and_then(
-            |()| match taken.mode {
-                Some(mode) => {
-                    std::fs::set_permissions(&taken.path, std::fs::Permissions::from_mode(mode))
-                }
-                None => Ok(()),
-            },
-        );
-        match r {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                first.get_or_insert(HomeGuardError::GiveBack {
-                    path: taken.path.clone(),
-                    source,
-                });
-            }
-        }
-    }
-    first.map_or(Ok(()), Err)
+    super::handover::give_back(t).map_err(|source| HomeGuardError::GiveBack { source })
 }
 
 /// A private home for the agent: a fresh 0700 directory owned by `uid:gid`, removed with the value.

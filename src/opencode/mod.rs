@@ -33,11 +33,11 @@ pub use turn::{TurnFailure, TurnOptions, TurnOutcome, TurnReport};
 
 use crate::config::ModelRef;
 use crate::confine::gitcreds::{self, HiddenCredentials};
-use crate::confine::handover::Handover;
+use crate::confine::handover::{Handover, Take, TakenOver};
 use crate::confine::proxy::{Proxy, ProxyPlan};
 use crate::confine::{strays, AgentUser, PrivateBinary};
 use crate::runner::env;
-use crate::runner::{Cancellation, Env};
+use crate::runner::{Cancellation, Env, FileCommands};
 
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
@@ -165,6 +165,9 @@ pub struct AgentOptions {
     pub opt_in_env: Vec<String>,
     /// Who the agent runs as.
     pub user: AgentUser,
+    /// Main's state file: what the turn takes from the runner's user is recorded there, so post
+    /// can give it back when main is killed (`state::TURN_TAKEN`). `None` in tests and tools.
+    pub state: Option<FileCommands>,
     /// The job's file-command files, kept from the agent for the turn.
     pub file_commands: Vec<PathBuf>,
     /// Hide the checkout's credentials for the turn (runs where the agent must not hold the
@@ -199,6 +202,8 @@ pub struct Agent {
     server: Server,
     client: Client,
     now_ms: fn() -> i64,
+    /// Where [`record_taken`] wrote; cleared once everything is given back.
+    state: Option<FileCommands>,
     confinement: Confinement,
 }
 
@@ -268,6 +273,184 @@ async fn session_tools_missing(client: &Client) -> Option<String> {
     Some(format!("no session tools for the agent ({why})"))
 }
 
+/// What [`confine`] changed before OpenCode starts.
+struct Confined {
+    handover: Handover,
+    git_credentials: Option<HiddenCredentials>,
+    binary: Option<PrivateBinary>,
+}
+
+/// Hands OpenCode's directories to the agent's uid, takes the file commands and hides the
+/// checkout's credentials (a local run's agent is the user: nothing to do).
+fn confine(opts: &AgentOptions) -> Result<Confined, AgentError> {
+    let mut handover = Handover::new();
+    let AgentUser::Switched { uid, gid, .. } = opts.user else {
+        return Ok(Confined {
+            handover,
+            git_credentials: None,
+            binary: None,
+        });
+    };
+    let confine_err = |source| AgentError::Confine { source };
+    for dir in opts.dirs.opencode_dirs() {
+        handover.give_dir(&dir, uid, gid).map_err(confine_err)?;
+    }
+    for file in &opts.file_commands {
+        handover
+            .take_file(file, uid, Take::ReadOnly)
+            .map_err(confine_err)?;
+    }
+    let git_credentials = if opts.hide_git_credentials {
+        Some(hide_git_credentials(opts, uid)?)
+    } else {
+        None
+    };
+    let binary =
+        PrivateBinary::prepare(&opts.opencode, opts.base_env.get(env::PATH)).map_err(|source| {
+            AgentError::Binary {
+                path: opts.opencode.clone(),
+                source,
+            }
+        })?;
+    Ok(Confined {
+        handover,
+        git_credentials,
+        binary: Some(binary),
+    })
+}
+
+fn hide_git_credentials(opts: &AgentOptions, uid: u32) -> Result<HiddenCredentials, AgentError> {
+    let mut stores = vec![
+        opts.dirs.home.join(".git-credentials"),
+        opts.dirs.config_home.join("git/credentials"),
+    ];
+    if let Some(home) = &opts.runner_home {
+        stores.push(home.join(".git-credentials"));
+        stores.push(home.join(".config/git/credentials"));
+    }
+    let config = gitcreds::repo_config(&opts.workspace);
+    let hidden = HiddenCredentials::hide(config.as_deref(), &stores, uid)
+        .map_err(|source| AgentError::GitCredentials { source })?;
+    if hidden.count() > 0 {
+        tracing::info!(
+            "hid {} checkout credential(s) from the agent for the turn",
+            hidden.count()
+        );
+    }
+    Ok(hidden)
+}
+
+impl Confined {
+    /// Everything taken from the runner's user for the turn, for main's state: post gives it
+    /// back when main is killed before [`Agent::release`] could.
+    fn taken(&self) -> TakenOver {
+        let mut all = self.handover.taken().clone();
+        if let Some(c) = &self.git_credentials {
+            all.taken.extend(c.taken().taken.iter().cloned());
+        }
+        all
+    }
+}
+
+/// What the summary says about the provider keys.
+fn provider_notes(plan: &ProxyPlan) -> Vec<String> {
+    let mut notes = Vec::new();
+    if !plan.routes.is_empty() {
+        let ids: Vec<&str> = plan.routes.iter().map(|r| r.id.as_str()).collect();
+        notes.push(format!(
+            "provider keys stay with fro-bot (served through its local proxy): {}",
+            ids.join(", ")
+        ));
+    }
+    for (id, why) in &plan.visible {
+        notes.push(format!(
+            "provider `{id}`: its credentials are visible to the agent ({why})"
+        ));
+    }
+    notes
+}
+
+/// The session tools' trust view, written for them to read at each call.
+type TrustFile = Option<(crate::trust::TrustView, tempfile::NamedTempFile)>;
+
+fn trust_file(opts: &AgentOptions) -> Result<TrustFile, AgentError> {
+    let Some(view) = &opts.session_trust else {
+        return Ok(None);
+    };
+    let file =
+        session_tools::write_trust_file(view).map_err(|source| AgentError::TrustFile { source })?;
+    Ok(Some((view.clone(), file)))
+}
+
+/// How OpenCode is started: the binary the agent may run, its environment, and the config
+/// naming the session tools, the model and the proxy.
+fn server_options(
+    opts: &AgentOptions,
+    confined: &Confined,
+    plan: &ProxyPlan,
+    proxy: &Proxy,
+    exe: Option<PathBuf>,
+    trust_path: Option<PathBuf>,
+) -> server::ServerOptions {
+    let mut extra = opts.dirs.vars();
+    if let Some(shell) = confined.binary.as_ref().and_then(|b| b.shell()) {
+        extra.push(("SHELL".into(), shell.to_string_lossy().into_owned()));
+    }
+    extra.extend(opts.extra_env.iter().cloned());
+    let overrides = plan.config_overrides(proxy);
+    let workspace = opts.workspace.clone();
+    let proposals = opts.proposals.clone();
+    let model = opts.model.clone();
+    let user = opts.user_config.clone();
+    let make_config: server::ConfigFn = Arc::new(move |url: &str, password: &str| {
+        let tools = exe.as_ref().map(|exe| config::SessionToolsEntry {
+            fro_bot_exe: exe.clone(),
+            url: url.to_string(),
+            password: password.to_string(),
+            workspace: workspace.clone(),
+            trust_file: trust_path.clone(),
+            proposals: proposals.clone(),
+        });
+        config::config_content(&config::ConfigInput {
+            session_tools: tools.as_ref(),
+            model: model.as_ref(),
+            user: user.as_ref(),
+            proxy: Some(&overrides),
+        })
+    });
+    server::ServerOptions {
+        bin: confined
+            .binary
+            .as_ref()
+            .map_or_else(|| opts.opencode.clone(), |b| b.path().to_path_buf()),
+        cwd: opts.workspace.clone(),
+        env: crate::confine::env::agent_env(&opts.base_env, &opts.opt_in_env, &extra),
+        config: make_config,
+        auth_content: config::auth_content(&plan.auth_passthrough),
+        log_file: opts.log_file.clone(),
+        startup_deadline: opts.startup_deadline,
+        user: opts.user,
+    }
+}
+
+/// Main's record of what is taken for the turn (`state::TURN_TAKEN`); empty when nothing is.
+fn record_taken(files: &FileCommands, taken: &TakenOver) {
+    let value = if taken.taken.is_empty() {
+        String::new()
+    } else {
+        match serde_json::to_string(taken) {
+            Ok(json) => json,
+            Err(e) => {
+                tracing::warn!("post could not give back what the turn takes: {e}");
+                return;
+            }
+        }
+    };
+    if let Err(e) = files.save_state(env::state::TURN_TAKEN, &value) {
+        tracing::warn!("{e}");
+    }
+}
+
 impl Agent {
     pub async fn start(opts: AgentOptions) -> Result<Agent, AgentError> {
         let config_dir = opts.dirs.config_home.join("opencode");
@@ -277,117 +460,20 @@ impl Agent {
                 source,
             }
         })?;
-        let mut handover = Handover::new();
-        let mut git_credentials = None;
-        let binary = match opts.user {
-            AgentUser::Switched { uid, gid, .. } => {
-                for dir in opts.dirs.opencode_dirs() {
-                    handover
-                        .give_dir(&dir, uid, gid)
-                        .map_err(|source| AgentError::Confine { source })?;
-                }
-                for file in &opts.file_commands {
-                    handover
-                        .take_file(file, uid, true)
-                        .map_err(|source| AgentError::Confine { source })?;
-                }
-                if opts.hide_git_credentials {
-                    let mut stores = vec![
-                        opts.dirs.home.join(".git-credentials"),
-                        opts.dirs.config_home.join("git/credentials"),
-                    ];
-                    if let Some(home) = &opts.runner_home {
-                        stores.push(home.join(".git-credentials"));
-                        stores.push(home.join(".config/git/credentials"));
-                    }
-                    let config = gitcreds::repo_config(&opts.workspace);
-                    let hidden = HiddenCredentials::hide(config.as_deref(), &stores, uid)
-                        .map_err(|source| AgentError::GitCredentials { source })?;
-                    if hidden.count() > 0 {
-                        tracing::info!(
-                            "hid {} checkout credential(s) from the agent for the turn",
-                            hidden.count()
-                        );
-                    }
-                    git_credentials = Some(hidden);
-                }
-                Some(
-                    PrivateBinary::prepare(&opts.opencode, opts.base_env.get(env::PATH)).map_err(
-                        |source| AgentError::Binary {
-                            path: opts.opencode.clone(),
-                            source,
-                        },
-                    )?,
-                )
-            }
-            AgentUser::Current { .. } => None,
-        };
-        let mut extra = opts.dirs.vars();
-        if let Some(shell) = binary.as_ref().and_then(|b| b.shell()) {
-            extra.push(("SHELL".into(), shell.to_string_lossy().into_owned()));
+        let confined = confine(&opts)?;
+        if let Some(files) = &opts.state {
+            record_taken(files, &confined.taken());
         }
-        extra.extend(opts.extra_env.iter().cloned());
         let plan = ProxyPlan::new(&opts.auth, opts.user_config.as_ref(), &opts.base_env);
         let proxy = Proxy::start(plan.routes.clone())
             .await
             .map_err(|source| AgentError::Proxy { source })?;
-        let overrides = plan.config_overrides(&proxy);
-        let mut notes = Vec::new();
-        if !plan.routes.is_empty() {
-            let ids: Vec<&str> = plan.routes.iter().map(|r| r.id.as_str()).collect();
-            notes.push(format!(
-                "provider keys stay with fro-bot (served through its local proxy): {}",
-                ids.join(", ")
-            ));
-        }
-        for (id, why) in &plan.visible {
-            notes.push(format!(
-                "provider `{id}`: its credentials are visible to the agent ({why})"
-            ));
-        }
-        let trust_file = match &opts.session_trust {
-            Some(view) => Some(
-                session_tools::write_trust_file(view)
-                    .map_err(|source| AgentError::TrustFile { source })?,
-            ),
-            None => None,
-        };
-        let trust_path = trust_file.as_ref().map(|f| f.path().to_path_buf());
-        let trust = opts.session_trust.clone().zip(trust_file);
-        let workspace = opts.workspace.clone();
-        let proposals = opts.proposals.clone();
+        let mut notes = provider_notes(&plan);
+        let trust = trust_file(&opts)?;
+        let trust_path = trust.as_ref().map(|(_, f)| f.path().to_path_buf());
         let exe = session_tools_exe(&opts, &mut notes);
         let with_tools = exe.is_some();
-        let model = opts.model.clone();
-        let user = opts.user_config.clone();
-        let make_config: server::ConfigFn = Arc::new(move |url: &str, password: &str| {
-            let tools = exe.as_ref().map(|exe| config::SessionToolsEntry {
-                fro_bot_exe: exe.clone(),
-                url: url.to_string(),
-                password: password.to_string(),
-                workspace: workspace.clone(),
-                trust_file: trust_path.clone(),
-                proposals: proposals.clone(),
-            });
-            config::config_content(&config::ConfigInput {
-                session_tools: tools.as_ref(),
-                model: model.as_ref(),
-                user: user.as_ref(),
-                proxy: Some(&overrides),
-            })
-        });
-        let server_opts = server::ServerOptions {
-            bin: binary
-                .as_ref()
-                .map_or_else(|| opts.opencode.clone(), |b| b.path().to_path_buf()),
-            cwd: opts.workspace.clone(),
-            env: crate::confine::env::agent_env(&opts.base_env, &opts.opt_in_env, &extra),
-            config: make_config,
-            auth_content: config::auth_content(&plan.auth_passthrough),
-            log_file: opts.log_file.clone(),
-            startup_deadline: opts.startup_deadline,
-            user: opts.user,
-        };
+        let server_opts = server_options(&opts, &confined, &plan, &proxy, exe, trust_path);
         let server = Server::start(&server_opts)
             .await
             .map_err(|source| AgentError::Server { source })?;
@@ -407,13 +493,14 @@ impl Agent {
             server,
             client,
             now_ms: opts.now_ms,
+            state: opts.state.clone(),
             confinement: Confinement {
                 user: opts.user,
-                handover,
-                git_credentials,
+                handover: confined.handover,
+                git_credentials: confined.git_credentials,
                 notes,
                 _proxy: proxy,
-                _binary: binary,
+                _binary: confined.binary,
                 trust,
             },
         })
@@ -535,9 +622,14 @@ impl Agent {
             };
         }
         match self.confinement.handover.restore() {
-            Ok(()) => Released::Clean {
-                strays_killed: killed,
-            },
+            Ok(()) => {
+                if let Some(files) = &self.state {
+                    record_taken(files, &TakenOver::default());
+                }
+                Released::Clean {
+                    strays_killed: killed,
+                }
+            }
             Err(e) => Released::NotTakenBack {
                 message: error_chain(&e),
             },

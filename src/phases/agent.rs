@@ -76,6 +76,7 @@ pub(crate) async fn start_agent(
         mode,
         workspace,
         paths,
+        files,
         ..
     } = &*ctx;
     let home = PathBuf::from(env.get(env::HOME).unwrap_or("/github/home"));
@@ -112,6 +113,7 @@ pub(crate) async fn start_agent(
         base_env: env.clone(),
         opt_in_env: settings.agent_env.clone(),
         user,
+        state: Some(files.clone()),
         file_commands: [
             env::GITHUB_OUTPUT,
             env::GITHUB_STATE,
@@ -144,6 +146,8 @@ pub(crate) async fn start_agent(
         .confinement
         .extend(agent.confinement_notes().iter().cloned());
     ctx.report.record_phase("opencode-start", t.elapsed());
+    // Everything is taken for the turn here: a kill now leaves it all to post.
+    crate::runner::failpoint::hit("agent:started");
     Ok(agent)
 }
 

@@ -5,6 +5,10 @@
 
 use std::path::Path;
 
+use crate::confine::handover::{self, TakenOver};
+use crate::runner::env::state;
+use crate::runner::Env;
+
 use crate::phases::agent::AgentRun;
 use crate::phases::context::RunContext;
 use crate::phases::git_guard::{self, GitGuard};
@@ -44,4 +48,27 @@ pub(crate) fn put_back(ctx: &mut RunContext, guards: Leftovers, agent_run: &Agen
         .filter_map(|s| s.as_deref())
         .collect();
     memory_guard::put_back(ctx, guards.memory, &own);
+}
+
+/// Post: gives back what a killed main took from the runner's user for the turn besides its home
+/// (the file-command directory, the checkout's credential files; `opencode::Agent::start`). The
+/// record is main's state, which the agent cannot write. Before the home's, as main does it.
+pub(crate) fn post_give_back_turn(env: &Env) -> Option<String> {
+    let json = env.state(state::TURN_TAKEN).filter(|s| !s.is_empty())?;
+    let taken: TakenOver = match serde_json::from_str(json) {
+        Ok(t) => t,
+        Err(e) => {
+            return Some(format!(
+                "Could not read what the main step took for the turn: {e}."
+            ))
+        }
+    };
+    Some(match handover::give_back(&taken) {
+        Ok(()) => format!(
+            "The main step stopped before giving back what it took for the turn; post gave back {} path(s) \
+             (the file commands' directory, the checkout's credential files).",
+            taken.taken.len()
+        ),
+        Err(e) => format!("Could not give back what the main step took for the turn: {e}."),
+    })
 }

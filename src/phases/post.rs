@@ -50,8 +50,9 @@ where
     let git = env
         .get(crate::runner::env::GITHUB_WORKSPACE)
         .and_then(|w| crate::phases::git_guard::post_restore(env, std::path::Path::new(w)));
+    let turn = crate::phases::leftovers::post_give_back_turn(env);
     let home = crate::phases::home_guard::post_give_back(env);
-    for text in [&home, &git].into_iter().flatten() {
+    for text in [&git, &turn, &home].into_iter().flatten() {
         if let Err(e) = files.append_summary(&format!("### fro-bot (post)\n\n{text}\n\n")) {
             tracing::warn!("{e}");
         }

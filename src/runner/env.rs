@@ -144,4 +144,8 @@ pub mod state {
     /// What main took from the agent's uid in the runner's home for the turn (JSON), which post
     /// gives back when main could not; empty once given back.
     pub const HOME_TAKEN: &str = "homeTaken";
+    /// What the turn took from the runner's user besides its home (JSON: the file-command files
+    /// and their directory, the checkout's credential files), which post gives back when main
+    /// could not; empty once given back.
+    pub const TURN_TAKEN: &str = "turnTaken";
 }

@@ -36,6 +36,7 @@ macro_rules! launched_scenarios {
             leftovers::what_the_agent_plants_in_git_is_put_back_and_a_later_steps_git_runs_none_of_it,
             leftovers::after_a_sigkill_of_main_post_puts_git_back,
             leftovers::the_agents_home_is_private_and_the_runners_home_and_payload_are_not_its_to_write,
+            leftovers::after_a_sigkill_mid_turn_post_gives_back_what_main_took,
         );
     };
     ($launch:expr; $($module:ident :: $name:ident),* $(,)?) => {$(

@@ -70,6 +70,7 @@ impl Repo {
                 // SAFETY: geteuid cannot fail.
                 uid: unsafe { libc::geteuid() },
             },
+            state: None,
             file_commands: vec![],
             hide_git_credentials: false,
             extra_env: vec![],

@@ -59,6 +59,7 @@ impl Harness {
                 // SAFETY: geteuid cannot fail.
                 uid: unsafe { libc::geteuid() },
             },
+            state: None,
             file_commands: vec![],
             hide_git_credentials: false,
             extra_env: vec![],

@@ -321,3 +321,73 @@ pub(crate) async fn the_agents_home_is_private_and_the_runners_home_and_payload_
     );
     drop(job);
 }
+
+/// Main is killed with everything taken for the turn (the file commands, the checkout's
+/// credentials, the runner's home). The runner, as its own user, still reads main's state and
+/// makes post's files; post gives every path back, and a later step's git finds the credentials.
+pub(crate) async fn after_a_sigkill_mid_turn_post_gives_back_what_main_took(launch: Launch) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let world = World::start_with(launch).await;
+    world.github.seed_issue(8, "Kill", "Kill.");
+    let mut job = job(&world, 5500);
+    let ws = job.workspace();
+    // Where actions/checkout keeps the token: the config itself, and a file it includes.
+    let creds = ws.join(".git/credentials.config");
+    std::fs::write(
+        &creds,
+        "[http \"https://github.com/\"]\n\textraheader = AUTHORIZATION: basic aW5jbHVkZWQ=\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o600)).unwrap();
+    for (k, v) in [
+        ("include.path", "credentials.config"),
+        (
+            "http.https://example.com/.extraheader",
+            "AUTHORIZATION: basic Y29uZmln",
+        ),
+    ] {
+        crate::support::action::git(&ws, &["config", "--file", ".git/config", k, v]);
+    }
+    crate::support::action::chown_r(&ws, RUNNER_UID);
+    let config = std::fs::read(ws.join(".git/config")).unwrap();
+    let files_mode = std::fs::metadata(job.files()).unwrap().mode() & 0o7777;
+    job.event("issue_comment", &comment_event(8, 1, "@fro-bot edit"));
+    job.set("FRO_BOT_FAILPOINT", "agent:started");
+    // The harness reads main's files as the runner's user, as the runner does.
+    let (mut job, main) = main_step(job).await;
+    job.env.remove("FRO_BOT_FAILPOINT");
+    assert_eq!(main.code, 128 + libc::SIGKILL, "{}", explain(&main));
+    let owner = |p: &std::path::Path| std::fs::metadata(p).unwrap().uid();
+    assert_eq!(owner(&creds), 0, "hidden for the turn");
+    assert_eq!(owner(&job.files()), 0, "the file commands' directory taken");
+    assert_eq!(owner(&job.home()), 0, "the runner's home taken");
+    assert!(
+        main.state.get("turnTaken").is_some_and(|s| !s.is_empty()),
+        "{:?}",
+        main.state
+    );
+    let (job, post) = post_step(job, main).await;
+    assert_eq!(post.code, 0, "{}", explain(&post));
+    assert!(post.summary.contains("post gave back"), "{}", post.summary);
+    let m = std::fs::metadata(&creds).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7777), (RUNNER_UID, 0o600));
+    let m = std::fs::metadata(job.files()).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7777), (RUNNER_UID, files_mode));
+    assert_eq!(owner(&job.home()), RUNNER_UID);
+    assert_eq!(std::fs::read(ws.join(".git/config")).unwrap(), config);
+    let out = Command::new("git")
+        .args(["config", "--show-origin", "--get-regexp", "extraheader"])
+        .current_dir(&ws)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .uid(RUNNER_UID)
+        .gid(RUNNER_UID)
+        .output()
+        .unwrap();
+    let seen = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        seen.contains("aW5jbHVkZWQ=") && seen.contains("Y29uZmln"),
+        "a later step's git reads both credentials again: {seen} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -295,6 +295,18 @@ impl Job {
     /// Starts a step without waiting for it (to signal or kill it). `args[0]` names the step
     /// (`run`, `post`, ...): the binary gets the args, the container the matching entrypoint.
     pub fn spawn(&self, args: &[&str], extra: &[(String, String)]) -> Running {
+        if let Some(uid) = self.runner_uid {
+            // The runner makes each step's files anew under new names, as the runner's user: the
+            // directory must still be its to write after any step, a killed one included.
+            let probe = self.files().join(format!("new-{}", std::process::id()));
+            let made = as_runner(uid, "touch \"$1\" && rm \"$1\"", &probe);
+            assert!(
+                made.status.success(),
+                "the runner (uid {uid}) cannot make the next step's file-command files in {}: {}",
+                self.files().display(),
+                String::from_utf8_lossy(&made.stderr)
+            );
+        }
         for f in ["output", "state", "env", "path", "summary"] {
             let path = self.files().join(f);
             let _ = std::fs::remove_file(&path);
@@ -410,7 +422,7 @@ impl Job {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let read = |f: &str| std::fs::read_to_string(self.files().join(f)).unwrap_or_default();
+        let read = |f: &str| self.read_file_command(f);
         let parse = |f: &str| -> BTreeMap<String, String> {
             file_command::parse(&read(f))
                 .unwrap_or_else(|e| panic!("{f} file does not parse like the runner: {e}"))
@@ -430,6 +442,25 @@ impl Job {
         }
     }
 
+    /// A file command's content, read as the runner reads it after the step: as the runner's
+    /// user when the job has one (a file it cannot read is a failed step on a real runner).
+    fn read_file_command(&self, f: &str) -> String {
+        let path = self.files().join(f);
+        let Some(uid) = self.runner_uid else {
+            return std::fs::read_to_string(&path).unwrap_or_default();
+        };
+        if !path.exists() {
+            return String::new();
+        }
+        let out = as_runner(uid, "cat \"$1\"", &path);
+        assert!(
+            out.status.success(),
+            "the runner (uid {uid}) cannot read the step's {f} file: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub fn main_step(&self) -> StepResult {
         self.step(&["run"], &[])
     }
@@ -443,4 +474,16 @@ impl Job {
             .collect();
         self.step(&["post"], &state)
     }
+}
+
+/// `script` run by `sh` as the runner's user, with `arg` as `$1`.
+fn as_runner(uid: u32, script: &str, arg: &Path) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    Command::new("sh")
+        .args(["-c", script, "sh"])
+        .arg(arg)
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .expect("sh runs")
 }
