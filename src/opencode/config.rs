@@ -80,7 +80,43 @@ pub fn config_content(input: &ConfigInput<'_>) -> String {
     if let Some(proxy) = input.proxy {
         deep_merge(&mut cfg, proxy.clone());
     }
+    headless_permissions(&mut cfg);
     cfg.to_string()
+}
+
+/// OpenCode's permissions for a turn nobody watches (docs/security.md#what-the-agent-can-reach):
+/// nothing can answer "ask", so every ask of the user's config is a deny, and so are OpenCode's
+/// own defaults that ask (paths outside the checkout, `.env` files, a repeated tool call). Its
+/// file tools so reach nothing outside the checkout. Set last: OpenCode takes the last rule that
+/// matches.
+fn headless_permissions(cfg: &mut Value) {
+    let mut permission = match cfg.get("permission") {
+        Some(Value::String(all)) => json!({ "*": all }),
+        Some(Value::Object(o)) => Value::Object(o.clone()),
+        _ => json!({}),
+    };
+    ask_is_deny(&mut permission);
+    // A user's `"read": "deny"` stays whole: the `.env` rules come after it, not instead.
+    if let Some(Value::String(all)) = permission.get("read").cloned() {
+        permission["read"] = json!({ "*": all });
+    }
+    deep_merge(
+        &mut permission,
+        json!({
+            "external_directory": "deny",
+            "doom_loop": "deny",
+            "read": {"*.env": "deny", "*.env.*": "deny", "*.env.example": "allow"},
+        }),
+    );
+    cfg["permission"] = permission;
+}
+
+fn ask_is_deny(v: &mut Value) {
+    match v {
+        Value::String(s) if s == "ask" => *s = "deny".into(),
+        Value::Object(o) => o.values_mut().for_each(ask_is_deny),
+        _ => {}
+    }
 }
 
 /// Merges `over` into `base`: objects merge key by key, anything else in `over` replaces.
@@ -144,6 +180,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn nothing_asks_and_the_file_tools_stay_in_the_checkout_whatever_the_user_configured() {
+        let user = json!({"permission": {"bash": {"rm *": "ask", "*": "allow"}, "read": "deny", "edit": "ask"}});
+        let Value::Object(user) = user else {
+            unreachable!()
+        };
+        let cfg: Value = serde_json::from_str(&config_content(&ConfigInput {
+            session_tools: None,
+            model: None,
+            user: Some(&user),
+            proxy: None,
+        }))
+        .unwrap();
+        let p = &cfg["permission"];
+        assert_eq!(p["bash"], json!({"rm *": "deny", "*": "allow"}));
+        assert_eq!(p["edit"], "deny");
+        assert_eq!(p["external_directory"], "deny");
+        assert_eq!(p["doom_loop"], "deny");
+        assert_eq!(
+            p["read"],
+            json!({"*": "deny", "*.env": "deny", "*.env.*": "deny", "*.env.example": "allow"})
+        );
+        assert!(!cfg.to_string().contains("\"ask\""), "{cfg}");
+        let Value::Object(all) = json!({"permission": "allow"}) else {
+            unreachable!()
+        };
+        let cfg: Value = serde_json::from_str(&config_content(&ConfigInput {
+            session_tools: None,
+            model: None,
+            user: Some(&all),
+            proxy: None,
+        }))
+        .unwrap();
+        assert_eq!(cfg["permission"]["*"], "allow");
+        assert_eq!(cfg["permission"]["external_directory"], "deny");
+    }
+
+    #[test]
     fn layers_apply_in_order_and_the_user_wins() {
         let tools = SessionToolsEntry {
             fro_bot_exe: "/usr/bin/fro-bot".into(),
@@ -194,7 +267,9 @@ mod tests {
         assert_eq!(cfg["mcp"]["other"]["url"], "https://x");
 
         let bare: Value = serde_json::from_str(&config_content(&ConfigInput::default())).unwrap();
-        assert_eq!(bare, json!({"autoupdate": false, "share": "disabled"}));
+        assert_eq!(bare["autoupdate"], false);
+        assert_eq!(bare["share"], "disabled");
+        assert_eq!(bare["permission"]["external_directory"], "deny");
     }
 
     #[test]
