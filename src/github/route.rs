@@ -2,7 +2,7 @@
 //! (docs/design.md#the-github-surface).
 
 use super::dedup::dedup_entity;
-use super::event::{CommentSource, Event, Flag, IssuesAction, Target, TargetKind};
+use super::event::{Actor, Comment, CommentSource, Event, Flag, IssuesAction, Target, TargetKind};
 use super::keys::{DedupEntity, LogicalKey};
 
 /// What routing needs besides the event.
@@ -207,105 +207,14 @@ fn route_event(event: &Event, settings: &RouteSettings<'_>) -> Route {
             event: event.clone(),
             missing,
         }),
-        Event::Schedule { cron } => {
-            if !settings.prompt_given {
-                return Route::Skip(SkipReason::NoPrompt {
-                    event: "schedule".into(),
-                });
-            }
-            let mut plan = run_scoped(LogicalKey::schedule(
-                cron,
-                settings.run_id,
-                settings.identity,
-            ));
-            plan.trigger_summary = format!("`schedule` ({cron})");
-            Route::Run(plan)
-        }
-        Event::WorkflowDispatch { sender } => {
-            if !settings.prompt_given {
-                return Route::Skip(SkipReason::NoPrompt {
-                    event: "workflow_dispatch".into(),
-                });
-            }
-            let mut plan = run_scoped(LogicalKey::dispatch(settings.run_id, settings.identity));
-            plan.author = sender.as_ref().map(|s| s.login.clone());
-            if let Some(login) = &plan.author {
-                plan.requester.author = login.clone();
-            }
-            plan.trigger_summary = match &plan.author {
-                Some(login) => format!("`workflow_dispatch` by @{login}"),
-                None => "`workflow_dispatch`".to_string(),
-            };
-            Route::Run(plan)
-        }
+        Event::Schedule { cron } => schedule_route(cron, settings),
+        Event::WorkflowDispatch { sender } => dispatch_route(sender.as_ref(), settings),
         Event::Comment {
             source,
             comment,
             target,
             sender,
-        } => {
-            if let Some(bot) = [Some(&comment.author), sender.as_ref()]
-                .into_iter()
-                .flatten()
-                .find(|a| a.is_bot())
-            {
-                return Route::Skip(SkipReason::BotAuthor {
-                    login: bot.login.clone(),
-                });
-            }
-            if super::marker::carries_marker(&comment.body) {
-                return Route::Skip(SkipReason::OwnResponse);
-            }
-            if !comment.association.is_trusted() {
-                return Route::Skip(SkipReason::UntrustedAuthor {
-                    login: comment.author.login.clone(),
-                    association: comment.association.as_str().to_string(),
-                });
-            }
-            if !mentions(&comment.body, settings.mention) {
-                return Route::Skip(SkipReason::NoMention {
-                    mention: settings.mention.to_string(),
-                });
-            }
-            if let Some(skip) = gate_target(target) {
-                return Route::Skip(skip);
-            }
-            let trigger = match source {
-                CommentSource::IssueComment => Subject::IssueComment { id: comment.id },
-                CommentSource::PullRequestReviewComment => {
-                    Subject::ReviewComment { id: comment.id }
-                }
-                CommentSource::DiscussionComment => Subject::DiscussionComment {
-                    node_id: comment.node_id.clone(),
-                },
-            };
-            let unchecked = target.kind == TargetKind::PullRequest
-                && (target.fork == Flag::Unknown || target.draft == Flag::Unknown);
-            Route::Run(RunPlan {
-                logical_key: entity_key(target),
-                thread: Some(thread(target)),
-                trigger: Some(trigger),
-                trigger_comment_id: Some(comment.id),
-                directive: Some(comment.body.clone()),
-                author: Some(comment.author.login.clone()),
-                dedup: None,
-                trigger_summary: format!(
-                    "`{}` on {} #{} by @{}",
-                    source.event_name(),
-                    target.kind.as_str(),
-                    target.number,
-                    comment.author.login
-                ),
-                pull_request_unchecked: unchecked,
-                acts_unattended: false,
-                requester: crate::trust::SessionTrust::new(
-                    &comment.author.login,
-                    comment.association.as_str(),
-                    target.fork == Flag::Yes,
-                    false,
-                ),
-            })
-        }
+        } => comment_route(*source, comment, target, sender.as_ref(), settings),
         Event::Issues {
             action,
             target,
@@ -329,6 +238,125 @@ fn route_event(event: &Event, settings: &RouteSettings<'_>) -> Route {
             target,
             sender,
         } => label_route(event, label, target, sender.as_ref(), settings),
+    }
+}
+
+/// A scheduled run has no request to answer: it runs only with the `prompt` input.
+fn schedule_route(cron: &str, settings: &RouteSettings<'_>) -> Route {
+    if !settings.prompt_given {
+        return Route::Skip(SkipReason::NoPrompt {
+            event: "schedule".into(),
+        });
+    }
+    let mut plan = run_scoped(LogicalKey::schedule(
+        cron,
+        settings.run_id,
+        settings.identity,
+    ));
+    plan.trigger_summary = format!("`schedule` ({cron})");
+    Route::Run(plan)
+}
+
+/// A dispatched run, like a scheduled one, runs only with the `prompt` input.
+fn dispatch_route(sender: Option<&Actor>, settings: &RouteSettings<'_>) -> Route {
+    if !settings.prompt_given {
+        return Route::Skip(SkipReason::NoPrompt {
+            event: "workflow_dispatch".into(),
+        });
+    }
+    let mut plan = run_scoped(LogicalKey::dispatch(settings.run_id, settings.identity));
+    plan.author = sender.map(|s| s.login.clone());
+    if let Some(login) = &plan.author {
+        plan.requester.author = login.clone();
+    }
+    plan.trigger_summary = match &plan.author {
+        Some(login) => format!("`workflow_dispatch` by @{login}"),
+        None => "`workflow_dispatch`".to_string(),
+    };
+    Route::Run(plan)
+}
+
+/// A new comment: gated on its author, then planned as a run about its thread.
+fn comment_route(
+    source: CommentSource,
+    comment: &Comment,
+    target: &Target,
+    sender: Option<&Actor>,
+    settings: &RouteSettings<'_>,
+) -> Route {
+    match gate_comment(comment, target, sender, settings) {
+        Some(skip) => Route::Skip(skip),
+        None => Route::Run(comment_plan(source, comment, target)),
+    }
+}
+
+/// The comment gates, in order: bot, own response, trust, mention, then the target's.
+fn gate_comment(
+    comment: &Comment,
+    target: &Target,
+    sender: Option<&Actor>,
+    settings: &RouteSettings<'_>,
+) -> Option<SkipReason> {
+    if let Some(bot) = [Some(&comment.author), sender]
+        .into_iter()
+        .flatten()
+        .find(|a| a.is_bot())
+    {
+        return Some(SkipReason::BotAuthor {
+            login: bot.login.clone(),
+        });
+    }
+    if super::marker::carries_marker(&comment.body) {
+        return Some(SkipReason::OwnResponse);
+    }
+    if !comment.association.is_trusted() {
+        return Some(SkipReason::UntrustedAuthor {
+            login: comment.author.login.clone(),
+            association: comment.association.as_str().to_string(),
+        });
+    }
+    if !mentions(&comment.body, settings.mention) {
+        return Some(SkipReason::NoMention {
+            mention: settings.mention.to_string(),
+        });
+    }
+    gate_target(target)
+}
+
+/// The plan for a run a comment asked for: it reacts to the comment and answers in its thread.
+fn comment_plan(source: CommentSource, comment: &Comment, target: &Target) -> RunPlan {
+    let trigger = match source {
+        CommentSource::IssueComment => Subject::IssueComment { id: comment.id },
+        CommentSource::PullRequestReviewComment => Subject::ReviewComment { id: comment.id },
+        CommentSource::DiscussionComment => Subject::DiscussionComment {
+            node_id: comment.node_id.clone(),
+        },
+    };
+    let unchecked = target.kind == TargetKind::PullRequest
+        && (target.fork == Flag::Unknown || target.draft == Flag::Unknown);
+    RunPlan {
+        logical_key: entity_key(target),
+        thread: Some(thread(target)),
+        trigger: Some(trigger),
+        trigger_comment_id: Some(comment.id),
+        directive: Some(comment.body.clone()),
+        author: Some(comment.author.login.clone()),
+        dedup: None,
+        trigger_summary: format!(
+            "`{}` on {} #{} by @{}",
+            source.event_name(),
+            target.kind.as_str(),
+            target.number,
+            comment.author.login
+        ),
+        pull_request_unchecked: unchecked,
+        acts_unattended: false,
+        requester: crate::trust::SessionTrust::new(
+            &comment.author.login,
+            comment.association.as_str(),
+            target.fork == Flag::Yes,
+            false,
+        ),
     }
 }
 

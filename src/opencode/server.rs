@@ -134,156 +134,12 @@ impl Server {
         started: Instant,
     ) -> Result<Server, ServerError> {
         let url = format!("http://127.0.0.1:{port}");
-        if let Some(dir) = opts.log_file.parent() {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        let log_err = |source| ServerError::Log {
-            path: opts.log_file.clone(),
-            source,
-        };
-        let mut log_file = tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&opts.log_file)
-            .await
-            .map_err(log_err)?;
-        let mut cmd = Command::new(&opts.bin);
-        cmd.args([
-            "serve",
-            "--hostname",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-        ])
-        .current_dir(&opts.cwd)
-        .env_clear()
-        .envs(opts.env.iter().map(|(k, v)| (k, v)))
-        .env(env::OPENCODE_SERVER_PASSWORD, password)
-        .env(env::OPENCODE_CONFIG_CONTENT, (opts.config)(&url, password))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // The child must never outlive fro-bot: killed when the handle drops.
-        .kill_on_drop(true);
-        // ...and not even when fro-bot is killed outright (SIGKILL skips destructors): the kernel
-        // kills the child when the thread that spawned it dies (the parent-death signal, set by
-        // `confine` after the uid switch). Spawned from a runtime thread, which lives as long as
-        // the runtime.
-        opts.user.confine(&mut cmd);
-        if let Some(auth) = &opts.auth_content {
-            cmd.env(env::OPENCODE_AUTH_CONTENT, auth);
-        }
-        let mut child = cmd.spawn().map_err(|source| ServerError::Spawn {
-            bin: opts.bin.clone(),
-            source,
-        })?;
-
-        // stdout: watch for the ready line, copy everything to the log. stderr: copy to the log.
-        let (line_tx, mut line_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-        let (log_tx, mut log_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-        if let Some(out) = child.stdout.take() {
-            let (line_tx, log_tx) = (line_tx.clone(), log_tx.clone());
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(out).lines();
-                while let Ok(Some(l)) = lines.next_line().await {
-                    let _ = line_tx.send(l.clone());
-                    let _ = log_tx.send(l);
-                }
-            });
-        }
-        drop(line_tx);
-        if let Some(err) = child.stderr.take() {
-            let log_tx = log_tx.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(err).lines();
-                while let Ok(Some(l)) = lines.next_line().await {
-                    let _ = log_tx.send(l);
-                }
-            });
-        }
-        drop(log_tx);
-        tokio::spawn(async move {
-            while let Some(l) = log_rx.recv().await {
-                let l = log::redact(&l);
-                if log_file
-                    .write_all(format!("{l}\n").as_bytes())
-                    .await
-                    .is_err()
-                {
-                    break;
-                }
-            }
-            let _ = log_file.flush().await;
-        });
-
+        let log_file = open_log(opts).await?;
+        let mut child = spawn(opts, port, &url, password)?;
+        let mut stdout_lines = copy_output(&mut child, log_file);
         let deadline = started + opts.startup_deadline;
-        let not_ready = || ServerError::NotReady {
-            deadline: opts.startup_deadline,
-            log: opts.log_file.clone(),
-        };
-        // 1. The stdout line.
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(not_ready());
-            }
-            tokio::select! {
-                line = line_rx.recv() => match line {
-                    Some(l) if l.contains(READY_LINE) => break,
-                    Some(_) => continue,
-                    None => {
-                        // stdout closed: the process is gone (or going).
-                        let status = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
-                        return Err(ServerError::ExitedEarly {
-                            status: match status {
-                                Ok(Ok(s)) => s.to_string(),
-                                _ => "stdout closed".into(),
-                            },
-                            log: opts.log_file.clone(),
-                        });
-                    }
-                },
-                status = child.wait() => {
-                    return Err(ServerError::ExitedEarly {
-                        status: status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
-                        log: opts.log_file.clone(),
-                    });
-                }
-                _ = tokio::time::sleep(left) => return Err(not_ready()),
-            }
-        }
-        // 2. Health, with short per-request timeouts: requests sent just after the port opens can
-        // hang forever, so each attempt is abandoned after 0.5 s and retried.
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_millis(500))
-            .build()
-            .map_err(|_| not_ready())?;
-        loop {
-            if Instant::now() >= deadline {
-                return Err(not_ready());
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(ServerError::ExitedEarly {
-                    status: status.to_string(),
-                    log: opts.log_file.clone(),
-                });
-            }
-            let ok = http
-                .get(format!("{url}/global/health"))
-                .basic_auth("opencode", Some(password))
-                .send()
-                .await
-                .ok()
-                .filter(|r| r.status().is_success());
-            if let Some(resp) = ok {
-                if let Ok(v) = resp.json::<serde_json::Value>().await {
-                    if v["healthy"] == true {
-                        break;
-                    }
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for_ready_line(opts, &mut child, &mut stdout_lines, deadline).await?;
+        wait_for_health(opts, &mut child, &url, password, deadline).await?;
         Ok(Server {
             child: Some(child),
             url,
@@ -382,6 +238,189 @@ impl Server {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+fn not_ready(opts: &ServerOptions) -> ServerError {
+    ServerError::NotReady {
+        deadline: opts.startup_deadline,
+        log: opts.log_file.clone(),
+    }
+}
+
+/// Opens the server's log file for appending, creating its directory.
+async fn open_log(opts: &ServerOptions) -> Result<tokio::fs::File, ServerError> {
+    if let Some(dir) = opts.log_file.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&opts.log_file)
+        .await
+        .map_err(|source| ServerError::Log {
+            path: opts.log_file.clone(),
+            source,
+        })
+}
+
+/// Spawns `opencode serve` on `port`, stdout and stderr piped.
+fn spawn(opts: &ServerOptions, port: u16, url: &str, password: &str) -> Result<Child, ServerError> {
+    let mut cmd = Command::new(&opts.bin);
+    cmd.args([
+        "serve",
+        "--hostname",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+    ])
+    .current_dir(&opts.cwd)
+    .env_clear()
+    .envs(opts.env.iter().map(|(k, v)| (k, v)))
+    .env(env::OPENCODE_SERVER_PASSWORD, password)
+    .env(env::OPENCODE_CONFIG_CONTENT, (opts.config)(url, password))
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    // The child must never outlive fro-bot: killed when the handle drops.
+    .kill_on_drop(true);
+    // ...and not even when fro-bot is killed outright (SIGKILL skips destructors): the kernel
+    // kills the child when the thread that spawned it dies (the parent-death signal, set by
+    // `confine` after the uid switch). Spawned from a runtime thread, which lives as long as
+    // the runtime.
+    opts.user.confine(&mut cmd);
+    if let Some(auth) = &opts.auth_content {
+        cmd.env(env::OPENCODE_AUTH_CONTENT, auth);
+    }
+    cmd.spawn().map_err(|source| ServerError::Spawn {
+        bin: opts.bin.clone(),
+        source,
+    })
+}
+
+/// Copies the child's stdout and stderr (redacted) to `log_file`, in background tasks. Returns
+/// the stdout lines, to watch for the ready line.
+fn copy_output(
+    child: &mut Child,
+    mut log_file: tokio::fs::File,
+) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (line_tx, line_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (log_tx, mut log_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    if let Some(out) = child.stdout.take() {
+        let (line_tx, log_tx) = (line_tx.clone(), log_tx.clone());
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(out).lines();
+            while let Ok(Some(l)) = lines.next_line().await {
+                let _ = line_tx.send(l.clone());
+                let _ = log_tx.send(l);
+            }
+        });
+    }
+    drop(line_tx);
+    if let Some(err) = child.stderr.take() {
+        let log_tx = log_tx.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(err).lines();
+            while let Ok(Some(l)) = lines.next_line().await {
+                let _ = log_tx.send(l);
+            }
+        });
+    }
+    drop(log_tx);
+    tokio::spawn(async move {
+        while let Some(l) = log_rx.recv().await {
+            let l = log::redact(&l);
+            if log_file
+                .write_all(format!("{l}\n").as_bytes())
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        let _ = log_file.flush().await;
+    });
+    line_rx
+}
+
+/// Readiness, step 1: waits for OpenCode's "listening" line on stdout.
+async fn wait_for_ready_line(
+    opts: &ServerOptions,
+    child: &mut Child,
+    stdout_lines: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    deadline: Instant,
+) -> Result<(), ServerError> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(not_ready(opts));
+        }
+        tokio::select! {
+            line = stdout_lines.recv() => match line {
+                Some(l) if l.contains(READY_LINE) => return Ok(()),
+                Some(_) => continue,
+                None => {
+                    // stdout closed: the process is gone (or going).
+                    let status = tokio::time::timeout(Duration::from_secs(2), child.wait()).await;
+                    return Err(ServerError::ExitedEarly {
+                        status: match status {
+                            Ok(Ok(s)) => s.to_string(),
+                            _ => "stdout closed".into(),
+                        },
+                        log: opts.log_file.clone(),
+                    });
+                }
+            },
+            status = child.wait() => {
+                return Err(ServerError::ExitedEarly {
+                    status: status.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()),
+                    log: opts.log_file.clone(),
+                });
+            }
+            _ = tokio::time::sleep(left) => return Err(not_ready(opts)),
+        }
+    }
+}
+
+/// Readiness, step 2: polls `/global/health` until it reports healthy. Short per-request
+/// timeouts: requests sent just after the port opens can hang forever, so each attempt is
+/// abandoned after 0.5 s and retried.
+async fn wait_for_health(
+    opts: &ServerOptions,
+    child: &mut Child,
+    url: &str,
+    password: &str,
+    deadline: Instant,
+) -> Result<(), ServerError> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .map_err(|_| not_ready(opts))?;
+    loop {
+        if Instant::now() >= deadline {
+            return Err(not_ready(opts));
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(ServerError::ExitedEarly {
+                status: status.to_string(),
+                log: opts.log_file.clone(),
+            });
+        }
+        let ok = http
+            .get(format!("{url}/global/health"))
+            .basic_auth("opencode", Some(password))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success());
+        if let Some(resp) = ok {
+            if let Ok(v) = resp.json::<serde_json::Value>().await {
+                if v["healthy"] == true {
+                    return Ok(());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

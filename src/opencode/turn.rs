@@ -246,9 +246,7 @@ pub async fn run_turn(
         let end = match end {
             Ok(e) => e,
             Err(e) => {
-                let message = log::redact(&e.to_string());
-                report.errors.push(message.clone());
-                report.outcome = TurnOutcome::Failed(TurnFailure::Api { message });
+                fail_api(&mut report, &e);
                 return report;
             }
         };
@@ -291,52 +289,87 @@ pub async fn run_turn(
             report.outcome = TurnOutcome::Completed;
             return report;
         };
-        let message = log::redact(&error.message());
-        report.errors.push(format!("{}: {message}", error.name));
-        match classify(&error) {
-            ErrorClass::Quota => {
-                report.outcome = TurnOutcome::Failed(TurnFailure::Quota { message });
-                return report;
-            }
-            ErrorClass::ProviderAuth => {
-                report.outcome = TurnOutcome::Failed(TurnFailure::ProviderAuth { message });
-                return report;
-            }
-            ErrorClass::ContextOverflow if report.replaced.is_none() => {
-                let old = report.session.clone();
-                let fresh = async {
-                    client.archive_session(&old.id, (opts.now_ms)()).await?;
-                    client.create_session(&old.title).await
-                }
-                .await;
-                match fresh {
-                    Ok(s) => {
-                        report.replaced = Some(old.id);
-                        report.session = s;
-                        text = prompt.to_string();
-                        provider_attempts = 0;
-                    }
-                    Err(e) => {
-                        let m = log::redact(&e.to_string());
-                        report.errors.push(m.clone());
-                        report.outcome = TurnOutcome::Failed(TurnFailure::Api { message: m });
-                        return report;
-                    }
-                }
-            }
-            ErrorClass::ContextOverflow => {
-                report.outcome = TurnOutcome::Failed(TurnFailure::ContextOverflow { message });
-                return report;
-            }
-            ErrorClass::Aborted | ErrorClass::Provider => {
-                if provider_attempts >= opts.max_attempts.max(1) {
-                    report.outcome = TurnOutcome::Failed(TurnFailure::Provider { message });
-                    return report;
-                }
-                text = continuation_prompt(&message);
+        match after_error(client, &mut report, &error, provider_attempts, opts).await {
+            Next::Done => return report,
+            Next::Continue(message) => text = continuation_prompt(&message),
+            Next::Restart => {
+                text = prompt.to_string();
+                provider_attempts = 0;
             }
         }
     }
+}
+
+/// What the turn does after a reply that failed.
+enum Next {
+    /// The turn is over; the report holds its outcome.
+    Done,
+    /// Retry with a continuation prompt naming this (sanitized) error.
+    Continue(String),
+    /// Start over with the original prompt in the fresh session that replaced the overflowing one.
+    Restart,
+}
+
+/// Records the reply's `error` and decides, by its class, whether and how the turn goes on.
+async fn after_error(
+    client: &Client,
+    report: &mut TurnReport,
+    error: &NamedError,
+    provider_attempts: u32,
+    opts: &TurnOptions,
+) -> Next {
+    let message = log::redact(&error.message());
+    report.errors.push(format!("{}: {message}", error.name));
+    match classify(error) {
+        ErrorClass::Quota => {
+            report.outcome = TurnOutcome::Failed(TurnFailure::Quota { message });
+            Next::Done
+        }
+        ErrorClass::ProviderAuth => {
+            report.outcome = TurnOutcome::Failed(TurnFailure::ProviderAuth { message });
+            Next::Done
+        }
+        ErrorClass::ContextOverflow if report.replaced.is_none() => {
+            match replace_session(client, report, opts).await {
+                Ok(()) => Next::Restart,
+                Err(e) => {
+                    fail_api(report, &e);
+                    Next::Done
+                }
+            }
+        }
+        ErrorClass::ContextOverflow => {
+            report.outcome = TurnOutcome::Failed(TurnFailure::ContextOverflow { message });
+            Next::Done
+        }
+        ErrorClass::Aborted | ErrorClass::Provider => {
+            if provider_attempts >= opts.max_attempts.max(1) {
+                report.outcome = TurnOutcome::Failed(TurnFailure::Provider { message });
+                return Next::Done;
+            }
+            Next::Continue(message)
+        }
+    }
+}
+
+/// Archives the report's session and moves the report to a fresh one with the same title.
+async fn replace_session(
+    client: &Client,
+    report: &mut TurnReport,
+    opts: &TurnOptions,
+) -> Result<(), ApiError> {
+    let old = report.session.clone();
+    client.archive_session(&old.id, (opts.now_ms)()).await?;
+    report.session = client.create_session(&old.title).await?;
+    report.replaced = Some(old.id);
+    Ok(())
+}
+
+/// Ends the turn on a failure of the OpenCode API itself.
+fn fail_api(report: &mut TurnReport, e: &ApiError) {
+    let message = log::redact(&e.to_string());
+    report.errors.push(message.clone());
+    report.outcome = TurnOutcome::Failed(TurnFailure::Api { message });
 }
 
 /// Adds the new messages' usage to the report and takes the last assistant message as the reply.
@@ -389,7 +422,7 @@ async fn attempt(
     if deadline.is_some_and(|d| Instant::now() >= d) {
         return Ok(AttemptEnd::TimedOut);
     }
-    let mut events = subscribe(client).await?;
+    let events = subscribe(client).await?;
     let before = client.messages(session_id, None).await?.len();
     let mut body = PromptBody::text(text);
     body.agent = opts.agent.clone();
@@ -398,13 +431,37 @@ async fn attempt(
 
     let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
     let until = deadline.unwrap_or(far);
+    let observed = match wait_for_idle(client, session_id, events, opts, until, cancel).await? {
+        Wait::Idle { observed } => observed,
+        Wait::Ended(end) => return Ok(end),
+    };
+    settle(client, session_id, before, observed).await
+}
+
+/// How the wait for the session's idle ended.
+enum Wait {
+    /// `observed` as in [`AttemptEnd::Idle`].
+    Idle { observed: Option<NamedError> },
+    /// The attempt ended without an idle.
+    Ended(AttemptEnd),
+}
+
+/// Follows the session's events until it is idle, reconnecting when the stream drops.
+async fn wait_for_idle(
+    client: &Client,
+    session_id: &str,
+    mut events: EventStream,
+    opts: &TurnOptions,
+    until: Instant,
+    cancel: &Cancellation,
+) -> Result<Wait, ApiError> {
     let mut reconnects = 0;
     let mut observed: Option<NamedError> = None;
     loop {
         let next = tokio::select! {
             ev = events.next() => ev,
-            _ = tokio::time::sleep_until(until) => return Ok(AttemptEnd::TimedOut),
-            _ = cancel.cancelled() => return Ok(AttemptEnd::Cancelled),
+            _ = tokio::time::sleep_until(until) => return Ok(Wait::Ended(AttemptEnd::TimedOut)),
+            _ = cancel.cancelled() => return Ok(Wait::Ended(AttemptEnd::Cancelled)),
         };
         match next {
             Ok(Some(ev)) => {
@@ -414,58 +471,96 @@ async fn attempt(
                 if let Some(progress) = &opts.progress {
                     progress.observe(&ev);
                 }
-                match ev {
-                    Event::SessionIdle { .. }
-                    | Event::SessionStatus {
-                        status: SessionStatus::Idle,
-                        ..
-                    } => break,
-                    Event::SessionError { error, .. } => {
-                        if error.is_some() {
-                            observed = error;
-                        }
+                match on_event(ev, &mut observed) {
+                    Seen::Idle => return Ok(Wait::Idle { observed }),
+                    Seen::QuotaRetry { message } => {
+                        return Ok(Wait::Ended(AttemptEnd::QuotaRetry { message }))
                     }
-                    Event::SessionStatus {
-                        status: SessionStatus::Retry { message },
-                        ..
-                    } => {
-                        if is_quota_text(&message) {
-                            return Ok(AttemptEnd::QuotaRetry {
-                                message: log::redact(&message),
-                            });
-                        }
-                    }
-                    Event::SessionStatus {
-                        status: SessionStatus::Busy | SessionStatus::Other { .. },
-                        ..
-                    }
-                    | Event::ServerConnected
-                    | Event::MessageUpdated { .. }
-                    | Event::PartUpdated { .. }
-                    | Event::TodoUpdated { .. }
-                    | Event::Other { .. } => {}
+                    Seen::Nothing => {}
                 }
             }
             Ok(None) | Err(_) => {
                 // The stream dropped: reconnect, then make sure the idle was not missed meanwhile.
                 reconnects += 1;
-                if reconnects > RECONNECTS {
-                    return Err(ApiError::Status {
-                        method: "GET",
-                        route: "/event".into(),
-                        status: 0,
-                        body: "the event stream kept dropping".into(),
-                    });
-                }
-                tokio::time::sleep(Duration::from_millis(200 * reconnects as u64)).await;
-                events = subscribe(client).await?;
+                events = reconnect(client, reconnects).await?;
                 if !is_busy(client, Some(session_id)).await? {
-                    break;
+                    return Ok(Wait::Idle { observed });
                 }
             }
         }
     }
-    // Idle is announced before the last message is finalized: give it a moment to complete.
+}
+
+/// What one of the session's events means for the attempt.
+enum Seen {
+    Idle,
+    /// OpenCode is retrying a quota error: the (sanitized) message.
+    QuotaRetry {
+        message: String,
+    },
+    Nothing,
+}
+
+/// Reads one event of the session; a `session.error` is kept in `observed`.
+fn on_event(ev: Event, observed: &mut Option<NamedError>) -> Seen {
+    match ev {
+        Event::SessionIdle { .. }
+        | Event::SessionStatus {
+            status: SessionStatus::Idle,
+            ..
+        } => Seen::Idle,
+        Event::SessionError { error, .. } => {
+            if error.is_some() {
+                *observed = error;
+            }
+            Seen::Nothing
+        }
+        Event::SessionStatus {
+            status: SessionStatus::Retry { message },
+            ..
+        } => {
+            if is_quota_text(&message) {
+                return Seen::QuotaRetry {
+                    message: log::redact(&message),
+                };
+            }
+            Seen::Nothing
+        }
+        Event::SessionStatus {
+            status: SessionStatus::Busy | SessionStatus::Other { .. },
+            ..
+        }
+        | Event::ServerConnected
+        | Event::MessageUpdated { .. }
+        | Event::PartUpdated { .. }
+        | Event::TodoUpdated { .. }
+        | Event::Other { .. } => Seen::Nothing,
+    }
+}
+
+/// Subscribes again after the stream dropped for the `reconnects`-th time, backing off; gives up
+/// after [`RECONNECTS`].
+async fn reconnect(client: &Client, reconnects: u32) -> Result<EventStream, ApiError> {
+    if reconnects > RECONNECTS {
+        return Err(ApiError::Status {
+            method: "GET",
+            route: "/event".into(),
+            status: 0,
+            body: "the event stream kept dropping".into(),
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(200 * reconnects as u64)).await;
+    subscribe(client).await
+}
+
+/// The messages after the first `before`, once the last assistant message is complete (or after
+/// [`SETTLE_WAIT`]). Idle is announced before the last message is finalized: give it a moment.
+async fn settle(
+    client: &Client,
+    session_id: &str,
+    before: usize,
+    observed: Option<NamedError>,
+) -> Result<AttemptEnd, ApiError> {
     let settle = Instant::now() + SETTLE_WAIT;
     loop {
         let msgs = client.messages(session_id, None).await?;

@@ -470,6 +470,21 @@ fn discard(paths: &StatePaths, reason: &str, notes: &mut Vec<String>) {
     let _ = std::fs::remove_file(paths.marker());
 }
 
+/// Why one validation stage rejected restored memory: becomes `Validation::Discard`.
+struct Rejection {
+    reason: String,
+    fault: Fault,
+}
+
+/// What SQLite made of the restored database, off the async runtime.
+struct Examination {
+    checkpoint: CheckpointOutcome,
+    /// `Some` only when there was no WAL to fold in and a database to probe.
+    probe: Option<ProbeOutcome>,
+    /// `None` when the database could not be read, so was not sanitized.
+    sanitized: Option<SanitizeOutcome>,
+}
+
 /// Checks what was just restored: a readable data dir, our storage version, a database that SQLite
 /// can read (checkpointing a restored WAL, or probing when there is none), then sanitizes it.
 /// Removes `auth.json`.
@@ -478,7 +493,37 @@ async fn validate(
     source: RestoreSource,
     notes: &mut Vec<String>,
 ) -> Validation {
+    remove_restored_auth(inputs.paths, notes);
+    match check_restored(inputs, source, notes).await {
+        Ok(()) => Validation::Valid,
+        Err(Rejection { reason, fault }) => Validation::Discard { reason, fault },
+    }
+}
+
+/// The validation stages, in order; the first to reject decides.
+async fn check_restored(
+    inputs: &RestoreInputs<'_>,
+    source: RestoreSource,
+    notes: &mut Vec<String>,
+) -> Result<(), Rejection> {
     let paths = inputs.paths;
+    check_data_dir(paths)?;
+    check_storage_version(paths, notes)?;
+    let db = paths.db();
+    if source == RestoreSource::Cache && !db.is_file() {
+        // fro-bot never saves an entry without a database: a hollow one would only hide memory.
+        return Err(Rejection {
+            reason: "the entry holds no session database".into(),
+            fault: Fault::Broken,
+        });
+    }
+    let examination = examine_database(db, inputs.now_ms).await?;
+    check_readable(examination.checkpoint, examination.probe, notes)?;
+    check_sanitized(examination.sanitized, notes)
+}
+
+/// Credentials never come from memory: a restored `auth.json` is removed.
+fn remove_restored_auth(paths: &StatePaths, notes: &mut Vec<String>) {
     match paths.remove_auth_file() {
         Ok(true) => warn(
             notes,
@@ -487,23 +532,32 @@ async fn validate(
         Ok(false) => {}
         Err(e) => warn(notes, format!("cannot remove a restored auth.json: {e}")),
     }
+}
+
+/// A data dir that exists must be readable; an absent one is an empty restore.
+fn check_data_dir(paths: &StatePaths) -> Result<(), Rejection> {
     if let Err(e) = std::fs::read_dir(&paths.data_dir) {
         if e.kind() != std::io::ErrorKind::NotFound {
-            return Validation::Discard {
+            return Err(Rejection {
                 reason: format!("data dir unreadable: {e}"),
                 fault: Fault::Kept,
-            };
+            });
         }
     }
+    Ok(())
+}
+
+/// Memory of another storage version is not ours to read.
+fn check_storage_version(paths: &StatePaths, notes: &mut Vec<String>) -> Result<(), Rejection> {
     match check_marker(&paths.marker()) {
         MarkerCheck::VersionMismatch { found } => {
-            return Validation::Discard {
+            return Err(Rejection {
                 reason: format!(
                     "storage version {found}, this fro-bot reads version {}",
                     crate::phases::paths::STORAGE_VERSION
                 ),
                 fault: Fault::Kept,
-            }
+            })
         }
         MarkerCheck::Unreadable { message } => warn(
             notes,
@@ -511,15 +565,12 @@ async fn validate(
         ),
         MarkerCheck::Missing | MarkerCheck::Compatible(_) => {}
     }
-    let db = paths.db();
-    if source == RestoreSource::Cache && !db.is_file() {
-        // fro-bot never saves an entry without a database: a hollow one would only hide memory.
-        return Validation::Discard {
-            reason: "the entry holds no session database".into(),
-            fault: Fault::Broken,
-        };
-    }
-    let now_ms = inputs.now_ms;
+    Ok(())
+}
+
+/// Checkpoints a restored WAL (or probes when there is none) and, when SQLite could read the
+/// database, sanitizes it. SQLite blocks, so this runs on a blocking thread.
+async fn examine_database(db: std::path::PathBuf, now_ms: i64) -> Result<Examination, Rejection> {
     let outcome = tokio::task::spawn_blocking(move || {
         let cp = checkpoint::checkpoint(&db);
         let probe = match cp {
@@ -530,18 +581,26 @@ async fn validate(
             (CheckpointOutcome::Failed { .. }, _) | (_, Some(ProbeOutcome::Failed { .. })) => None,
             _ => Some(sanitize::sanitize(&db, now_ms)),
         };
-        (cp, probe, sanitized)
+        Examination {
+            checkpoint: cp,
+            probe,
+            sanitized,
+        }
     })
     .await;
-    let (cp, probe, sanitized) = match outcome {
-        Ok(triple) => triple,
-        Err(e) => {
-            return Validation::Discard {
-                reason: format!("validation task failed: {e}"),
-                fault: Fault::Kept,
-            };
-        }
-    };
+    outcome.map_err(|e| Rejection {
+        reason: format!("validation task failed: {e}"),
+        fault: Fault::Kept,
+    })
+}
+
+/// Whether SQLite could read the database: corruption breaks the entry, other failures only
+/// leave it unchecked.
+fn check_readable(
+    cp: CheckpointOutcome,
+    probe: Option<ProbeOutcome>,
+    notes: &mut Vec<String>,
+) -> Result<(), Rejection> {
     match (cp, probe) {
         (
             CheckpointOutcome::Failed {
@@ -556,12 +615,10 @@ async fn validate(
                 structural: true,
                 message,
             }),
-        ) => {
-            return Validation::Discard {
-                reason: format!("corrupt database: {message}"),
-                fault: Fault::Broken,
-            }
-        }
+        ) => Err(Rejection {
+            reason: format!("corrupt database: {message}"),
+            fault: Fault::Broken,
+        }),
         (
             CheckpointOutcome::Failed {
                 structural: false,
@@ -578,37 +635,41 @@ async fn validate(
         ) => {
             // Not corruption (permissions, I/O, busy) — but unchecked content must not reach
             // OpenCode. The entry is kept for a run that can read it.
-            return Validation::Discard {
+            Err(Rejection {
                 reason: format!("restored database could not be checked: {message}"),
                 fault: Fault::Kept,
-            };
+            })
         }
         (CheckpointOutcome::Checkpointed, _) => {
             notes.push("folded a restored WAL into the database".into());
+            Ok(())
         }
-        (CheckpointOutcome::NothingToCheckpoint, _) => {}
+        (CheckpointOutcome::NothingToCheckpoint, _) => Ok(()),
     }
+}
+
+/// What sanitizing found: what it changed is logged; a database it could not finish is rejected.
+fn check_sanitized(
+    sanitized: Option<SanitizeOutcome>,
+    notes: &mut Vec<String>,
+) -> Result<(), Rejection> {
     match sanitized {
-        None | Some(SanitizeOutcome::Clean { .. }) => {}
-        Some(SanitizeOutcome::Corrupt { message }) => {
-            return Validation::Discard {
-                reason: format!("corrupt database: {message}"),
-                fault: Fault::Broken,
+        None => Ok(()),
+        Some(SanitizeOutcome::Clean { notes: changes }) => {
+            for change in changes {
+                warn(notes, format!("restored memory: {change}"));
             }
+            Ok(())
         }
-        Some(SanitizeOutcome::Failed { message }) => {
-            return Validation::Discard {
-                reason: format!("restored database could not be sanitized: {message}"),
-                fault: Fault::Kept,
-            }
-        }
+        Some(SanitizeOutcome::Corrupt { message }) => Err(Rejection {
+            reason: format!("corrupt database: {message}"),
+            fault: Fault::Broken,
+        }),
+        Some(SanitizeOutcome::Failed { message }) => Err(Rejection {
+            reason: format!("restored database could not be sanitized: {message}"),
+            fault: Fault::Kept,
+        }),
     }
-    if let Some(SanitizeOutcome::Clean { notes: changes }) = sanitized {
-        for change in changes {
-            warn(notes, format!("restored memory: {change}"));
-        }
-    }
-    Validation::Valid
 }
 
 /// The store side of the restore: `sessions/opencode.db` into the data dir.

@@ -158,3 +158,161 @@ fn no_module_imports_a_module_that_imports_it_back() {
         "modules that import themselves back through others: {rings:?}\nedges: {edges:#?}"
     );
 }
+
+/// Longest a function in `src/` may be (the fn line through its closing brace), tests excepted.
+const MAX_FN_LINES: usize = 100;
+
+/// `code` with comments, strings and char literals blanked (newlines kept), so braces count.
+fn code_only(code: &str) -> String {
+    let b = code.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    let blank = |out: &mut Vec<u8>, c: u8| out.push(if c == b'\n' { b'\n' } else { b' ' });
+    while i < b.len() {
+        let rest = &b[i..];
+        if rest.starts_with(b"//") {
+            while i < b.len() && b[i] != b'\n' {
+                blank(&mut out, b[i]);
+                i += 1;
+            }
+        } else if rest.starts_with(b"/*") {
+            let end = code[i + 2..].find("*/").map_or(b.len(), |e| i + 2 + e + 2);
+            b[i..end].iter().for_each(|&c| blank(&mut out, c));
+            i = end;
+        } else if rest.starts_with(b"r\"") || rest.starts_with(b"r#") {
+            let hashes = rest[1..].iter().take_while(|&&c| c == b'#').count();
+            if rest.get(1 + hashes) != Some(&b'"') {
+                out.push(b[i]);
+                i += 1;
+                continue;
+            }
+            let close = format!("\"{}", "#".repeat(hashes));
+            let start = i + 2 + hashes;
+            let end = code[start..]
+                .find(&close)
+                .map_or(b.len(), |e| start + e + close.len());
+            b[i..end].iter().for_each(|&c| blank(&mut out, c));
+            i = end;
+        } else if b[i] == b'"' {
+            blank(&mut out, b[i]);
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                let n = if b[i] == b'\\' { 2 } else { 1 };
+                for _ in 0..n.min(b.len() - i) {
+                    blank(&mut out, b[i]);
+                    i += 1;
+                }
+            }
+            if i < b.len() {
+                blank(&mut out, b[i]);
+                i += 1;
+            }
+        } else if b[i] == b'\'' {
+            // A char literal ('x', '\n', '\u{7f}'); otherwise a lifetime.
+            let len = if rest.get(1) == Some(&b'\\') {
+                rest[2..].iter().position(|&c| c == b'\'').map(|p| p + 3)
+            } else {
+                let ch = code[i + 1..].chars().next().map_or(1, char::len_utf8);
+                (rest.get(1 + ch) == Some(&b'\'')).then_some(ch + 2)
+            };
+            let len = len.unwrap_or(1);
+            b[i..i + len].iter().for_each(|&c| blank(&mut out, c));
+            i += len;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Every function with a body in `code` before its test module: (name, first line, lines).
+fn function_lengths(code: &str) -> Vec<(String, usize, usize)> {
+    let clean = code_only(code);
+    let clean = match clean.find("#[cfg(test)]\nmod tests") {
+        Some(at) => &clean[..at],
+        None => &clean,
+    };
+    let lines: Vec<&str> = clean.lines().collect();
+    let mut out = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let Some(name) = line
+            .split_whitespace()
+            .skip_while(|w| *w != "fn")
+            .nth(1)
+            .map(|w| w.split(['(', '<']).next().unwrap_or(w).to_string())
+        else {
+            continue;
+        };
+        if name.is_empty() || line.trim_start().starts_with("//") {
+            continue;
+        }
+        // The body: the first `{` before any `;` (a declaration without one has none).
+        let mut depth = 0usize;
+        let mut opened = false;
+        'scan: for (m, l) in lines.iter().enumerate().skip(n) {
+            for c in l.chars() {
+                match c {
+                    ';' if !opened => break 'scan,
+                    '{' => {
+                        opened = true;
+                        depth += 1;
+                    }
+                    '}' if opened => {
+                        depth -= 1;
+                        if depth == 0 {
+                            out.push((name.clone(), n + 1, m - n + 1));
+                            break 'scan;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_function_in_src_is_longer_than_a_hundred_lines() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut stack = vec![src.clone()];
+    let mut seen = 0;
+    let mut long = Vec::new();
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let code = std::fs::read_to_string(&path).unwrap();
+            for (name, line, len) in function_lengths(&code) {
+                seen += 1;
+                if len > MAX_FN_LINES {
+                    let rel = path.strip_prefix(&src).unwrap().display().to_string();
+                    long.push(format!("{rel}:{line} {name}: {len} lines"));
+                }
+            }
+        }
+    }
+    assert!(seen > 500, "the scan found only {seen} functions");
+    long.sort();
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FN_LINES} lines (split them):\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_function_scan_measures_bodies_not_braces_in_text() {
+    let code = "fn a() {\n    let s = \"{\";\n    let c = '{';\n    // {\n    let r = r#\"}\"#;\n}\nfn b<'x>(v: &'x str) -> &'x str {\n    v\n}\ntrait T {\n    fn decl(&self);\n}\n#[cfg(test)]\nmod tests {\n    fn long() {\n    }\n}\n";
+    assert_eq!(
+        function_lengths(code),
+        vec![("a".to_string(), 1, 6), ("b".to_string(), 7, 3)]
+    );
+}
