@@ -48,8 +48,8 @@ pub fn harden_self() -> std::io::Result<()> {
 pub enum AgentUser {
     /// fro-bot is root and switches the agent to this unprivileged user.
     Switched { uid: u32, gid: u32, why: UidChoice },
-    /// fro-bot is not root (e.g. a developer's `fro-bot local`): the agent runs as the current
-    /// user, unconfined by uid.
+    /// fro-bot is not root (e.g. a developer's `fro-bot local`), or is root in a local run on its
+    /// own checkout: the agent runs as the current user, unconfined by uid.
     Current { uid: u32 },
 }
 
@@ -75,6 +75,20 @@ impl AgentUser {
             .map(|m| (m.uid(), m.gid()));
         let docker_gid = std::fs::metadata(DOCKER_SOCKET).ok().map(|m| m.gid());
         Self::pick(owner, docker_gid)
+    }
+
+    /// Who the agent runs as in `fro-bot local`: whoever runs fro-bot, as on a laptop, except
+    /// that root on a checkout someone else owns runs the agent as that owner, as the action does.
+    /// Root on its own checkout (a dev container, `docker run` of the image) keeps root: the user
+    /// asked for an agent that edits that checkout, which no other uid could.
+    pub fn choose_local(workspace: &Path) -> AgentUser {
+        match Self::choose(workspace) {
+            AgentUser::Switched {
+                why: UidChoice::Dedicated,
+                ..
+            } => AgentUser::Current { uid: 0 },
+            user => user,
+        }
     }
 
     fn pick(owner: Option<(u32, u32)>, docker_gid: Option<u32>) -> AgentUser {
@@ -126,9 +140,11 @@ impl AgentUser {
                 "the workspace belongs to root, so the agent runs as the dedicated uid {uid}, \
                  gid {gid}: it can read the workspace but not write it"
             ),
+            AgentUser::Current { uid: 0 } => {
+                "the agent runs as root (uid 0), as fro-bot does: the checkout is root's".into()
+            }
             AgentUser::Current { uid } => format!(
-                "fro-bot is not root, so the agent runs as the current user (uid {uid}) \
-                 without a uid switch"
+                "the agent runs as the current user (uid {uid}), as fro-bot does: no uid switch"
             ),
         }
     }

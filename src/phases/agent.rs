@@ -88,7 +88,10 @@ pub(crate) async fn start_agent(
         .await
         .map_err(|e| e.to_string())?;
     let dirs = isolation(env, &paths.data_dir, &home, private_home);
-    let user = AgentUser::choose(workspace);
+    let user = match mode {
+        Mode::Action => AgentUser::choose(workspace),
+        Mode::Local { .. } => AgentUser::choose_local(workspace),
+    };
     // Running unprivileged (a laptop's `fro-bot local`) is the normal case, not a warning; only
     // a dedicated uid that cannot write the workspace needs attention.
     match user {

@@ -173,3 +173,114 @@ fn local_without_credentials_fails_at_once_naming_the_fix_and_prints_no_workflow
     eprintln!("local without credentials failed after {took:?}");
     assert!(took < std::time::Duration::from_secs(60), "{took:?}");
 }
+
+/// `fro-bot local` by `uid` on its own checkout: the agent edits it, memory is kept, a second run
+/// resumes, and the output says who the agent runs as, with no warning and no process killed (the
+/// agent left none running). Returns what both runs printed.
+async fn local_run_edits_and_resumes(uid: u32) -> String {
+    use crate::support::action::{chown_r, fresh_checkout, BIN};
+    use crate::support::fake_llm::FakeLlm;
+    use crate::support::services::opencode_bin;
+    use std::os::unix::process::CommandExt;
+    let llm = FakeLlm::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let repo = dir.path().join("repo");
+    fresh_checkout(&repo, "local\n");
+    let home = dir.path().join("user-home");
+    std::fs::create_dir(&home).unwrap();
+    chown_r(&repo, uid);
+    chown_r(&home, uid);
+    // The user runs binaries it can reach (the build's are under root's 0700 home).
+    let (mut bin, mut opencode) = (std::path::PathBuf::from(BIN), opencode_bin());
+    if uid != 0 {
+        let bins = dir.path().join("bin");
+        std::fs::create_dir(&bins).unwrap();
+        for b in [&mut bin, &mut opencode] {
+            let copy = bins.join(b.file_name().unwrap());
+            std::fs::copy(&*b, &copy).unwrap();
+            *b = copy;
+        }
+    }
+    let (config, cwd) = (llm.opencode_config().to_string(), repo.clone());
+    let run = move |prompt: &str| {
+        std::process::Command::new(&bin)
+            .args(["local", "--prompt", prompt])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", &home)
+            .env("OPENCODE_PATH", &opencode)
+            .env("INPUT_OPENCODE-CONFIG", &config)
+            .current_dir(&cwd)
+            .uid(uid)
+            .gid(uid)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap()
+    };
+    llm.push(Reply::tool(
+        "bash",
+        json!({"command": "echo edited > README.md", "description": "edit"}),
+    ));
+    llm.push(Reply::text("Edited the readme."));
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    let first = tokio::task::spawn_blocking({
+        let run = run.clone();
+        move || run("edit the readme")
+    })
+    .await
+    .unwrap();
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("README.md")).unwrap(),
+        "edited\n"
+    );
+    llm.push(Reply::text("Still here."));
+    let second = tokio::task::spawn_blocking(move || run("again"))
+        .await
+        .unwrap();
+    assert_eq!(second.status.code(), Some(0), "{}", text(&second));
+    let last = crate::support::fake_llm::request_text(&llm.requests().last().cloned().unwrap());
+    assert!(
+        last.contains("Edited the readme."),
+        "the second run resumed the first: {last}"
+    );
+    let printed = text(&first) + &text(&second);
+    for unwanted in ["warning", "killed"] {
+        assert!(
+            !printed.to_lowercase().contains(unwanted),
+            "{unwanted}: {printed}"
+        );
+    }
+    printed
+}
+
+/// As root on a root-owned checkout (a dev container, `docker run` of the image).
+#[tokio::test]
+async fn local_as_root_on_a_root_owned_checkout_edits_it_and_resumes() {
+    let printed = local_run_edits_and_resumes(0).await;
+    assert!(
+        printed.contains("the agent runs as root (uid 0)"),
+        "{printed}"
+    );
+}
+
+/// As a normal user on a laptop.
+#[tokio::test]
+async fn local_as_a_normal_user_edits_and_resumes_without_a_warning() {
+    let printed = local_run_edits_and_resumes(1001).await;
+    assert!(
+        printed.contains("the agent runs as the current user (uid 1001)"),
+        "{printed}"
+    );
+}
