@@ -284,3 +284,59 @@ async fn local_as_a_normal_user_edits_and_resumes_without_a_warning() {
         "{printed}"
     );
 }
+
+/// An OpenCode that cannot start fails the run, in `local` and in the action, with one line that
+/// says where to look.
+#[tokio::test]
+async fn an_opencode_that_cannot_start_fails_local_and_the_action_naming_its_log() {
+    use crate::support::action::{fresh_checkout, BIN};
+    let world = World::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("opencode");
+    std::fs::write(&broken, "#!/bin/sh\necho 'cannot bind' >&2\nexit 3\n").unwrap();
+    std::fs::set_permissions(
+        &broken,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let repo = dir.path().join("repo");
+    fresh_checkout(&repo, "local\n");
+    let local = std::process::Command::new(BIN)
+        .args(["local", "--prompt", "hello"])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", repo.join("user-home"))
+        .env("OPENCODE_PATH", &broken)
+        .env(
+            "INPUT_OPENCODE-CONFIG",
+            world.llm.opencode_config().to_string(),
+        )
+        .current_dir(&repo)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&local.stdout).into_owned()
+        + &String::from_utf8_lossy(&local.stderr);
+    assert_eq!(local.status.code(), Some(1), "{printed}");
+    let line = printed
+        .lines()
+        .find(|l| l.contains("OpenCode could not start"))
+        .unwrap_or_else(|| panic!("{printed}"));
+    assert!(
+        line.contains("exited before it was ready (exit status: 3)")
+            && line.contains("opencode-server.log"),
+        "{line}"
+    );
+
+    let mut job = world.job(8100);
+    job.set("OPENCODE_PATH", broken.to_string_lossy().into_owned());
+    world.github.seed_issue(3, "Broken", "Broken.");
+    job.event("issue_comment", &comment_event(3, 1, "@fro-bot hi"));
+    let (_job, r) = main_step(job).await;
+    assert_eq!(r.code, 1, "{}", explain(&r));
+    assert!(
+        r.stdout.contains("OpenCode could not start"),
+        "{}",
+        explain(&r)
+    );
+}
