@@ -68,19 +68,32 @@ fn strays_of(procs: &HashMap<i32, Proc>, root: i32, uid: u32) -> Vec<(i32, Proc)
 pub enum Sweep {
     /// Nothing of the agent's was running.
     Clean,
-    /// These many were killed and are gone.
-    Killed { count: usize },
+    /// These were killed and are gone: `agents` names those the agent started (not fro-bot's own
+    /// programs, such as the session-tools server OpenCode ran, which may still be exiting).
+    Killed { count: usize, agents: Vec<String> },
     /// Still alive after SIGKILL and the wait.
     Remaining { pids: Vec<i32> },
 }
 
+/// A process's name (`comm`), unless its program is one of `ours`.
+fn agents_process(pid: i32, ours: &[std::path::PathBuf]) -> Option<String> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    if exe.is_some_and(|e| ours.contains(&e)) {
+        return None;
+    }
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    Some(format!("{} ({pid})", comm.trim()))
+}
+
 /// Kills (SIGKILL) and reaps every process of `uid` under fro-bot, until none is left or `budget`
-/// runs out. Processes fork while being killed: it rescans until a scan is clean.
-pub fn sweep(uid: u32, budget: Duration) -> Sweep {
+/// runs out. Processes fork while being killed: it rescans until a scan is clean. `ours`: the
+/// programs of fro-bot's own that run as `uid` (killed too, not reported as the agent's).
+pub fn sweep(uid: u32, budget: Duration, ours: &[std::path::PathBuf]) -> Sweep {
     // SAFETY: getpid cannot fail.
     let me = unsafe { libc::getpid() };
     let deadline = Instant::now() + budget;
     let mut killed = std::collections::HashSet::new();
+    let mut agents = Vec::new();
     loop {
         let procs = all_procs();
         let strays = strays_of(&procs, me, uid);
@@ -99,10 +112,13 @@ pub fn sweep(uid: u32, budget: Duration) -> Sweep {
         if strays.is_empty() {
             return match killed.len() {
                 0 => Sweep::Clean,
-                count => Sweep::Killed { count },
+                count => Sweep::Killed { count, agents },
             };
         }
         for pid in &live {
+            if !killed.contains(pid) {
+                agents.extend(agents_process(*pid, ours));
+            }
             // SAFETY: a plain syscall on a pid just seen as the agent's and in our tree; a pid
             // cannot be reused while it is our descendant or an unreaped zombie.
             unsafe { libc::kill(*pid, libc::SIGKILL) };
@@ -113,6 +129,7 @@ pub fn sweep(uid: u32, budget: Duration) -> Sweep {
                 // Only zombies of other strays' children: gone once their parents are reaped.
                 return Sweep::Killed {
                     count: killed.len(),
+                    agents,
                 };
             }
             return Sweep::Remaining { pids: live };
@@ -154,14 +171,14 @@ mod tests {
         assert!(status.success());
         std::thread::sleep(Duration::from_millis(300));
         assert!(out.exists(), "the writer runs");
-        let found = sweep(1001, Duration::from_secs(3));
+        let found = sweep(1001, Duration::from_secs(3), &[]);
         assert!(
-            matches!(found, Sweep::Killed { count } if count >= 1),
+            matches!(&found, Sweep::Killed { count, agents } if *count >= 1 && agents.iter().any(|a| a.starts_with("sh ("))),
             "{found:?}"
         );
         std::fs::remove_file(&out).unwrap();
         std::thread::sleep(Duration::from_millis(200));
         assert!(!out.exists(), "the writer is dead");
-        assert_eq!(sweep(1001, Duration::from_secs(1)), Sweep::Clean);
+        assert_eq!(sweep(1001, Duration::from_secs(1), &[]), Sweep::Clean);
     }
 }

@@ -221,13 +221,15 @@ struct Confinement {
     _binary: Option<PrivateBinary>,
     /// The session tools' trust view, read by them at each call while the agent runs.
     trust: Option<(crate::trust::TrustView, tempfile::NamedTempFile)>,
+    /// OpenCode and the session-tools server, as run by the agent's uid.
+    own_programs: Vec<PathBuf>,
 }
 
 /// What [`Agent::release`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Released {
     /// No process of the agent is left and its directories are fro-bot's again.
-    Clean { strays_killed: usize },
+    Clean { strays_killed: Vec<String> },
     /// Processes of the agent survived SIGKILL: its directories stay handed over (taking them
     /// back while something writes them would race), and the checkpoint must not run.
     StraysRemain { pids: Vec<i32> },
@@ -473,7 +475,13 @@ impl Agent {
         let trust_path = trust.as_ref().map(|(_, f)| f.path().to_path_buf());
         let exe = session_tools_exe(&opts, &mut notes);
         let with_tools = exe.is_some();
-        let server_opts = server_options(&opts, &confined, &plan, &proxy, exe, trust_path);
+        let server_opts = server_options(&opts, &confined, &plan, &proxy, exe.clone(), trust_path);
+        // fro-bot's own programs the agent's uid runs: not the agent's when the sweep finds them.
+        let own_programs = [exe, Some(server_opts.bin.clone())]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .collect();
         let server = Server::start(&server_opts)
             .await
             .map_err(|source| AgentError::Server { source })?;
@@ -502,6 +510,7 @@ impl Agent {
                 _proxy: proxy,
                 _binary: confined.binary,
                 trust,
+                own_programs,
             },
         })
     }
@@ -601,10 +610,11 @@ impl Agent {
     /// takes its directories back and gives the file-command files back.
     pub async fn release(&mut self, budget: Duration) -> Released {
         let uid = self.confinement.user.uid();
-        let sweep = tokio::task::spawn_blocking(move || strays::sweep(uid, budget)).await;
+        let ours = self.confinement.own_programs.clone();
+        let sweep = tokio::task::spawn_blocking(move || strays::sweep(uid, budget, &ours)).await;
         let killed = match sweep {
-            Ok(strays::Sweep::Clean) => 0,
-            Ok(strays::Sweep::Killed { count }) => count,
+            Ok(strays::Sweep::Clean) => Vec::new(),
+            Ok(strays::Sweep::Killed { agents, .. }) => agents,
             Ok(strays::Sweep::Remaining { pids }) => return Released::StraysRemain { pids },
             Err(e) => {
                 tracing::warn!("the stray sweep failed: {e}");

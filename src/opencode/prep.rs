@@ -1,6 +1,8 @@
 //! Session prep: "Relevant prior work" found in earlier sessions, and the prompt the agent gets.
 //! `PromptInput` is plain data so the GitHub module can fill it without this module knowing GitHub.
 
+use futures_util::StreamExt;
+
 use super::client::{ApiError, Client, Session};
 use crate::trust::{PriorUse, SessionTrust, TrustView};
 use crate::untrusted::{strip_hidden, Fence, Label};
@@ -11,6 +13,8 @@ pub const EXCERPT_CONTEXT: usize = 50;
 /// Sessions scanned, newest first (bounds the cost of prep on a large store).
 const MAX_SESSIONS_SCANNED: usize = 40;
 const MAX_PER_SESSION: usize = 2;
+/// Sessions whose messages are fetched at once while looking for prior work.
+const CONCURRENT_FETCHES: usize = 4;
 /// Default prompt budget in characters.
 pub const DEFAULT_PROMPT_BUDGET: usize = 48_000;
 /// The issue/PR body is never cut below this.
@@ -82,7 +86,15 @@ pub async fn prior_work(
         .collect();
     sessions.sort_by_key(|(s, _)| std::cmp::Reverse(s.time.updated));
     let mut out = Vec::new();
-    for (s, judged) in sessions.into_iter().take(MAX_SESSIONS_SCANNED) {
+    // A few sessions' messages in flight at once, taken in order (newest first); the rest are
+    // dropped unread once the excerpts are found.
+    let mut fetched = futures_util::stream::iter(sessions.into_iter().take(MAX_SESSIONS_SCANNED))
+        .map(|(s, judged)| async move {
+            let msgs = client.messages(&s.id, Some(200)).await;
+            (s, judged, msgs)
+        })
+        .buffered(CONCURRENT_FETCHES);
+    while let Some((s, judged, msgs)) = fetched.next().await {
         if out.len() >= MAX_EXCERPTS {
             break;
         }
@@ -91,7 +103,7 @@ pub async fn prior_work(
             PriorUse::Untrusted(t) => (t, true),
             PriorUse::Withheld => continue, // filtered above
         };
-        let Ok(msgs) = client.messages(&s.id, Some(200)).await else {
+        let Ok(msgs) = msgs else {
             continue; // deleted meanwhile: not worth failing prep
         };
         let text: String = msgs.iter().map(|m| m.text()).collect::<Vec<_>>().join("\n");

@@ -274,29 +274,10 @@ fn entity_context(
 pub(crate) async fn drive_agent(agent: &mut Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
     let started_prep = Instant::now();
     let plan = inputs.plan;
-    if let Err(message) = preflight(agent, inputs.settings).await {
-        log::error(&format!("no usable model: {message}"));
-        out.errors.push(message.clone());
-        out.outcome = Some(TurnOutcome::Failed(opencode::TurnFailure::NoUsableModel {
-            message,
-        }));
-        return;
-    }
-    let key = plan.logical_key.as_str();
-    let resolved = match agent
-        .resolve_owned_session(key, inputs.restored.sessions.ownership(key))
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => {
-            out.errors.push(format!("cannot resolve the session: {e}"));
-            log::error(&format!("cannot resolve the session: {e}"));
-            out.outcome = Some(TurnOutcome::Failed(opencode::TurnFailure::Api {
-                message: e.to_string(),
-            }));
-            return;
-        }
-    };
+    // GitHub's side of the prompt does not wait for OpenCode's side, nor the reverse.
+    let (session, from_github) =
+        tokio::join!(usable_session(agent, inputs, out), github_context(inputs));
+    let Some(resolved) = session else { return };
     tracing::info!(
         "session {} ({:?}) for {}",
         resolved.session.id,
@@ -304,7 +285,7 @@ pub(crate) async fn drive_agent(agent: &mut Agent, inputs: &AgentInputs<'_>, out
         plan.logical_key.as_str()
     );
     out.session_id = Some(resolved.session.id.clone());
-    let (prompt, trust) = prepare_prompt(agent, inputs, &resolved.session.id).await;
+    let (prompt, trust) = prepare_prompt(agent, inputs, from_github, &resolved.session.id).await;
     if let Err(e) = agent.record_own_session(&resolved.session.id, &trust) {
         tracing::warn!("the session tools will not find this run's own session: {e}");
     }
@@ -328,6 +309,67 @@ pub(crate) async fn drive_agent(agent: &mut Agent, inputs: &AgentInputs<'_>, out
     }
 }
 
+/// The session this run continues or starts, once OpenCode has a usable model; `None` (with the
+/// failure in `out`) when it has none or the session cannot be resolved.
+async fn usable_session(
+    agent: &Agent,
+    inputs: &AgentInputs<'_>,
+    out: &mut AgentRun,
+) -> Option<opencode::ResolvedSession> {
+    if let Err(message) = preflight(agent, inputs.settings).await {
+        log::error(&format!("no usable model: {message}"));
+        out.errors.push(message.clone());
+        out.outcome = Some(TurnOutcome::Failed(opencode::TurnFailure::NoUsableModel {
+            message,
+        }));
+        return None;
+    }
+    let key = inputs.plan.logical_key.as_str();
+    match agent
+        .resolve_owned_session(key, inputs.restored.sessions.ownership(key))
+        .await
+    {
+        Ok(r) => Some(r),
+        Err(e) => {
+            out.errors.push(format!("cannot resolve the session: {e}"));
+            log::error(&format!("cannot resolve the session: {e}"));
+            out.outcome = Some(TurnOutcome::Failed(opencode::TurnFailure::Api {
+                message: e.to_string(),
+            }));
+            None
+        }
+    }
+}
+
+/// The thread's issue or PR (bounded) and, when only trusted authors are quoted, fro-bot's own
+/// login (its earlier answers stay in).
+struct GithubContext {
+    context: Option<github::context::Context>,
+    own_login: Option<String>,
+}
+
+async fn github_context(inputs: &AgentInputs<'_>) -> GithubContext {
+    let (Some(gh), Some(thread)) = (inputs.gh, &inputs.plan.thread) else {
+        return GithubContext {
+            context: None,
+            own_login: None,
+        };
+    };
+    let limits = github::context::ContextLimits::default();
+    let context = match gh.fetch_context(thread, limits).await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!("cannot fetch the issue/PR context: {e}");
+            None
+        }
+    };
+    let own_login = match (&context, inputs.settings.context_authors) {
+        (Some(_), ContextAuthors::Trusted) => gh.own_login().await.ok(),
+        _ => None,
+    };
+    GithubContext { context, own_login }
+}
+
 /// With no usable model OpenCode retries for minutes: fail at once and say what to fix.
 async fn preflight(agent: &Agent, settings: &Settings) -> Result<(), String> {
     match agent.client().config_providers().await {
@@ -345,29 +387,17 @@ async fn preflight(agent: &Agent, settings: &Settings) -> Result<(), String> {
 async fn prepare_prompt(
     agent: &Agent,
     inputs: &AgentInputs<'_>,
+    from_github: GithubContext,
     session_id: &str,
 ) -> (String, SessionTrust) {
     let AgentInputs {
         settings,
         env,
         plan,
-        gh,
         restored,
         ..
     } = *inputs;
-    let context = match (gh, &plan.thread) {
-        (Some(gh), Some(thread)) => match gh
-            .fetch_context(thread, github::context::ContextLimits::default())
-            .await
-        {
-            Ok(c) => Some(c),
-            Err(e) => {
-                tracing::warn!("cannot fetch the issue/PR context: {e}");
-                None
-            }
-        },
-        _ => None,
-    };
+    let GithubContext { context, own_login } = from_github;
     let schedule_like = plan.thread.is_none();
     // Without a thread, the prompt input says what the run is about.
     let topic = match (&context, schedule_like) {
@@ -383,11 +413,6 @@ async fn prepare_prompt(
             tracing::warn!("prior-work search failed: {e}");
             prep::PriorWork::default()
         }
-    };
-    // fro-bot's own answers stay in a trusted-only context (the identity is cached for the run).
-    let own_login = match (gh, &context, settings.context_authors) {
-        (Some(gh), Some(_), ContextAuthors::Trusted) => gh.own_login().await.ok(),
-        _ => None,
     };
     let entity = context.map(|c| entity_context(c, settings.context_authors, own_login.as_deref()));
     let trust = session_trust(plan, entity.as_ref(), &prior, own_login.as_deref());

@@ -59,9 +59,11 @@ pub(crate) async fn stop_agent(
             }
         }
         match a.release(STRAY_BUDGET).await {
-            opencode::Released::Clean { strays_killed: 0 } => {}
+            opencode::Released::Clean { strays_killed } if strays_killed.is_empty() => {}
             opencode::Released::Clean { strays_killed } => log::warning(&format!(
-                "killed {strays_killed} process(es) the agent left running"
+                "killed {} process(es) the agent left running: {}",
+                strays_killed.len(),
+                strays_killed.join(", ")
             )),
             opencode::Released::StraysRemain { pids } => {
                 log::warning(&format!(

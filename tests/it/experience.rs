@@ -294,11 +294,7 @@ async fn an_opencode_that_cannot_start_fails_local_and_the_action_naming_its_log
     let dir = tempfile::tempdir().unwrap();
     let broken = dir.path().join("opencode");
     std::fs::write(&broken, "#!/bin/sh\necho 'cannot bind' >&2\nexit 3\n").unwrap();
-    std::fs::set_permissions(
-        &broken,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let repo = dir.path().join("repo");
     fresh_checkout(&repo, "local\n");
     let local = std::process::Command::new(BIN)
