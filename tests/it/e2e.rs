@@ -269,10 +269,19 @@ pub(crate) mod scenarios {
 
         /// The services, with jobs whose steps `launch` starts.
         pub async fn start_with(launch: Launch) -> Self {
+            Self::around(FakeGitHub::start().await, launch).await
+        }
+
+        /// The services, GitHub laid out as GitHub Enterprise Server at the fake's own URL.
+        pub async fn start_enterprise() -> Self {
+            Self::around(FakeGitHub::start_enterprise().await, Launch::Binary).await
+        }
+
+        async fn around(github: FakeGitHub, launch: Launch) -> Self {
             let world = World {
                 cache: CacheServer::start().await,
                 llm: FakeLlm::start().await,
-                github: FakeGitHub::start().await,
+                github,
                 launch,
             };
             // The repository's REST API sees the same cache entries.
@@ -288,7 +297,9 @@ pub(crate) mod scenarios {
                 "OPENCODE_PATH",
                 opencode_bin().to_string_lossy().into_owned(),
             );
-            job.set("GITHUB_API_URL", self.github.url.clone());
+            job.set("GITHUB_API_URL", self.github.api_url());
+            job.set("GITHUB_GRAPHQL_URL", self.github.graphql_url());
+            job.set("GITHUB_SERVER_URL", self.github.server_url());
             job.input("github-token", crate::support::fake_github::TOKEN);
             job.input("opencode-config", self.llm.opencode_config().to_string());
             job.input("timeout", "120000");
@@ -1673,5 +1684,7 @@ mod untrusted;
 mod trust;
 
 pub(crate) mod changes;
+
+mod enterprise;
 
 pub(crate) mod leftovers;

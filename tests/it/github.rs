@@ -866,11 +866,11 @@ async fn api_failures_are_error_values_and_calls_continue() {
 
 #[tokio::test]
 async fn enterprise_server_paths_are_respected() {
-    let fake = FakeGitHub::start().await;
+    let fake = FakeGitHub::start_enterprise().await;
     fake.seed_issue(42, "Crash", "It panics");
     fake.seed_discussion(15, "D_x", "t", "b", 0);
     let env = Env::from_pairs([
-        ("GITHUB_API_URL", format!("{}/api/v3", fake.url)),
+        ("GITHUB_API_URL", fake.api_url()),
         ("GITHUB_REPOSITORY", REPO.to_string()),
     ]);
     let gh = GitHub::from_env(&env, &Secret::new(TOKEN)).unwrap();

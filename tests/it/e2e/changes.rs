@@ -13,11 +13,11 @@ use crate::support::fake_llm::{request_text, Reply};
 const RUNNER_UID: u32 = 1001;
 
 /// A tool of fro-bot's MCP server, as OpenCode names it for the model.
-fn tool(name: &str) -> String {
+pub(crate) fn tool(name: &str) -> String {
     format!("fro-bot-sessions_{name}")
 }
 
-fn bash(command: &str) -> Reply {
+pub(crate) fn bash(command: &str) -> Reply {
     Reply::tool("bash", json!({"command": command, "description": "work"}))
 }
 
@@ -35,7 +35,7 @@ fn fresh_workspace(job: &mut Job) {
     crate::support::action::chown_r(&job.workspace(), RUNNER_UID);
 }
 
-fn answer(world: &World) -> String {
+pub(crate) fn answer(world: &World) -> String {
     world
         .github
         .comment_versions()

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use serde_json::{json, Value};
 
-use super::fake_github::{error, ok, Data, FakeGitHub, TOKEN};
+use super::fake_github::{error, ok, Data, FakeGitHub, Site, TOKEN};
 
 /// The repository seeded pull requests belong to (requests name theirs in the path).
 pub const REPO: &str = "octo/hello";
@@ -448,16 +448,17 @@ pub(super) fn route(
     };
     let full = format!("{o}/{r}");
     let repo = d.git.repo();
+    let site = d.site.clone();
     let joined = |parts: &[&str]| decode(&parts.join("/"));
     let response = match (method.clone(), rest) {
-        (Method::GET, []) => repository(repo.as_ref(), o, r),
+        (Method::GET, []) => repository(&site, repo.as_ref(), o, r),
         (Method::GET, ["git", "ref", "heads", branch @ ..]) if !branch.is_empty() => {
             let Some(repo) = repo else {
                 return Some(not_found());
             };
             let name = format!("refs/heads/{}", joined(branch));
             match repo.resolve(&name) {
-                Some(sha) => ok(StatusCode::OK, ref_json(&full, &name, &sha)),
+                Some(sha) => ok(StatusCode::OK, ref_json(&site, &full, &name, &sha)),
                 None => not_found(),
             }
         }
@@ -467,7 +468,7 @@ pub(super) fn route(
             None => not_found(),
         },
         (Method::GET, ["compare", spec @ ..]) if !spec.is_empty() => match repo {
-            Some(repo) => compare(&repo, &full, &joined(spec)),
+            Some(repo) => compare(&site, &repo, &full, &joined(spec)),
             None => not_found(),
         },
         (Method::GET, ["pulls"]) => list_pulls(d, query),
@@ -481,22 +482,23 @@ pub(super) fn route(
     Some(response)
 }
 
-fn repository(repo: Option<&Repo>, o: &str, r: &str) -> Response {
+fn repository(site: &Site, repo: Option<&Repo>, o: &str, r: &str) -> Response {
     let default_branch = repo.map_or_else(|| "main".into(), Repo::default_branch);
     ok(
         StatusCode::OK,
         json!({"id": 1_296_269, "node_id": "R_kgDOAAAAAQ", "name": r, "full_name": format!("{o}/{r}"),
                "private": false, "fork": false, "default_branch": default_branch,
                "owner": {"login": o, "type": "Organization"},
-               "html_url": format!("https://github.com/{o}/{r}")}),
+               "html_url": format!("{}/{o}/{r}", site.web)}),
     )
 }
 
-fn ref_json(full: &str, name: &str, sha: &str) -> Value {
+fn ref_json(site: &Site, full: &str, name: &str, sha: &str) -> Value {
+    let api = &site.api;
     json!({"ref": name, "node_id": format!("REF_{sha}"),
-           "url": format!("https://api.github.com/repos/{full}/git/{name}"),
+           "url": format!("{api}/repos/{full}/git/{name}"),
            "object": {"sha": sha, "type": "commit",
-                      "url": format!("https://api.github.com/repos/{full}/git/commits/{sha}")}})
+                      "url": format!("{api}/repos/{full}/git/commits/{sha}")}})
 }
 
 fn create_ref(d: &mut Data, full: &str, body: &Value) -> Response {
@@ -525,7 +527,7 @@ fn create_ref(d: &mut Data, full: &str, body: &Value) -> Response {
         return unprocessable("Reference already exists");
     }
     sync_pulls(d);
-    ok(StatusCode::CREATED, ref_json(full, name, &sha))
+    ok(StatusCode::CREATED, ref_json(&d.site, full, name, &sha))
 }
 
 fn commit(d: &Data, repo: &Repo, full: &str, rev: &str) -> Response {
@@ -539,18 +541,19 @@ fn commit(d: &Data, repo: &Repo, full: &str, rev: &str) -> Response {
         return not_found();
     };
     let signed = d.git.signed.contains(&sha);
+    let (web, api) = (&d.site.web, &d.site.api);
     let person = |p: &(String, String, String)| json!({"name": p.0, "email": p.1, "date": p.2});
     let parents: Vec<Value> = c
         .parents
         .iter()
-        .map(|p| json!({"sha": p, "html_url": format!("https://github.com/{full}/commit/{p}")}))
+        .map(|p| json!({"sha": p, "html_url": format!("{web}/{full}/commit/{p}")}))
         .collect();
     let files = repo.changed_files(c.parents.first().map(String::as_str), &sha);
     ok(
         StatusCode::OK,
         json!({"sha": sha, "node_id": format!("C_{sha}"),
-               "html_url": format!("https://github.com/{full}/commit/{sha}"),
-               "url": format!("https://api.github.com/repos/{full}/commits/{sha}"),
+               "html_url": format!("{web}/{full}/commit/{sha}"),
+               "url": format!("{api}/repos/{full}/commits/{sha}"),
                "commit": {"message": c.message, "author": person(&c.author),
                           "committer": person(&c.committer), "tree": {"sha": c.tree},
                           "verification": {"verified": signed,
@@ -561,7 +564,7 @@ fn commit(d: &Data, repo: &Repo, full: &str, rev: &str) -> Response {
 }
 
 /// `base...head`: like GitHub's three-dot compare, the files changed since the merge base.
-fn compare(repo: &Repo, full: &str, spec: &str) -> Response {
+fn compare(site: &Site, repo: &Repo, full: &str, spec: &str) -> Response {
     let Some((base, head)) = spec.split_once("...") else {
         return not_found();
     };
@@ -599,8 +602,8 @@ fn compare(repo: &Repo, full: &str, spec: &str) -> Response {
         .collect();
     ok(
         StatusCode::OK,
-        json!({"url": format!("https://api.github.com/repos/{full}/compare/{spec}"),
-               "html_url": format!("https://github.com/{full}/compare/{spec}"),
+        json!({"url": format!("{}/repos/{full}/compare/{spec}", site.api),
+               "html_url": format!("{}/{full}/compare/{spec}", site.web),
                "status": status, "ahead_by": ahead, "behind_by": behind,
                "total_commits": ahead, "base_commit": {"sha": b},
                "merge_base_commit": {"sha": merge_base}, "commits": commits,
@@ -637,12 +640,21 @@ fn list_pulls(d: &Data, query: &BTreeMap<String, String>) -> Response {
 }
 
 /// A pull request in GitHub's REST shape.
-fn pull_json(number: u64, full: &str, head: Value, base: Value, title: &str, body: &str) -> Value {
+fn pull_json(
+    site: &Site,
+    number: u64,
+    full: &str,
+    head: Value,
+    base: Value,
+    title: &str,
+    body: &str,
+) -> Value {
+    let (web, api) = (&site.web, &site.api);
     json!({"id": 1_000_000 + number, "node_id": format!("PR_{number}"), "number": number,
            "state": "open", "locked": false, "draft": false, "merged": false, "merged_at": null,
            "merge_commit_sha": null, "title": title, "body": body,
-           "html_url": format!("https://github.com/{full}/pull/{number}"),
-           "url": format!("https://api.github.com/repos/{full}/pulls/{number}"),
+           "html_url": format!("{web}/{full}/pull/{number}"),
+           "url": format!("{api}/repos/{full}/pulls/{number}"),
            "user": {"login": BOT_NAME, "type": "Bot"},
            "created_at": CREATED_AT, "updated_at": CREATED_AT,
            "head": head, "base": base})
@@ -714,6 +726,7 @@ fn create_pull(d: &mut Data, o: &str, r: &str, body: &Value) -> Response {
     }
     d.git.next_pull = Some(number + 1);
     let mut pr = pull_json(
+        &d.site,
         number,
         &full,
         side(&full, branch, Some(&head_sha)),
@@ -830,7 +843,7 @@ pub(super) fn create_commit_on_branch(d: &mut Data, vars: &Value) -> Response {
     }
     d.git.signed.insert(sha.clone());
     sync_pulls(d);
-    let url = format!("https://github.com/{full}/commit/{sha}");
+    let url = format!("{}/{full}/commit/{sha}", d.site.web);
     ok(
         StatusCode::OK,
         json!({"data": {"createCommitOnBranch": {"commit": {"oid": sha, "url": url}}}}),
@@ -1150,6 +1163,7 @@ impl FakeGitHub {
         let base_sha = repo.branch(&base);
         let head_repo = if fork { FORK } else { REPO };
         let mut pr = pull_json(
+            &d.site,
             number,
             REPO,
             side(head_repo, head_ref, Some(&sha)),

@@ -4,8 +4,12 @@
 //! comments and reactions, and fails scripted routes with a chosen status.
 //!
 //! Responses follow GitHub's shapes for the fields the client reads; errors carry GitHub's
-//! `{"message", "documentation_url"}` body. Paths are accepted with or without the GitHub
-//! Enterprise Server prefix (`/api/v3` for REST, `/api/graphql` for GraphQL).
+//! `{"message", "documentation_url"}` body. Started with `start`, it stands in for github.com:
+//! paths are accepted with or without the GitHub Enterprise Server prefix (`/api/v3` for REST,
+//! `/api/graphql` for GraphQL) and links in answers point at github.com. Started with
+//! `start_enterprise`, it is laid out as GitHub Enterprise Server is at its own URL: the API only
+//! under those prefixes, git beside them, any other path the web UI's 404 page, and links in
+//! answers pointing at the fake itself.
 //!
 //! Repository labels, issue labels and issue creation live here; branches, commits, pull
 //! requests, `createCommitOnBranch` and git smart HTTP are in [`super::fake_git`], which keeps a
@@ -61,8 +65,31 @@ pub struct SeedComment {
     pub created_at: String,
 }
 
+/// Where the fake's API is and what its answers link to.
+#[derive(Debug, Clone)]
+pub(super) struct Site {
+    /// `GITHUB_SERVER_URL`: the base of `html_url` and the GraphQL `url` fields.
+    pub(super) web: String,
+    /// `GITHUB_API_URL`: the base of the REST `url` fields.
+    pub(super) api: String,
+    /// Enterprise Server's layout only: REST under `/api/v3`, GraphQL at `/api/graphql`, git at
+    /// `/{owner}/{repo}.git/`; nothing else answers as the API.
+    pub(super) enterprise: bool,
+}
+
+impl Default for Site {
+    fn default() -> Self {
+        Site {
+            web: "https://github.com".into(),
+            api: "https://api.github.com".into(),
+            enterprise: false,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Data {
+    pub(super) site: Site,
     pub(super) requests: Vec<Recorded>,
     faults: Vec<Fault>,
     pub(super) issues: BTreeMap<u64, Value>,
@@ -97,7 +124,7 @@ pub(super) struct Data {
 type Shared = Arc<Mutex<Data>>;
 
 pub struct FakeGitHub {
-    /// Base URL for `GITHUB_API_URL`.
+    /// Where it listens: `GITHUB_API_URL` for `start`, `GITHUB_SERVER_URL` for `start_enterprise`.
     pub url: String,
     data: Shared,
     task: tokio::task::JoinHandle<()>,
@@ -110,7 +137,17 @@ impl Drop for FakeGitHub {
 }
 
 impl FakeGitHub {
+    /// github.com's API at the fake's URL.
     pub async fn start() -> FakeGitHub {
+        Self::start_laid_out(false).await
+    }
+
+    /// A GitHub Enterprise Server at the fake's URL: `server_url`, `api_url`, `graphql_url`.
+    pub async fn start_enterprise() -> FakeGitHub {
+        Self::start_laid_out(true).await
+    }
+
+    async fn start_laid_out(enterprise: bool) -> FakeGitHub {
         let data: Shared = Arc::new(Mutex::new(Data {
             next_id: 9_000_000_001,
             ..Data::default()
@@ -118,14 +155,39 @@ impl FakeGitHub {
         let app = Router::new().fallback(handle).with_state(data.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let url = format!("http://{addr}");
+        if enterprise {
+            data.lock().unwrap().site = Site {
+                web: url.clone(),
+                api: format!("{url}/api/v3"),
+                enterprise,
+            };
+        }
         let task = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
-        FakeGitHub {
-            url: format!("http://{addr}"),
-            data,
-            task,
+        FakeGitHub { url, data, task }
+    }
+
+    /// `GITHUB_API_URL`.
+    pub fn api_url(&self) -> String {
+        match self.lock().site.enterprise {
+            true => format!("{}/api/v3", self.url),
+            false => self.url.clone(),
         }
+    }
+
+    /// `GITHUB_GRAPHQL_URL`.
+    pub fn graphql_url(&self) -> String {
+        match self.lock().site.enterprise {
+            true => format!("{}/api/graphql", self.url),
+            false => format!("{}/graphql", self.url),
+        }
+    }
+
+    /// `GITHUB_SERVER_URL`: where the answers' links point (github.com unless enterprise).
+    pub fn server_url(&self) -> String {
+        self.lock().site.web.clone()
     }
 
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Data> {
@@ -429,11 +491,8 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let raw_path = uri.path().to_string();
-    let path = raw_path
-        .strip_prefix("/api/v3")
-        .or_else(|| raw_path.strip_prefix("/api").filter(|p| *p == "/graphql"))
-        .unwrap_or(&raw_path)
-        .to_string();
+    let enterprise = data.lock().unwrap().site.enterprise;
+    let (path, routes) = locate(enterprise, &raw_path);
     let auth = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
@@ -476,13 +535,57 @@ async fn handle(
         }
 
         // Git smart HTTP authenticates with Basic credentials, not the API's bearer token.
-        match fake_git::smart_http(&mut d, &method, &path, uri.query(), &headers, &body) {
+        let git = match routes {
+            Routes::Api => None,
+            Routes::Git | Routes::Any => {
+                fake_git::smart_http(&mut d, &method, &path, uri.query(), &headers, &body)
+            }
+        };
+        match git {
             Some(Ok(cgi)) => cgi,
             Some(Err(response)) => return response,
+            None if routes == Routes::Git => return web_not_found(),
             None => return api(&mut d, method, &uri, &path, auth.as_deref(), &body_json),
         }
     };
     fake_git::run_http_backend(cgi).await
+}
+
+/// Which routes may answer a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Routes {
+    Api,
+    Git,
+    Any,
+}
+
+/// The path the routes read (the API's prefix taken off) and which routes it is for. Enterprise
+/// Server answers the API only under its prefixes; github.com's fake takes either.
+fn locate(enterprise: bool, raw: &str) -> (String, Routes) {
+    if raw == "/api/graphql" {
+        let routes = if enterprise { Routes::Api } else { Routes::Any };
+        return ("/graphql".into(), routes);
+    }
+    match (
+        raw.strip_prefix("/api/v3").filter(|p| p.starts_with('/')),
+        enterprise,
+    ) {
+        // Enterprise Server has no GraphQL under the REST prefix: no route matches it whole.
+        (Some("/graphql"), true) => (raw.to_string(), Routes::Api),
+        (Some(path), true) => (path.to_string(), Routes::Api),
+        (None, true) => (raw.to_string(), Routes::Git),
+        (path, false) => (path.unwrap_or(raw).to_string(), Routes::Any),
+    }
+}
+
+/// What Enterprise Server's web UI answers for a path it does not know.
+fn web_not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        [("content-type", "text/html; charset=utf-8")],
+        "<!DOCTYPE html><html><body><h1>Page not found</h1></body></html>",
+    )
+        .into_response()
 }
 
 /// The API's routes (bearer token), after recording and fault injection.
@@ -497,6 +600,7 @@ fn api(
     if auth != Some(&format!("Bearer {TOKEN}")) {
         return error(StatusCode::UNAUTHORIZED, "Bad credentials");
     }
+    let web = d.site.web.clone();
 
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let query: BTreeMap<String, String> = uri
@@ -537,7 +641,7 @@ fn api(
                 None => error(StatusCode::NOT_FOUND, "Not Found"),
             }
         }
-        (Method::GET, ["repos", _, _, "issues", n, "comments"]) => {
+        (Method::GET, ["repos", o, r, "issues", n, "comments"]) => {
             let n: u64 = n.parse().unwrap_or(0);
             if !d.issues.contains_key(&n) {
                 return error(StatusCode::NOT_FOUND, "Not Found");
@@ -558,7 +662,7 @@ fn api(
                 .take(per_page)
                 .map(|c| {
                     json!({"id": c.id, "body": c.body, "created_at": c.created_at,
-                                "html_url": format!("https://github.com/o/r/issues/{n}#issuecomment-{}", c.id),
+                                "html_url": format!("{web}/{o}/{r}/issues/{n}#issuecomment-{}", c.id),
                                 "user": {"login": c.author, "type": "User"},
                                 "author_association": c.association})
                 })
@@ -597,7 +701,7 @@ fn api(
             ok(
                 StatusCode::CREATED,
                 json!({"id": id, "node_id": format!("IC_{id}"), "body": text,
-                       "html_url": format!("https://github.com/{o}/{r}/issues/{n}#issuecomment-{id}"),
+                       "html_url": format!("{web}/{o}/{r}/issues/{n}#issuecomment-{id}"),
                        "user": {"login": "github-actions[bot]", "type": "Bot"}}),
             )
         }
@@ -627,7 +731,7 @@ fn api(
             ok(
                 StatusCode::OK,
                 json!({"id": id, "node_id": format!("IC_{id}"), "body": text,
-                       "html_url": format!("https://github.com/{o}/{r}/issues/{n}#issuecomment-{id}"),
+                       "html_url": format!("{web}/{o}/{r}/issues/{n}#issuecomment-{id}"),
                        "user": {"login": author, "type": "Bot"}}),
             )
         }
@@ -841,7 +945,7 @@ fn create_issue(d: &mut Data, o: &str, r: &str, body: &Value) -> Response {
     ok(
         StatusCode::CREATED,
         json!({"id": 8_000_000 + number, "node_id": format!("I_{number}"), "number": number,
-               "html_url": format!("https://github.com/{o}/{r}/issues/{number}"),
+               "html_url": format!("{}/{o}/{r}/issues/{number}", d.site.web),
                "title": title, "body": text, "state": "open", "user": user,
                "labels": issue_label_objects(d, number)}),
     )
@@ -886,6 +990,7 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
     }
     // Who the token is in GraphQL: a personal token's user, else the Actions app (no `[bot]`).
     let viewer = d.user.clone().unwrap_or_else(|| "github-actions".into());
+    let web = d.site.web.clone();
     if query.contains("updateDiscussionComment") {
         let node = vars["comment"].as_str().unwrap_or("").to_string();
         let text = vars["body"].as_str().unwrap_or("").to_string();
@@ -904,7 +1009,7 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
         // Like REST: a maintainer's token may edit anyone's comment.
         comment.body = text.clone();
         let url = format!(
-            "https://github.com/o/r/discussions/{number}#discussioncomment-{}",
+            "{web}/o/r/discussions/{number}#discussioncomment-{}",
             comment.id
         );
         d.edits.push((node.clone(), text));
@@ -925,7 +1030,7 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
             .skip(comments.len().saturating_sub(100))
             .map(|c| {
                 json!({"id": format!("DC_{}", c.id), "body": c.body,
-                       "url": format!("https://github.com/o/r/discussions/{number}#discussioncomment-{}", c.id),
+                       "url": format!("{web}/o/r/discussions/{number}#discussioncomment-{}", c.id),
                        "viewerDidAuthor": c.author == viewer})
             })
             .collect();
@@ -978,7 +1083,7 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
                 "Could not resolve to a node with the global id of '{discussion}'"
             ));
         };
-        let url = format!("https://github.com/o/r/discussions/{number}#discussioncomment-{id}");
+        let url = format!("{web}/o/r/discussions/{number}#discussioncomment-{id}");
         entry.3.push(SeedComment {
             id,
             author: viewer,
