@@ -28,7 +28,7 @@ const ALLOWED: &[&str] = &[
     names::GITHUB_RUN_ATTEMPT,
     names::GITHUB_SERVER_URL,
     names::GITHUB_API_URL,
-    "GITHUB_GRAPHQL_URL",
+    names::GITHUB_GRAPHQL_URL,
     names::GITHUB_WORKSPACE,
     names::GITHUB_EVENT_NAME,
     names::GITHUB_ACTOR,

@@ -11,13 +11,13 @@ use octocrab::Octocrab;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::endpoints::Endpoints;
 use super::event::Flag;
 use super::route::Subject;
 use crate::config::Secret;
 use crate::runner::env;
 use crate::runner::{log, Env};
 
-pub const DEFAULT_API_URL: &str = "https://api.github.com";
 const TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
@@ -133,9 +133,11 @@ impl Reaction {
 #[derive(Debug, Clone)]
 pub struct GitHub {
     pub(crate) client: Octocrab,
-    /// GraphQL lives at `/graphql` on api.github.com but at `/api/graphql` beside `/api/v3` on
-    /// GitHub Enterprise Server: a second client with the right base.
+    /// GraphQL is not under the REST base on GitHub Enterprise Server (`/api/graphql` beside
+    /// `/api/v3`): a second client, based at the GraphQL URL itself.
     graphql_client: Octocrab,
+    /// Where GraphQL requests are posted (`Endpoints::graphql`).
+    graphql_url: String,
     pub(crate) owner: String,
     pub(crate) repo: String,
     /// The token's own login, looked up once per run (`own_login`).
@@ -168,26 +170,33 @@ pub struct PullRequestFlags {
 }
 
 impl GitHub {
-    /// From `GITHUB_API_URL` (default api.github.com) and `GITHUB_REPOSITORY`.
+    /// From `GITHUB_API_URL`, `GITHUB_GRAPHQL_URL` (`Endpoints::from_env`) and `GITHUB_REPOSITORY`.
     pub fn from_env(env: &Env, token: &Secret) -> Result<GitHub, ApiError> {
-        let api_url = env.get(env::GITHUB_API_URL).unwrap_or(DEFAULT_API_URL);
         let repository = env.get(env::GITHUB_REPOSITORY).unwrap_or("");
-        GitHub::new(api_url, token, repository)
+        GitHub::connect(&Endpoints::from_env(env), token, repository)
     }
 
+    /// A client for the REST base `api_url`, GraphQL beside it (`Endpoints::for_api`).
     pub fn new(api_url: &str, token: &Secret, repository: &str) -> Result<GitHub, ApiError> {
+        GitHub::connect(&Endpoints::for_api(api_url), token, repository)
+    }
+
+    pub fn connect(
+        endpoints: &Endpoints,
+        token: &Secret,
+        repository: &str,
+    ) -> Result<GitHub, ApiError> {
         let (owner, repo) = repository
             .split_once('/')
             .filter(|(o, r)| !o.is_empty() && !r.is_empty() && !r.contains('/'))
             .ok_or_else(|| ApiError::Repository {
                 value: repository.to_string(),
             })?;
-        let client_err = |source| ApiError::Client {
-            api_url: api_url.to_string(),
-            source,
-        };
-        let base = api_url.trim_end_matches('/');
         let build = |base: &str| {
+            let client_err = |source| ApiError::Client {
+                api_url: base.to_string(),
+                source,
+            };
             Octocrab::builder()
                 .base_uri(base)
                 .map_err(client_err)?
@@ -197,11 +206,10 @@ impl GitHub {
                 .build()
                 .map_err(client_err)
         };
-        let client = build(base)?;
-        let graphql_client = build(base.strip_suffix("/v3").unwrap_or(base))?;
         Ok(GitHub {
-            client,
-            graphql_client,
+            client: build(&endpoints.api)?,
+            graphql_client: build(&endpoints.graphql)?,
+            graphql_url: endpoints.graphql.clone(),
             owner: owner.to_string(),
             repo: repo.to_string(),
             own_login: Default::default(),
@@ -357,19 +365,34 @@ impl GitHub {
     /// Posts a GraphQL request and returns the whole answer (`data` and `errors`), for callers
     /// that must tell one error type from another.
     pub(crate) async fn graphql_raw(&self, payload: Value) -> Result<Value, octocrab::Error> {
-        self.graphql_client.post("/graphql", Some(&payload)).await
+        // The whole URL: octocrab keeps a request path that already starts with the base's path,
+        // where its own `graphql()` would append `/graphql` to it.
+        self.graphql_client
+            .post(&self.graphql_url, Some(&payload))
+            .await
     }
 
-    /// Runs a GraphQL request and returns its `data`.
+    /// Runs a GraphQL request and returns its `data`; any error in the answer fails it.
     pub(crate) async fn graphql(
         &self,
         operation: &'static str,
         payload: Value,
     ) -> Result<Value, ApiError> {
-        self.graphql_client
-            .graphql::<Value>(&payload)
+        let answer = self
+            .graphql_raw(payload)
             .await
-            .map_err(|e| ApiError::from_octocrab(operation, e))
+            .map_err(|e| ApiError::from_octocrab(operation, e))?;
+        if let Some(errors) = answer["errors"].as_array().filter(|e| !e.is_empty()) {
+            let messages: Vec<&str> = errors
+                .iter()
+                .filter_map(|e| e["message"].as_str())
+                .collect();
+            return Err(ApiError::Graphql {
+                operation,
+                message: one_line(&messages.join("; ")),
+            });
+        }
+        Ok(answer.get("data").cloned().unwrap_or(Value::Null))
     }
 }
 

@@ -1,12 +1,13 @@
 //! The GitHub surface (docs/design.md#the-github-surface): the triggering event normalized once
 //! (`event`), routing and gating (`route`), every key derived from the environment (`keys`),
-//! deduplication of issue/PR runs (`dedup`), and the API calls the harness makes (`api`: reactions
+//! deduplication of issue/PR runs (`dedup`), where the API and the server are (`endpoints`), and the API calls the harness makes (`api`: reactions
 //! and pull-request flags, `context`: the conversation for the prompt, `response`: the one reply, `tracking`: that reply posted early and edited in place).
 
 pub mod api;
 pub mod caches;
 pub mod context;
 pub mod dedup;
+pub mod endpoints;
 pub mod event;
 pub mod keys;
 pub mod marker;
@@ -16,6 +17,7 @@ pub mod route;
 pub mod tracking;
 
 pub use api::{ApiError, GitHub, Reaction};
+pub use endpoints::{server_url, Endpoints};
 pub use event::Event;
 pub use keys::{CacheKeys, LogicalKey};
 pub use route::{route, Route, RouteSettings, RunPlan, SkipReason};

@@ -24,10 +24,7 @@ pub struct RunFooter {
 
 /// `{GITHUB_SERVER_URL}/{repo}/actions/runs/{id}[/attempts/{n}]`.
 pub fn run_url(env: &Env) -> Option<String> {
-    let server = env
-        .get(env::GITHUB_SERVER_URL)
-        .unwrap_or("https://github.com")
-        .trim_end_matches('/');
+    let server = super::endpoints::server_url(env);
     let repo = env.get(env::GITHUB_REPOSITORY)?;
     let run_id = env.get(env::GITHUB_RUN_ID)?;
     Some(match env.get(env::GITHUB_RUN_ATTEMPT) {

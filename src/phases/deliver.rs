@@ -311,12 +311,7 @@ async fn commit_and_open(
             };
         }
     };
-    let server = ctx
-        .env
-        .get(crate::runner::env::GITHUB_SERVER_URL)
-        .unwrap_or("https://github.com")
-        .trim_end_matches('/')
-        .to_string();
+    let server = crate::github::server_url(&ctx.env);
     let pr_body = pull_body(ctx, body, &run_url);
     let inputs = PullInputs {
         title,

@@ -5,7 +5,7 @@
 
 use crate::config::safe_outputs::ChangesMode;
 use crate::phases::context::{Mode, RunContext};
-use crate::runner::{env, log};
+use crate::runner::log;
 use crate::safe_outputs::branch::{self, Target, TargetInputs};
 use crate::safe_outputs::capture::{self, Base};
 use crate::safe_outputs::proposals::{OutputPolicy, ProposalsDir};
@@ -157,11 +157,7 @@ async fn plan_changes(ctx: &RunContext, gh: &crate::github::GitHub) -> ChangesPl
 /// Checks out the branch the agent continues on.
 fn start_on(ctx: &RunContext, name: &str, sha: &str) -> Result<(), String> {
     let token = ctx.settings.github_token.as_ref().ok_or("no token")?;
-    let server = ctx
-        .env
-        .get(env::GITHUB_SERVER_URL)
-        .unwrap_or("https://github.com")
-        .trim_end_matches('/');
+    let server = crate::github::server_url(&ctx.env);
     let remote = format!("{server}/{}.git", ctx.repository);
     match branch::check_out(&ctx.workspace, &remote, token.expose(), name, sha) {
         Ok(()) => {

@@ -18,6 +18,7 @@ pub const GITHUB_JOB: &str = "GITHUB_JOB";
 pub const GITHUB_ACTOR: &str = "GITHUB_ACTOR";
 pub const GITHUB_SERVER_URL: &str = "GITHUB_SERVER_URL";
 pub const GITHUB_API_URL: &str = "GITHUB_API_URL";
+pub const GITHUB_GRAPHQL_URL: &str = "GITHUB_GRAPHQL_URL";
 pub const RUNNER_OS: &str = "RUNNER_OS";
 pub const RUNNER_TEMP: &str = "RUNNER_TEMP";
 pub const HOME: &str = "HOME";

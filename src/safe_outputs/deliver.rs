@@ -223,7 +223,7 @@ pub struct PullInputs<'a> {
     pub title: &'a str,
     pub body: &'a str,
     pub draft: bool,
-    /// `https://github.com/owner/name`, for the compare link.
+    /// `{GITHUB_SERVER_URL}/owner/name`, for the compare link.
     pub repo_url: &'a str,
 }
 

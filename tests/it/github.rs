@@ -705,11 +705,15 @@ async fn discussion_response_goes_through_graphql() {
         .fetch_context(&missing, ContextLimits::default())
         .await
         .is_err());
-    assert!(matches!(
-        gh.respond(ResponseMode::Github, Some(&missing), "x", &footer(), None)
-            .await,
-        Err(ApiError::Graphql { .. })
-    ));
+    // GitHub's own message, not a count of errors.
+    let answer = gh
+        .respond(ResponseMode::Github, Some(&missing), "x", &footer(), None)
+        .await;
+    assert!(
+        matches!(&answer, Err(ApiError::Graphql { message, .. })
+            if message.contains("Could not resolve to a node with the global id of 'D_nope'")),
+        "{answer:?}"
+    );
 }
 
 #[tokio::test]
@@ -886,6 +890,33 @@ async fn enterprise_server_paths_are_respected() {
             "/api/graphql".to_string()
         ]
     );
+}
+
+/// GraphQL goes to `GITHUB_GRAPHQL_URL`, not to where it would sit beside `GITHUB_API_URL`.
+#[tokio::test]
+async fn graphql_goes_where_the_runner_says() {
+    let rest = FakeGitHub::start_enterprise().await;
+    let graphql = FakeGitHub::start_enterprise().await;
+    rest.seed_issue(42, "Crash", "It panics");
+    graphql.seed_discussion(15, "D_x", "t", "b", 0);
+    let env = Env::from_pairs([
+        ("GITHUB_API_URL", rest.api_url()),
+        ("GITHUB_GRAPHQL_URL", graphql.graphql_url()),
+        ("GITHUB_REPOSITORY", REPO.to_string()),
+    ]);
+    let gh = GitHub::from_env(&env, &Secret::new(TOKEN)).unwrap();
+    gh.react(&Subject::Issue { number: 42 }, Reaction::Eyes)
+        .await
+        .unwrap();
+    gh.comment_on_discussion("D_x", "hi").await.unwrap();
+    let paths = |fake: &FakeGitHub| -> Vec<String> {
+        fake.requests().iter().map(|r| r.raw_path.clone()).collect()
+    };
+    assert_eq!(
+        paths(&rest),
+        ["/api/v3/repos/octo-org/hello-world/issues/42/reactions"]
+    );
+    assert_eq!(paths(&graphql), ["/api/graphql"]);
 }
 
 // ---- dedup over a store ----
