@@ -9,7 +9,7 @@ use crate::config::{AuthRequirement, ConfigError, Settings};
 use crate::github::{self, dedup, keys, route::RouteSettings, CacheKeys, Event, Route, RunPlan};
 use crate::lease::Holder;
 use crate::object_store::{ObjectStore, StoreKeys, StoreSettings, ValidationError};
-use crate::phases::context::{Mode, RunContext, StoreContext};
+use crate::phases::context::{CacheSaved, Mode, RunContext, StoreContext};
 use crate::phases::paths::{PathsError, StatePaths};
 use crate::phases::report::PersistenceReport;
 use crate::runner::env;
@@ -71,7 +71,7 @@ struct Setup {
 pub(crate) async fn admit(
     env: Env,
     mode: Mode,
-    files: FileCommands,
+    (files, cache_saved): (FileCommands, CacheSaved),
     cancel: Cancellation,
 ) -> Result<Admission, SetupError> {
     let started = std::time::Instant::now();
@@ -129,6 +129,7 @@ pub(crate) async fn admit(
         restored_copy: None,
         restored_sessions: None,
         report: PersistenceReport::default(),
+        cache_saved,
     };
     if let Some(reason) = check_dedup(&ctx).await {
         return Ok(skip(reason));

@@ -13,8 +13,9 @@ use crate::object_store::{ObjectStore, StoreKeys};
 use crate::phases::dedup::CacheSentinels;
 use crate::phases::paths::StatePaths;
 use crate::phases::report::{PersistenceReport, RestoreReport, RestoreSource};
-use crate::runner::env::state;
+use crate::runner::env::{output, state};
 use crate::runner::{Cancellation, Env, FileCommands};
+use crate::save_result::StateValue;
 
 #[derive(Debug, Clone)]
 pub enum Mode {
@@ -96,6 +97,8 @@ pub(crate) struct RunContext {
     pub(crate) restored_sessions: Option<Snapshot>,
     /// The summary's Session Persistence section, filled as the phases go.
     pub(crate) report: PersistenceReport,
+    /// State `cacheSaved` and output `cache-save-result`.
+    pub(crate) cache_saved: CacheSaved,
 }
 
 impl RunContext {
@@ -122,6 +125,62 @@ impl RunContext {
         fut: impl std::future::Future<Output = T>,
     ) -> Option<T> {
         within_budget(&self.cancel, fut).await
+    }
+}
+
+/// Main's state `cacheSaved` (what post does if main ends now) and output `cache-save-result` (what
+/// became of memory, for later steps), kept in step: the state is written at every change, the
+/// output once. However the step ends — a skip, a configuration error, a save cut off by the
+/// cancel deadline, a panic — the output is set: when the last handle is dropped without a
+/// [`CacheSaved::report`], it takes the state's last value.
+#[derive(Clone)]
+pub(crate) struct CacheSaved(std::sync::Arc<std::sync::Mutex<CacheSavedInner>>);
+
+struct CacheSavedInner {
+    files: FileCommands,
+    last: StateValue,
+    reported: bool,
+}
+
+impl CacheSaved {
+    /// `skipped`, first thing: a run that is not admitted makes post idle.
+    pub(crate) fn start(files: &FileCommands) -> Self {
+        set_state(files, state::CACHE_SAVED, StateValue::Skipped.as_str());
+        Self(std::sync::Arc::new(std::sync::Mutex::new(
+            CacheSavedInner {
+                files: files.clone(),
+                last: StateValue::Skipped,
+                reported: false,
+            },
+        )))
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, CacheSavedInner> {
+        // A poisoned lock only means a panic elsewhere; the values are still the last written.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state only: what post does if the step ends before the next change.
+    pub(crate) fn set(&self, value: StateValue) {
+        let mut inner = self.inner();
+        set_state(&inner.files, state::CACHE_SAVED, value.as_str());
+        inner.last = value;
+    }
+
+    /// The step's result: state and output.
+    pub(crate) fn report(&self, value: StateValue) {
+        self.set(value);
+        let mut inner = self.inner();
+        set_output(&inner.files, output::CACHE_SAVE_RESULT, value.as_str());
+        inner.reported = true;
+    }
+}
+
+impl Drop for CacheSavedInner {
+    fn drop(&mut self) {
+        if !self.reported {
+            set_output(&self.files, output::CACHE_SAVE_RESULT, self.last.as_str());
+        }
     }
 }
 
@@ -265,4 +324,46 @@ pub(crate) fn sha256_file(path: &Path) -> std::io::Result<[u8; 32]> {
     let mut hasher = Sha256::new();
     std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
     Ok(hasher.finalize().into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::file_command;
+
+    fn read(path: &Path) -> Vec<(String, String)> {
+        file_command::parse(&std::fs::read_to_string(path).unwrap_or_default()).unwrap()
+    }
+
+    #[test]
+    fn however_main_ends_the_output_says_what_the_state_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = FileCommands {
+            output: Some(dir.path().join("output")),
+            state: Some(dir.path().join("state")),
+            env: None,
+            summary: None,
+        };
+        // A step that ends without a report (a panic, a path that forgot): the last state.
+        let record = CacheSaved::start(&files);
+        let handle = record.clone();
+        record.set(StateValue::NotPersisted);
+        drop(record);
+        assert!(read(&dir.path().join("output")).is_empty(), "still held");
+        drop(handle);
+        let output = vec![(
+            output::CACHE_SAVE_RESULT.to_string(),
+            "not-persisted".to_string(),
+        )];
+        assert_eq!(read(&dir.path().join("output")), output);
+        // A report is the output, once.
+        let record = CacheSaved::start(&files);
+        record.report(StateValue::Durable);
+        drop(record);
+        let outputs = read(&dir.path().join("output"));
+        assert_eq!(outputs.len(), 2, "{outputs:?}");
+        assert_eq!(outputs[1].1, "durable");
+        let states = read(&dir.path().join("state"));
+        assert_eq!(states.last().unwrap().1, "durable");
+    }
 }

@@ -16,9 +16,7 @@ use crate::phases::admit::{admit, Admission};
 use crate::phases::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
 use crate::phases::cache_merge::{CacheMergeInputs, CacheMergeReport};
 use crate::phases::cleanup::{stop_agent, Stopped};
-use crate::phases::context::{
-    set_output, set_state, ExitStatus, Mode, RestoredCopy, RunContext, RunExit,
-};
+use crate::phases::context::{CacheSaved, ExitStatus, Mode, RestoredCopy, RunContext, RunExit};
 use crate::phases::deliver::{deliver, ChangesOutcome};
 use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
@@ -41,17 +39,19 @@ use crate::save_result::{GateInputs, StateValue, StorePublish};
 pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     let files = FileCommands::from_env(&env);
     // First thing: a run rejected by configuration, routing, dedup or a held lease makes post idle.
-    set_state(&files, state::CACHE_SAVED, StateValue::Skipped.as_str());
-    let mut ctx = match admit(env, mode, files.clone(), cancel).await {
+    let cache_saved = CacheSaved::start(&files);
+    let admitted = admit(env, mode, (files.clone(), cache_saved.clone()), cancel).await;
+    let mut ctx = match admitted {
         Ok(Admission::Run(ctx)) => ctx,
-        Ok(Admission::Skip { reason }) => return skipped(&files, &reason),
+        Ok(Admission::Skip { reason }) => return skipped(&files, &cache_saved, &reason),
         Err(e) => {
             log::error(&e.to_string());
+            cache_saved.report(StateValue::Skipped);
             return RunExit::status(ExitStatus::Failed);
         }
     };
     // Admitted: from here on, a main step killed anywhere makes post retry the save.
-    ctx.set_state(state::CACHE_SAVED, StateValue::NotPersisted.as_str());
+    ctx.cache_saved.set(StateValue::NotPersisted);
     failpoint::hit("run:admitted");
     if let Some(gh) = &ctx.gh {
         if let Err(e) = gh.acknowledge(&ctx.plan).await {
@@ -153,7 +153,7 @@ async fn restore_memory(ctx: &mut RunContext) -> (RestoreReport, Option<CacheMer
     );
     if restored.shadow_guard.is_some() {
         // This run's memory must not hide older memory: post must not save it either.
-        ctx.set_state(state::CACHE_SAVED, StateValue::DeclinedForSafety.as_str());
+        ctx.cache_saved.set(StateValue::DeclinedForSafety);
     }
     ctx.set_output(output::CACHE_STATUS, restored.status.as_str());
     ctx.set_output(output::LOGICAL_KEY, ctx.plan.logical_key.as_str());
@@ -465,8 +465,7 @@ async fn cleanup_and_save(
 /// The save's result into state (post's decision), outputs, the log and the report.
 fn record_save(ctx: &mut RunContext, saved: SaveReport) {
     let state_value = saved.result.state_value();
-    ctx.set_state(state::CACHE_SAVED, state_value.as_str());
-    ctx.set_output(output::CACHE_SAVE_RESULT, state_value.as_str());
+    ctx.cache_saved.report(state_value);
     match state_value {
         StateValue::Durable | StateValue::Skipped => {
             tracing::info!("memory: {state_value} — {}", saved.result.detail)
@@ -555,6 +554,7 @@ async fn record_dedup(ctx: &RunContext) {
 fn out_of_time(ctx: &RunContext) -> RunExit {
     let text = "memory: not saved before the cancel deadline; the post step retries";
     log::warning(text);
+    ctx.cache_saved.report(StateValue::NotPersisted);
     ctx.set_output(
         output::DURATION,
         &ctx.started.elapsed().as_secs().to_string(),
@@ -584,23 +584,19 @@ async fn not_our_turn(
         ctx.set_state(state::TRACKING_COMMENT, "");
     }
     // Memory was not touched: post has nothing to retry.
-    ctx.set_state(state::CACHE_SAVED, StateValue::Skipped.as_str());
     skipped(
         &ctx.files,
+        &ctx.cache_saved,
         &format!("another run ({holder_id}) kept this thread for {} s (thread-wait); the thread was told", waited.as_secs()),
     )
 }
 
-fn skipped(files: &FileCommands, reason: &str) -> RunExit {
+fn skipped(files: &FileCommands, cache_saved: &CacheSaved, reason: &str) -> RunExit {
     tracing::info!("skipped: {reason}");
     let text = format!("### fro-bot\n\nSkipped: {}\n\n", reason.replace('\n', " "));
     if let Err(e) = files.append_summary(&text) {
         tracing::warn!("{e}");
     }
-    set_output(
-        files,
-        output::CACHE_SAVE_RESULT,
-        StateValue::Skipped.as_str(),
-    );
+    cache_saved.report(StateValue::Skipped);
     RunExit::status(ExitStatus::Skipped)
 }

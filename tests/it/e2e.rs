@@ -477,6 +477,8 @@ pub(crate) mod scenarios {
             r.state.get("cacheSaved").map(String::as_str),
             Some("skipped")
         );
+        // A later `if: always()` step reads what became of memory even here.
+        assert_eq!(r.output("cache-save-result"), "skipped");
         assert!(world.cache.calls().is_empty(), "nothing restored or saved");
         assert!(world.llm.requests().is_empty());
     }
@@ -1687,4 +1689,5 @@ pub(crate) mod changes;
 
 mod enterprise;
 
+mod cancel;
 pub(crate) mod leftovers;

@@ -129,6 +129,9 @@ struct StateInner {
     truncations: VecDeque<Truncation>,
     switches: Switches,
     calls: Vec<Call>,
+    /// How many of the next calls of an op never get an answer, and those that got none so far.
+    stalls: HashMap<String, usize>,
+    stalled: Vec<String>,
     /// Staged (uncommitted) blocks: blob → block id → file.
     blocks: HashMap<String, HashMap<String, PathBuf>>,
 }
@@ -171,6 +174,18 @@ impl Shared {
     }
     fn take_fault(&self, op: &str) -> Option<Fault> {
         self.lock().faults.get_mut(op).and_then(VecDeque::pop_front)
+    }
+    /// Never answers, if this call of `op` is to stall (a transfer hung in the network).
+    async fn maybe_stall(&self, op: &str) {
+        {
+            let mut st = self.lock();
+            match st.stalls.get_mut(op) {
+                Some(n) if *n > 0 => *n -= 1,
+                _ => return,
+            }
+            st.stalled.push(op.to_string());
+        }
+        std::future::pending::<()>().await;
     }
 }
 
@@ -265,6 +280,19 @@ impl CacheServer {
             .entry(op.to_string())
             .or_default()
             .extend(faults);
+    }
+    /// The next `n` calls of `op` (an RPC name or a blob op) never get an answer.
+    pub fn stall(&self, op: &str, n: usize) {
+        *self.shared.lock().stalls.entry(op.to_string()).or_default() += n;
+    }
+    /// How many calls of `op` stalled so far (a stalled call is in [`calls`](Self::calls) never).
+    pub fn stalled(&self, op: &str) -> usize {
+        self.shared
+            .lock()
+            .stalled
+            .iter()
+            .filter(|o| *o == op)
+            .count()
     }
     /// The next `n` blob downloads (GET) are damaged this way.
     pub fn truncate_downloads(&self, n: usize, how: Truncation) {
@@ -400,6 +428,7 @@ async fn twirp(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    s.maybe_stall(&rpc).await;
     let parsed: Option<Value> = serde_json::from_slice(&body).ok();
     let response = twirp_inner(&s, &rpc, &headers, parsed.as_ref());
     s.log(Call {
@@ -568,6 +597,7 @@ async fn blob(
         (&Method::HEAD, _) => HEAD_BLOB,
         _ => "Unsupported",
     };
+    s.maybe_stall(op).await;
     let content_length = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -1,0 +1,131 @@
+//! A cancel is honoured wherever it lands (docs/design.md#signals-and-budgets). The step ends
+//! before the runner would kill it (2.5 s after SIGTERM), and always with `cache-save-result`.
+//! Each test signals at a known point: a call the scripted world holds.
+
+use std::io::BufRead;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fro_bot::runner::cancel::SIGTERM_BUDGET;
+
+use super::scenarios::{post_step, World};
+use crate::support::action::{comment_event, explain, Job, StepResult};
+use crate::support::cache_server::PUT_BLOB;
+use crate::support::fake_llm::Reply;
+
+/// What became of a step signalled mid-run.
+struct Signalled {
+    job: Job,
+    result: StepResult,
+    /// From the signal to the exit (or to the runner's kill).
+    took: Duration,
+    /// Still running when the budget was spent: the runner killed it.
+    killed: bool,
+}
+
+impl Signalled {
+    fn assert_in_time(&self) {
+        assert!(
+            !self.killed,
+            "still running {:?} after the signal: the runner kills it here\n{}",
+            self.took,
+            explain(&self.result)
+        );
+        eprintln!("CANCEL | ended {:?} after the signal", self.took);
+    }
+
+    fn cache_saved(&self) -> (&str, &str) {
+        let r = &self.result;
+        (
+            r.state.get("cacheSaved").map_or("(none)", String::as_str),
+            r.outputs
+                .get("cache-save-result")
+                .map_or("(none)", String::as_str),
+        )
+    }
+}
+
+/// Starts the main step, sends `signal` as the runner does once `ready` holds (given the stdout so
+/// far), and kills the step as the runner does if it is still running once SIGTERM's budget is
+/// spent after the signal.
+async fn signal_when(job: Job, signal: i32, ready: impl Fn(&str) -> bool) -> Signalled {
+    let mut running = job.spawn(&["run"], &[]);
+    let stdout = running.take_stdout().expect("piped stdout");
+    let seen = Arc::new(Mutex::new(String::new()));
+    let reader = {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let mut seen = seen.lock().unwrap();
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if ready(&seen.lock().unwrap()) {
+            break;
+        }
+        assert!(
+            !running.exited(),
+            "the step ended before the point to signal it at:\n{}",
+            seen.lock().unwrap()
+        );
+        assert!(Instant::now() < deadline, "the point never came");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sent = Instant::now();
+    running.signal(signal);
+    let killed = loop {
+        if running.exited() {
+            break false;
+        }
+        if sent.elapsed() >= SIGTERM_BUDGET {
+            running.signal(libc::SIGKILL);
+            break true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let took = sent.elapsed();
+    let (job, mut result) = tokio::task::spawn_blocking(move || {
+        let r = job.finish(running);
+        (job, r)
+    })
+    .await
+    .unwrap();
+    reader.join().unwrap();
+    result.stdout = seen.lock().unwrap().clone();
+    Signalled {
+        job,
+        result,
+        took,
+        killed,
+    }
+}
+
+/// The cache upload hangs: the save cannot finish before the deadline, so main says
+/// `not-persisted` (state and output) in time, and post saves.
+#[tokio::test]
+async fn sigterm_during_the_save_says_not_persisted_and_post_saves() {
+    let world = World::start().await;
+    world.github.seed_issue(5, "t", "b");
+    world.llm.push(Reply::text("answered before the save"));
+    world.cache.stall(PUT_BLOB, 1);
+    let mut job = world.job(1150);
+    job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
+    let s = signal_when(job, libc::SIGTERM, |_| world.cache.stalled(PUT_BLOB) > 0).await;
+    s.assert_in_time();
+    let r = &s.result;
+    assert_eq!(
+        s.cache_saved(),
+        ("not-persisted", "not-persisted"),
+        "{}",
+        explain(r)
+    );
+    assert!(world.cache.entries().iter().all(|e| !e.finalized));
+    let (_job, post) = post_step(s.job, s.result).await;
+    assert!(post.summary.contains("durable"), "{}", post.summary);
+    assert!(world.cache.entries().iter().any(|e| e.finalized));
+}
