@@ -15,6 +15,7 @@ pub mod fuzzing;
 pub mod github;
 pub mod lease;
 pub mod merge;
+pub mod net;
 pub mod object_store;
 pub mod opencode;
 pub mod phases;

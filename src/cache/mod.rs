@@ -141,7 +141,7 @@ pub struct ActionsCacheClient {
 impl ActionsCacheClient {
     /// `results_url` = `ACTIONS_RESULTS_URL`; the token is masked here.
     pub fn new(results_url: &str, token: &str, mode: CacheMode) -> Result<Self, CacheError> {
-        let http = reqwest::Client::builder()
+        let http = crate::net::external()
             .user_agent(concat!("fro-bot/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(std::time::Duration::from_secs(30))
             .build()

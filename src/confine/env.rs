@@ -1,6 +1,7 @@
 //! The agent's environment is an allowlist: the job's context that is not secret, plus what the
 //! caller adds (HOME, XDG_*, OpenCode's switches, `GH_TOKEN` where the agent is meant to act) and
-//! the names the user opts into with `agent-env`. Some names are never passed, opted in or not.
+//! the names the user opts into with `agent-env`, and the runner's network settings. Some names
+//! are never passed, opted in or not.
 
 use crate::runner::env as names;
 use crate::runner::Env;
@@ -83,7 +84,8 @@ pub fn parse_opt_in(raw: &str) -> (Vec<String>, Vec<String>) {
     (ok, refused)
 }
 
-/// The child's whole environment: allowed names and `opt_in` from `base`, then `extra` (which
+/// The child's whole environment: allowed names and `opt_in` from `base`, the network settings
+/// (`crate::net::agent_vars`: the proxy, with the loopback kept off it), then `extra` (which
 /// wins), then OpenCode's offline switches.
 pub fn agent_env(
     base: &Env,
@@ -96,12 +98,19 @@ pub fn agent_env(
                 || ALLOWED_PREFIXES.iter().any(|p| k.starts_with(p))
                 || opt_in.iter().any(|n| n == k))
     };
+    let network = crate::net::agent_vars(base);
+    let given = |k: &str| extra.iter().chain(&network).any(|(e, _)| e == k);
     let mut out: Vec<(String, String)> = base
         .iter()
-        .filter(|(k, _)| allowed(k))
-        .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+        .filter(|(k, _)| allowed(k) && !given(k))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+    out.extend(
+        network
+            .iter()
+            .filter(|(k, _)| !extra.iter().any(|(e, _)| e == k))
+            .cloned(),
+    );
     out.extend(extra.iter().cloned());
     out.push((names::OPENCODE_DISABLE_AUTOUPDATE.into(), "1".into()));
     out.push((names::OPENCODE_DISABLE_MODELS_FETCH.into(), "1".into()));
@@ -135,6 +144,8 @@ mod tests {
             ("MY_TOOL_HOME", "/opt/tool"),
             ("GITHUB_REPOSITORY", "o/r"),
             ("GITHUB_SHA", "abc"),
+            ("https_proxy", "http://proxy.corp:3128"),
+            ("NO_PROXY", "corp.example"),
         ]);
         let (opt_in, refused) = parse_opt_in("MY_TOOL_HOME,\n AWS_SECRET_ACCESS_KEY, ,INPUT_X");
         assert_eq!(opt_in, ["MY_TOOL_HOME"]);
@@ -160,6 +171,8 @@ mod tests {
         assert_eq!(get("MY_TOOL_HOME"), ["/opt/tool"]);
         assert_eq!(get("GITHUB_REPOSITORY"), ["o/r"]);
         assert_eq!(get("GITHUB_SHA"), ["abc"]);
+        assert_eq!(get("https_proxy"), ["http://proxy.corp:3128"]);
+        assert_eq!(get("NO_PROXY"), ["corp.example,127.0.0.1,localhost,::1"]);
         for hidden in [
             "INPUT_GITHUB-TOKEN",
             "INPUT_AUTH-JSON",

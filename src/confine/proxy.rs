@@ -262,7 +262,7 @@ impl Proxy {
     pub async fn start(routes: Vec<Route>) -> std::io::Result<Proxy> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
-        let http = reqwest::Client::builder()
+        let http = crate::net::external()
             // A redirect must not carry the key anywhere else.
             .redirect(reqwest::redirect::Policy::none())
             .build()

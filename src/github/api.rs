@@ -28,7 +28,7 @@ pub enum ApiError {
     Client {
         api_url: String,
         #[source]
-        source: octocrab::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("GitHub API {operation} failed with HTTP {status}: {message}")]
     Status {
@@ -192,19 +192,28 @@ impl GitHub {
             .ok_or_else(|| ApiError::Repository {
                 value: repository.to_string(),
             })?;
+        // reqwest, not octocrab's own client: that one ignores the runner's proxy
+        // (`crate::net::external`). Redirects stay octocrab's, which drops the token off-host.
+        let http = crate::net::external()
+            .connect_timeout(TIMEOUT)
+            .read_timeout(TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| ApiError::Client {
+                api_url: endpoints.api.to_string(),
+                source: e.into(),
+            })?;
         let build = |base: &str| {
-            let client_err = |source| ApiError::Client {
+            let client_err = |source: Box<dyn std::error::Error + Send + Sync>| ApiError::Client {
                 api_url: base.to_string(),
                 source,
             };
             Octocrab::builder()
                 .base_uri(base)
-                .map_err(client_err)?
+                .map_err(|e| client_err(e.into()))?
                 .personal_token(token.expose().to_string())
-                .set_connect_timeout(Some(TIMEOUT))
-                .set_read_timeout(Some(TIMEOUT))
-                .build()
-                .map_err(client_err)
+                .build_with_reqwest(http.clone())
+                .map_err(|e| client_err(e.into()))
         };
         Ok(GitHub {
             client: build(&endpoints.api)?,

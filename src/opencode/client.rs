@@ -257,7 +257,7 @@ impl Client {
                 url: base.to_string(),
             });
         }
-        let http = reqwest::Client::builder()
+        let http = crate::net::loopback()
             .connect_timeout(CONNECT_TIMEOUT)
             .build()
             .map_err(|source| ApiError::Transport {

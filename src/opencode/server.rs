@@ -392,7 +392,7 @@ async fn wait_for_health(
     password: &str,
     deadline: Instant,
 ) -> Result<(), ServerError> {
-    let http = reqwest::Client::builder()
+    let http = crate::net::loopback()
         .timeout(Duration::from_millis(500))
         .build()
         .map_err(|_| not_ready(opts))?;

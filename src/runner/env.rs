@@ -33,6 +33,18 @@ pub const XDG_STATE_HOME: &str = "XDG_STATE_HOME";
 pub const AWS_REGION: &str = "AWS_REGION";
 pub const AWS_DEFAULT_REGION: &str = "AWS_DEFAULT_REGION";
 
+// The runner's egress proxy, in both cases (tools differ in which they read); the HTTP library
+// reads them for fro-bot's own clients, and fro-bot hands them to OpenCode and its own git.
+pub const PROXY: &[&str] = &[
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+pub const NO_PROXY: &[&str] = &["NO_PROXY", "no_proxy"];
+
 // Actions runtime (cache service).
 pub const ACTIONS_RUNTIME_TOKEN: &str = "ACTIONS_RUNTIME_TOKEN";
 pub const ACTIONS_RESULTS_URL: &str = "ACTIONS_RESULTS_URL";

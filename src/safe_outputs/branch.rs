@@ -206,6 +206,7 @@ pub fn check_out(
     let refspec = format!("+refs/heads/{branch}:refs/remotes/fro-bot/{branch}");
     Git::new(workspace, &home)
         .as_owner(owner)
+        .with_network()
         .env("GIT_CONFIG_COUNT", "1")
         .env("GIT_CONFIG_KEY_0", "http.extraHeader")
         .env(

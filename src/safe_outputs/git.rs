@@ -80,6 +80,12 @@ impl Git {
         }
     }
 
+    /// For a command that reaches GitHub: the runner's proxy settings (`crate::net::git_vars`).
+    pub fn with_network(mut self) -> Git {
+        self.cmd.envs(crate::net::git_vars());
+        self
+    }
+
     /// Sets an environment variable (`GIT_DIR`, `GIT_WORK_TREE`, `GIT_INDEX_FILE`, ...).
     pub fn env(mut self, key: &str, value: impl AsRef<OsStr>) -> Git {
         self.cmd.env(key, value);

@@ -10,6 +10,7 @@ mod github;
 mod inputs;
 mod lease;
 mod merge;
+mod network;
 mod object_store;
 mod opencode;
 mod persistence;

@@ -134,6 +134,8 @@ struct StateInner {
     stalled: Vec<String>,
     /// Staged (uncommitted) blocks: blob → block id → file.
     blocks: HashMap<String, HashMap<String, PathBuf>>,
+    /// Where clients reach the server, when not at its own address (a name or a TLS front).
+    origin: Option<String>,
 }
 
 struct Shared {
@@ -165,9 +167,13 @@ impl Shared {
         };
         let sig = self.sign(blob, expiry, perm);
         format!(
-            "http://{}/blob/{blob}?sv=2025-01-05&sp={perm}&se={expiry}&sig={sig}",
-            self.addr
+            "{}/blob/{blob}?sv=2025-01-05&sp={perm}&se={expiry}&sig={sig}",
+            self.origin()
         )
+    }
+    fn origin(&self) -> String {
+        let origin = self.lock().origin.clone();
+        origin.unwrap_or_else(|| format!("http://{}", self.addr))
     }
     fn log(&self, call: Call) {
         self.lock().calls.push(call);
@@ -247,7 +253,16 @@ impl CacheServer {
 
     /// For `ACTIONS_RESULTS_URL`: carries a path, which the client must drop.
     pub fn url(&self) -> String {
-        format!("http://{}/results-receiver/", self.shared.addr)
+        format!("{}/results-receiver/", self.shared.origin())
+    }
+    /// The server's own `http://127.0.0.1:<port>`.
+    pub fn local_origin(&self) -> String {
+        format!("http://{}", self.shared.addr)
+    }
+    /// Clients reach the server at `origin` (`http(s)://host:port`): its URL and the signed blob
+    /// URLs it hands out name it.
+    pub fn set_origin(&self, origin: &str) {
+        self.shared.lock().origin = Some(origin.to_string());
     }
     pub fn token(&self) -> String {
         self.shared.token.clone()

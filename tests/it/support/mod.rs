@@ -4,6 +4,7 @@
 pub mod action;
 pub mod cache_server;
 pub mod container;
+pub mod egress;
 pub mod fake_git;
 pub mod fake_github;
 pub mod fake_llm;
