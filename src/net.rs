@@ -2,11 +2,21 @@
 //! (docs/security.md#egress-proxy-and-private-ca).
 //!
 //! The egress proxy is `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY` and `NO_PROXY`, in either case,
-//! which reqwest reads itself for every client built by [`external`]. fro-bot's own servers on
-//! 127.0.0.1 (the provider proxy, OpenCode's server) are reached by [`loopback`] clients, which
-//! never use a proxy whatever `NO_PROXY` says: a proxy elsewhere cannot reach this machine's
-//! loopback. OpenCode gets the same settings, with the loopback added to its `NO_PROXY`
-//! ([`agent_vars`]), and fro-bot's own `git` gets them too ([`git_vars`]).
+//! which reqwest reads itself for every client built by [`external`], as the S3 client does
+//! ([`aws_http_client`]). fro-bot's own servers on 127.0.0.1 (the provider proxy, OpenCode's
+//! server) are reached by [`loopback`] clients, which never use a proxy whatever `NO_PROXY` says: a
+//! proxy elsewhere cannot reach this machine's loopback. OpenCode gets the same settings, with the
+//! loopback added to its `NO_PROXY` ([`agent_vars`]), and fro-bot's own `git` gets them too
+//! ([`git_vars`]).
+//!
+//! Trusted certificates: the system store, or `SSL_CERT_FILE`/`SSL_CERT_DIR` in its place (read by
+//! rustls-native-certs under both HTTP stacks), plus those in `NODE_EXTRA_CA_CERTS`, which only
+//! Node reads on its own ([`extra_roots`]). OpenCode gets all three variables.
+
+use std::sync::OnceLock;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 
 use crate::runner::env as names;
 use crate::runner::Env;
@@ -14,10 +24,91 @@ use crate::runner::Env;
 /// Names OpenCode's `NO_PROXY` always holds: its provider proxy and fro-bot's client are here.
 const LOOPBACK: &[&str] = &["127.0.0.1", "localhost", "::1"];
 
-/// A client for anything outside the runner: GitHub, the Actions cache, S3, LLM providers.
+/// A client for anything outside the runner: GitHub, the Actions cache, LLM providers.
 pub fn external() -> reqwest::ClientBuilder {
+    let extra = extra_roots()
+        .iter()
+        .filter_map(|der| reqwest::Certificate::from_der(der).ok());
     // reqwest takes the proxy from the environment unless a proxy is set on the builder.
-    reqwest::Client::builder()
+    reqwest::Client::builder().tls_certs_merge(extra)
+}
+
+/// The S3 client's HTTP client: the AWS SDK's default (rustls, native roots, the proxy from the
+/// environment) with [`extra_roots`] added to its trust store.
+pub fn aws_http_client() -> aws_sdk_s3::config::SharedHttpClient {
+    use aws_smithy_http_client::{proxy::ProxyConfig, tls, Builder, ConnectorBuilder};
+    let mut trust = tls::TrustStore::default();
+    for der in extra_roots() {
+        trust.add_pem_certificate(pem(der));
+    }
+    let context = tls::TlsContext::builder()
+        .with_trust_store(trust)
+        .build()
+        .unwrap_or_else(|e| {
+            tracing::warn!("S3 client: {e}; the extra certificates are not trusted");
+            tls::TlsContext::default()
+        });
+    // `build_with_connector_fn` is how the SDK builds its own default client: the public builders
+    // cannot take the proxy settings.
+    Builder::new().build_with_connector_fn(move |settings, components| {
+        let mut connector = ConnectorBuilder::default()
+            .tls_provider(tls::Provider::Rustls(
+                tls::rustls_provider::CryptoMode::AwsLc,
+            ))
+            .tls_context(context.clone());
+        connector.set_connector_settings(settings.cloned());
+        if let Some(components) = components {
+            connector.set_sleep_impl(components.sleep_impl());
+        }
+        connector.set_proxy_config(Some(ProxyConfig::from_env()));
+        connector.build()
+    })
+}
+
+/// The certificates in `NODE_EXTRA_CA_CERTS` that can serve as roots, read once. As Node does, a
+/// file that cannot be read is a warning; so is a certificate that cannot be a root (it would make
+/// every client fail to build).
+fn extra_roots() -> &'static [CertificateDer<'static>] {
+    static ROOTS: OnceLock<Vec<CertificateDer<'static>>> = OnceLock::new();
+    ROOTS.get_or_init(|| read_roots(&Env::from_process()))
+}
+
+fn read_roots(env: &Env) -> Vec<CertificateDer<'static>> {
+    let Some(path) = env.get(names::NODE_EXTRA_CA_CERTS) else {
+        return Vec::new();
+    };
+    let warn = |why: String| {
+        tracing::warn!("{}={path}: {why}", names::NODE_EXTRA_CA_CERTS);
+    };
+    let certs = match CertificateDer::pem_file_iter(path) {
+        Ok(certs) => certs,
+        Err(e) => {
+            warn(format!("cannot read it ({e}); no certificate added"));
+            return Vec::new();
+        }
+    };
+    let mut roots = Vec::new();
+    for cert in certs {
+        match cert {
+            Ok(der) if rustls::RootCertStore::empty().add(der.clone()).is_ok() => roots.push(der),
+            Ok(_) => warn("a certificate that cannot be a root is left out".into()),
+            Err(e) => warn(format!("unreadable PEM left out ({e})")),
+        }
+    }
+    roots
+}
+
+/// `der` as a PEM block.
+fn pem(der: &CertificateDer<'_>) -> Vec<u8> {
+    use base64::Engine;
+    let body = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in body.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out.into_bytes()
 }
 
 /// A client for a server on this machine's loopback: never through a proxy.
@@ -27,9 +118,12 @@ pub fn loopback() -> reqwest::ClientBuilder {
 
 /// The proxy settings set in `env`, as they are (each case is read by some tool).
 fn proxy_settings(env: &Env) -> Vec<(String, String)> {
-    names::PROXY
-        .iter()
-        .chain(names::NO_PROXY)
+    set_in(env, names::PROXY.iter().chain(names::NO_PROXY))
+}
+
+/// `names` that are set in `env`, with their values.
+fn set_in<'a>(env: &Env, names: impl Iterator<Item = &'a &'a str>) -> Vec<(String, String)> {
+    names
         .filter_map(|&name| Some((name.to_string(), env.get(name)?.to_string())))
         .collect()
 }
@@ -54,11 +148,13 @@ fn no_proxy_with_loopback(env: &Env) -> String {
     entries.join(",")
 }
 
-/// The agent's network settings from the job's `env`: the proxy variables as set, and, when a
-/// proxy is set, `NO_PROXY`/`no_proxy` naming the loopback (OpenCode reaches its provider through
-/// fro-bot's proxy on 127.0.0.1). A password in a proxy URL is masked: the agent can print it.
+/// The agent's network settings from the job's `env`: the certificates it trusts and the proxy
+/// variables, as set, and, when a proxy is set, `NO_PROXY`/`no_proxy` naming the loopback
+/// (OpenCode reaches its provider through fro-bot's proxy on 127.0.0.1). A password in a proxy URL
+/// is masked: the agent can print it.
 pub fn agent_vars(env: &Env) -> Vec<(String, String)> {
-    let mut out = proxy_settings(env);
+    let mut out = set_in(env, names::TRUST.iter());
+    out.extend(proxy_settings(env));
     let proxied: Vec<&str> = names::PROXY.iter().filter_map(|&n| env.get(n)).collect();
     for value in &proxied {
         // As written in the URL, which is what the agent's environment holds.
@@ -123,11 +219,42 @@ mod tests {
             "the password is masked"
         );
 
-        let env = Env::from_pairs([("no_proxy", "corp.example")]);
+        let env = Env::from_pairs([
+            ("no_proxy", "corp.example"),
+            ("NODE_EXTRA_CA_CERTS", "/etc/corp/ca.pem"),
+            ("SSL_CERT_FILE", "/etc/corp/bundle.pem"),
+        ]);
+        let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
         assert_eq!(
             agent_vars(&env),
-            [("no_proxy".to_string(), "corp.example".to_string())],
-            "no proxy: NO_PROXY as it is"
+            pairs(&[
+                ("SSL_CERT_FILE", "/etc/corp/bundle.pem"),
+                ("NODE_EXTRA_CA_CERTS", "/etc/corp/ca.pem"),
+                ("no_proxy", "corp.example"),
+            ]),
+            "no proxy: NO_PROXY as it is; the certificates as they are"
         );
+    }
+
+    #[test]
+    fn extra_roots_that_cannot_be_read_or_be_roots_are_left_out_and_pem_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let env = Env::from_pairs([("NODE_EXTRA_CA_CERTS", missing.to_str().unwrap())]);
+        assert!(read_roots(&env).is_empty());
+        let bad = dir.path().join("bad.pem");
+        let not_a_cert = CertificateDer::from(b"not a certificate".to_vec());
+        std::fs::write(&bad, pem(&not_a_cert)).unwrap();
+        let env = Env::from_pairs([("NODE_EXTRA_CA_CERTS", bad.to_str().unwrap())]);
+        assert!(read_roots(&env).is_empty(), "no client would build with it");
+        let der = CertificateDer::from((0..=255u8).cycle().take(700).collect::<Vec<_>>());
+        let back: Vec<_> = CertificateDer::pem_slice_iter(&pem(&der))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(back, [der]);
     }
 }

@@ -324,6 +324,7 @@ impl ObjectStore {
     pub async fn connect(settings: &StoreSettings) -> ObjectStore {
         let sdk = aws_config::defaults(BehaviorVersion::latest())
             .region(Region::new(settings.region.clone()))
+            .http_client(crate::net::aws_http_client())
             .load()
             .await;
         Self::with_sdk_config(settings, &sdk)

@@ -44,6 +44,13 @@ pub const PROXY: &[&str] = &[
     "all_proxy",
 ];
 pub const NO_PROXY: &[&str] = &["NO_PROXY", "no_proxy"];
+/// A file (or directories) of trusted certificates in place of the system store (OpenSSL's names).
+pub const SSL_CERT_FILE: &str = "SSL_CERT_FILE";
+pub const SSL_CERT_DIR: &str = "SSL_CERT_DIR";
+/// A file of certificates trusted besides the system store (Node's name; what runners set).
+pub const NODE_EXTRA_CA_CERTS: &str = "NODE_EXTRA_CA_CERTS";
+/// The certificate settings OpenCode is given.
+pub const TRUST: &[&str] = &[SSL_CERT_FILE, SSL_CERT_DIR, NODE_EXTRA_CA_CERTS];
 
 // Actions runtime (cache service).
 pub const ACTIONS_RUNTIME_TOKEN: &str = "ACTIONS_RUNTIME_TOKEN";

@@ -2,6 +2,8 @@
 //! every service is reachable only through the runner's egress proxy. fro-bot's clients (GitHub's
 //! API, its git, the Actions cache, S3, the provider proxy's upstream) and OpenCode's own requests
 //! go through it; nothing meant for 127.0.0.1 (fro-bot's provider proxy, OpenCode's server) does.
+//! With a private CA, the same run over HTTPS (through the proxy's `CONNECT`), the services'
+//! certificate signed by a test CA the job trusts in one of the ways runners do.
 
 use serde_json::{json, Value};
 
@@ -9,6 +11,7 @@ use crate::e2e::scenarios::{main_step, with_s3, World};
 use crate::support::action::{chown_r, comment_event, explain, fresh_checkout, Job};
 use crate::support::egress::{named, EgressProxy};
 use crate::support::fake_llm::{request_text, Reply};
+use crate::support::tls::{TestCa, TlsFront};
 
 const RUNNER_UID: u32 = 1001;
 
@@ -30,23 +33,58 @@ fn llm_config_at(world: &World, base_url: &str) -> Value {
     config
 }
 
+/// How a test's services are reached: under `.test` names that only the proxy resolves, over
+/// HTTP, or over HTTPS through fronts holding the test CA's certificate.
+struct Reach<'a> {
+    ca: Option<&'a TestCa>,
+    fronts: Vec<TlsFront>,
+}
+
+impl<'a> Reach<'a> {
+    fn http() -> Self {
+        Reach {
+            ca: None,
+            fronts: Vec::new(),
+        }
+    }
+
+    fn https(ca: &'a TestCa) -> Self {
+        Reach {
+            ca: Some(ca),
+            fronts: Vec::new(),
+        }
+    }
+
+    /// `local` (`http://127.0.0.1:<port>[/path]`) under `name`.
+    async fn url(&mut self, local: &str, name: &str) -> String {
+        let Some(ca) = self.ca else {
+            return named(local, name);
+        };
+        let rest = local.strip_prefix("http://127.0.0.1:").unwrap();
+        let (port, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let front = TlsFront::start(ca, ([127, 0, 0, 1], port.parse().unwrap()).into()).await;
+        let url = format!("https://{name}:{}{path}", front.port);
+        self.fronts.push(front);
+        url
+    }
+}
+
 /// A job of `world` whose every service (GitHub's API and git, the cache, S3, the provider) is
-/// named so that only the proxy reaches it, with S3 backup on under `prefix`. The checkout is the
-/// runner user's, as on a hosted runner, so the agent can change it.
-fn job_behind(world: &World, run_id: u64, prefix: &str) -> Job {
-    world
-        .cache
-        .set_origin(&named(&world.cache.local_origin(), "cache.test"));
+/// reached as `reach` says, with S3 backup on under `prefix`.
+async fn job_behind(world: &World, reach: &mut Reach<'_>, run_id: u64, prefix: &str) -> Job {
+    let cache = reach.url(&world.cache.local_origin(), "cache.test").await;
+    world.cache.set_origin(&cache);
     let mut job = world.job(run_id);
-    let github = named(&world.github.url, "github.test");
+    let github = reach.url(&world.github.url, "github.test").await;
     job.set("GITHUB_API_URL", github.clone())
         .set("GITHUB_SERVER_URL", github);
-    let llm = named(&world.llm.base_url(), "llm.test");
+    let llm = reach.url(&world.llm.base_url(), "llm.test").await;
     job.input("opencode-config", llm_config_at(world, &llm).to_string());
     with_s3(&mut job, prefix);
-    let s3 = crate::support::services::s3();
-    job.input("s3-endpoint", named(&s3.endpoint, "s3.test"));
-    job.owned_by_runner_user(RUNNER_UID);
+    let s3 = reach
+        .url(&crate::support::services::s3().endpoint, "s3.test")
+        .await;
+    job.input("s3-endpoint", s3);
     job
 }
 
@@ -54,12 +92,17 @@ fn job_behind(world: &World, run_id: u64, prefix: &str) -> Job {
 async fn behind_an_egress_proxy_everything_external_goes_through_it_and_nothing_loopback_does() {
     let world = World::start().await;
     let proxy = EgressProxy::start().await;
-    let page = named(&web_page("page-through-the-proxy").await, "web.test");
+    let mut reach = Reach::http();
+    let page = reach
+        .url(&web_page("page-through-the-proxy").await, "web.test")
+        .await;
     world
         .github
         .seed_issue(5, "Read the page", "What does it say?");
     let prefix = crate::support::s3::unique_prefix("egress");
-    let mut job = job_behind(&world, 3100, &prefix);
+    let mut job = job_behind(&world, &mut reach, 3100, &prefix).await;
+    // The checkout is the runner user's, as on a hosted runner, so the agent can change it.
+    job.owned_by_runner_user(RUNNER_UID);
     world.github.seed_git_repo(&job.workspace());
     // What runners set, in either case; NO_PROXY without the loopback, which fro-bot must keep
     // away from the proxy all the same.
@@ -156,4 +199,101 @@ async fn behind_an_egress_proxy_everything_external_goes_through_it_and_nothing_
         [],
         "loopback traffic never goes to the proxy"
     );
+}
+
+/// Where the job trusts the test CA.
+enum Trust {
+    NodeExtraCaCerts,
+    SslCertFile,
+    SystemStore,
+}
+
+/// A comment-triggered run in which every service (OpenCode's page included) is HTTPS with a
+/// certificate of a private CA the job trusts as `trust` says: everything connects, answers, saves
+/// and publishes, through the proxy.
+async fn a_run_over_https_with_a_private_ca(trust: Trust) {
+    let ca = TestCa::new();
+    let world = World::start().await;
+    let proxy = EgressProxy::start().await;
+    let mut reach = Reach::https(&ca);
+    let page = reach
+        .url(&web_page("page-behind-the-private-ca").await, "web.test")
+        .await;
+    world
+        .github
+        .seed_issue(5, "Read the page", "What does it say?");
+    let prefix = crate::support::s3::unique_prefix("private-ca");
+    let mut job = job_behind(&world, &mut reach, 3200, &prefix).await;
+    job.set("https_proxy", proxy.url());
+    let pem = ca.pem().to_string_lossy().into_owned();
+    match trust {
+        Trust::NodeExtraCaCerts => drop(job.set("NODE_EXTRA_CA_CERTS", pem)),
+        Trust::SslCertFile => drop(job.set("SSL_CERT_FILE", pem)),
+        Trust::SystemStore => drop(job.system_trust_store(ca.system_bundle())),
+    }
+    world.llm.push(Reply::tool(
+        "webfetch",
+        json!({"url": page, "format": "text"}),
+    ));
+    world.llm.push(Reply::text("The page says hello."));
+    job.event(
+        "issue_comment",
+        &comment_event(5, 501, "@fro-bot what does the page say?"),
+    );
+    let (_job, r) = main_step(job).await;
+
+    assert_eq!(r.code, 0, "{}\n{:?}", explain(&r), proxy.summary());
+    let comments = world.github.created_comments();
+    assert!(
+        comments
+            .iter()
+            .any(|(_, body)| body.contains("page says hello")),
+        "{comments:?}\n{}",
+        explain(&r)
+    );
+    assert_eq!(r.output("cache-save-result"), "durable", "{}", explain(&r));
+    assert!(
+        r.summary.contains("| Object-store publish | published |"),
+        "{}",
+        r.summary
+    );
+    let fetched = request_text(&world.llm.requests()[1]);
+    assert!(
+        fetched.contains("page-behind-the-private-ca"),
+        "OpenCode trusted the page's certificate: {fetched}"
+    );
+    for host in [
+        "github.test",
+        "cache.test",
+        "s3.test",
+        "llm.test",
+        "web.test",
+    ] {
+        let tunnels = proxy
+            .seen()
+            .iter()
+            .filter(|s| s.host == host && s.method == "CONNECT")
+            .count();
+        assert!(tunnels > 0, "no tunnel to {host}: {:?}", proxy.summary());
+    }
+    assert_eq!(
+        proxy.elsewhere(),
+        [],
+        "loopback traffic never goes to the proxy"
+    );
+}
+
+#[tokio::test]
+async fn a_private_ca_in_node_extra_ca_certs_is_trusted_by_fro_bot_and_opencode() {
+    a_run_over_https_with_a_private_ca(Trust::NodeExtraCaCerts).await;
+}
+
+#[tokio::test]
+async fn a_private_ca_as_ssl_cert_file_is_trusted_by_fro_bot_and_opencode() {
+    a_run_over_https_with_a_private_ca(Trust::SslCertFile).await;
+}
+
+#[tokio::test]
+async fn a_private_ca_in_the_system_trust_store_is_trusted_by_fro_bot_and_opencode() {
+    a_run_over_https_with_a_private_ca(Trust::SystemStore).await;
 }

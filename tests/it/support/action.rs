@@ -29,6 +29,8 @@ pub struct Job {
     pub fixed_root: bool,
     /// The fro-bot binary steps run ([`BIN`] unless [`Job::binary_at`]).
     pub bin: PathBuf,
+    /// Binary steps see this file as the system trust store ([`Job::system_trust_store`]).
+    pub trust_store: Option<PathBuf>,
 }
 
 /// Where [`Job::at_fixed_root`] jobs see their directories, as every container job sees its own
@@ -219,6 +221,7 @@ impl Job {
             runner_uid: None,
             fixed_root: false,
             bin: PathBuf::from(BIN),
+            trust_store: None,
         }
     }
 
@@ -332,6 +335,10 @@ impl Job {
                 (c, Some(name))
             }
         };
+        if let Some(bundle) = &self.trust_store {
+            assert!(matches!(self.launch, Launch::Binary), "binary steps only");
+            bind_over(&mut command, bundle, super::tls::SYSTEM_BUNDLE);
+        }
         let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -346,6 +353,13 @@ impl Job {
     /// at once with the same paths, as on separate runners.
     pub fn at_fixed_root(&mut self) -> &mut Self {
         self.fixed_root = true;
+        self
+    }
+
+    /// Binary steps run in a mount namespace of their own where `bundle` is the system trust store,
+    /// as if the runner's administrator had added a certificate to it.
+    pub fn system_trust_store(&mut self, bundle: PathBuf) -> &mut Self {
+        self.trust_store = Some(bundle);
         self
     }
 
@@ -486,4 +500,41 @@ fn as_runner(uid: u32, script: &str, arg: &Path) -> std::process::Output {
         .gid(uid)
         .output()
         .expect("sh runs")
+}
+
+/// `command` runs in a mount namespace of its own where `file` is bound over `target`.
+fn bind_over(command: &mut Command, file: &Path, target: &str) {
+    let cstr = |p: &std::ffi::OsStr| std::ffi::CString::new(p.as_encoded_bytes()).unwrap();
+    let (src, dst) = (cstr(file.as_os_str()), cstr(target.as_ref()));
+    let in_namespace = move || -> std::io::Result<()> {
+        let check = |rc: libc::c_int| match rc {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        };
+        let none = std::ptr::null();
+        // SAFETY: plain syscalls on NUL-terminated strings owned by the closure, in the child
+        // between fork and exec.
+        unsafe {
+            check(libc::unshare(libc::CLONE_NEWNS))?;
+            let private = libc::MS_REC | libc::MS_PRIVATE;
+            check(libc::mount(
+                none,
+                c"/".as_ptr(),
+                none,
+                private,
+                none as *const _,
+            ))?;
+            check(libc::mount(
+                src.as_ptr(),
+                dst.as_ptr(),
+                none,
+                libc::MS_BIND,
+                none as *const _,
+            ))
+        }
+    };
+    // SAFETY: the closure only makes syscalls (async-signal-safe).
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(command, in_namespace);
+    }
 }

@@ -11,3 +11,4 @@ pub mod fake_llm;
 pub mod hostile;
 pub mod s3;
 pub mod services;
+pub mod tls;
