@@ -77,6 +77,7 @@ async fn job_behind(world: &World, reach: &mut Reach<'_>, run_id: u64, prefix: &
     let mut job = world.job(run_id);
     let github = reach.url(&world.github.url, "github.test").await;
     job.set("GITHUB_API_URL", github.clone())
+        .set("GITHUB_GRAPHQL_URL", format!("{github}/graphql"))
         .set("GITHUB_SERVER_URL", github);
     let llm = reach.url(&world.llm.base_url(), "llm.test").await;
     job.input("opencode-config", llm_config_at(world, &llm).to_string());
