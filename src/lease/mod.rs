@@ -287,7 +287,10 @@ impl Lease {
     }
 
     /// [`Lease::acquire`], asking again with jittered, growing pauses while another run holds the
-    /// lease, for at most `wait`. Also how many times it waited (the summary reports it).
+    /// lease, for at most `wait`, and no longer once `stop` fires (a signal: the holder is then
+    /// reported). Also how many times it waited (the summary reports it). A `stop` ends a pause,
+    /// never an ask: an ask dropped half way could take the lease and leave it held until it
+    /// expires, with nobody to release it.
     pub async fn acquire_waiting(
         store: &ObjectStore,
         key: &str,
@@ -295,6 +298,7 @@ impl Lease {
         config: LeaseConfig,
         clock: Arc<dyn Clock>,
         wait: Duration,
+        stop: &CancellationToken,
     ) -> (AcquireOutcome, u32) {
         let deadline = tokio::time::Instant::now() + wait;
         let mut pause = Duration::from_millis(200);
@@ -306,10 +310,13 @@ impl Lease {
             };
             // Between half and one and a half times the pause: contenders spread out.
             let jittered = pause.mul_f64(0.5 + rand::random::<f64>());
-            if tokio::time::Instant::now() + jittered >= deadline {
+            if tokio::time::Instant::now() + jittered >= deadline || stop.is_cancelled() {
                 return (outcome, waits);
             }
-            tokio::time::sleep(jittered).await;
+            tokio::select! {
+                () = tokio::time::sleep(jittered) => {}
+                () = stop.cancelled() => return (outcome, waits),
+            }
             waits += 1;
             pause = (pause * 2).min(MAX_WAIT_PAUSE);
         }

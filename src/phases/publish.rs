@@ -15,7 +15,7 @@ use crate::phases::context::{PostLease, StoreContext};
 use crate::phases::paths::{check_marker, write_marker, MarkerCheck, StatePaths};
 use crate::phases::report::LeaseReport;
 use crate::phases::session_map;
-use crate::runner::{failpoint, log, FileCommands};
+use crate::runner::{failpoint, log, Cancellation, FileCommands};
 use crate::save_result::StorePublish;
 
 /// The lease must have at least this long left when the session database is put.
@@ -30,6 +30,9 @@ pub const LEASE_WAIT: Duration = Duration::from_secs(180);
 
 pub struct PublishInputs<'a> {
     pub store: &'a StoreContext,
+    /// A signal ends the wait for the lease: the cache save after the publish still fits the
+    /// cancel budget, a wait for another run's section may not.
+    pub cancel: &'a Cancellation,
     pub holder: Holder,
     pub files: &'a FileCommands,
     pub paths: &'a StatePaths,
@@ -119,17 +122,19 @@ impl PublishReport {
 /// Takes the lease (waiting for another run's section), publishes with read-merge-write, and
 /// releases the lease. Never fails the run: every outcome is a value.
 pub async fn publish(inputs: PublishInputs<'_>) -> PublishReport {
-    let (acquired, lease_waits) = Lease::acquire_waiting(
-        &inputs.store.store,
-        inputs.store.keys.lease(),
-        &inputs.holder,
-        inputs.lease_config,
-        Arc::new(lease::SystemClock),
-        inputs.lease_wait,
-    )
-    .await;
+    let (acquired, lease_waits) = take_lease(&inputs).await;
     let handle = match acquired {
         AcquireOutcome::Acquired(handle) => handle,
+        AcquireOutcome::HeldByOther { holder_id, .. } if inputs.cancel.is_cancelled() => {
+            let reason = format!(
+                "the run was cancelled while {holder_id} held the lease; this run's memory is in the Actions cache only, and the next run merges it"
+            );
+            return withheld(
+                reason,
+                LeaseReport::HeldByOther { holder: holder_id },
+                lease_waits,
+            );
+        }
         AcquireOutcome::HeldByOther { holder_id, .. } => {
             let reason = format!(
                 "the lease stayed with {holder_id} for {} s; this run's memory is in the Actions cache only, and the next run merges it",
@@ -165,6 +170,45 @@ pub async fn publish(inputs: PublishInputs<'_>) -> PublishReport {
     }
     report
 }
+
+/// The lease: one ask, then (held by another run, and not cancelled) the wait for its section to
+/// end, said in the log.
+async fn take_lease(inputs: &PublishInputs<'_>) -> (AcquireOutcome, u32) {
+    let (store, key) = (&inputs.store.store, inputs.store.keys.lease());
+    let clock: Arc<dyn lease::Clock> = Arc::new(lease::SystemClock);
+    let first = Lease::acquire(
+        store,
+        key,
+        &inputs.holder,
+        inputs.lease_config,
+        clock.clone(),
+    )
+    .await;
+    let AcquireOutcome::HeldByOther { holder_id, .. } = &first else {
+        return (first, 0);
+    };
+    if inputs.cancel.is_cancelled() {
+        return (first, 0);
+    }
+    tracing::info!(
+        "{WAITING_FOR_LEASE} {holder_id} (at most {} s)",
+        inputs.lease_wait.as_secs()
+    );
+    let (outcome, waits) = Lease::acquire_waiting(
+        store,
+        key,
+        &inputs.holder,
+        inputs.lease_config,
+        clock,
+        inputs.lease_wait,
+        inputs.cancel.token(),
+    )
+    .await;
+    (outcome, waits)
+}
+
+/// What the log says while the publish waits for another run's section.
+pub const WAITING_FOR_LEASE: &str = "waiting for the memory lease, held by";
 
 fn withheld(reason: String, lease: LeaseReport, lease_waits: u32) -> PublishReport {
     PublishReport {

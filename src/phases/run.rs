@@ -437,6 +437,7 @@ async fn cleanup_and_save(
         };
         publish(PublishInputs {
             store,
+            cancel: &ctx.cancel,
             holder: ctx.lease_holder.clone(),
             files: &ctx.files,
             paths: &ctx.paths,

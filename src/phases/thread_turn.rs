@@ -50,6 +50,12 @@ pub(crate) async fn take(ctx: &RunContext, tracker: Option<&Tracker>) -> ThreadT
     if ctx.plan.thread.is_none() {
         return ThreadTurn::NotNeeded;
     }
+    let cancelled = || ThreadTurn::Unknown {
+        message: "the run was cancelled while it waited".into(),
+    };
+    if ctx.cancel.is_cancelled() {
+        return cancelled();
+    }
     let key = store.keys.thread_lease(ctx.plan.logical_key.as_str());
     let started = Instant::now();
     let config = LeaseConfig::default();
@@ -64,18 +70,18 @@ pub(crate) async fn take(ctx: &RunContext, tracker: Option<&Tracker>) -> ThreadT
             tracker.show_step(Some(WAITING)).await;
         }
         let left = wait.saturating_sub(started.elapsed());
+        let stop = ctx.cancel.token();
         let (outcome, waits) =
-            Lease::acquire_waiting(&store.store, &key, holder, config, clock, left).await;
+            Lease::acquire_waiting(&store.store, &key, holder, config, clock, left, stop).await;
         if let (Some(tracker), AcquireOutcome::Acquired(_)) = (tracker, &outcome) {
             tracker.show_step(None).await;
         }
         (outcome, waits + 1)
     };
-    let (outcome, waits) = tokio::select! {
-        asked = asked => asked,
-        () = ctx.cancel.cancelled() => {
-            return ThreadTurn::Unknown { message: "the run was cancelled while it waited".into() };
-        }
+    // A signal ends the wait (not an ask in flight, which could leave the turn taken with nobody
+    // to give it back), and an ask that outlives the cancel deadline is abandoned.
+    let Some((outcome, waits)) = ctx.within_budget(asked).await else {
+        return cancelled();
     };
     let waited = started.elapsed();
     match outcome {
@@ -93,6 +99,7 @@ pub(crate) async fn take(ctx: &RunContext, tracker: Option<&Tracker>) -> ThreadT
                 waits,
             }
         }
+        AcquireOutcome::HeldByOther { .. } if ctx.cancel.is_cancelled() => cancelled(),
         AcquireOutcome::HeldByOther { holder_id, .. } => {
             let holder_id = shown_holder(&holder_id);
             log::warning(&format!(

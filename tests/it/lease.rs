@@ -14,6 +14,7 @@ use fro_bot::lease::{
 use fro_bot::object_store::{Condition, GetOutcome, ObjectKind, ObjectStore, PutOutcome};
 
 use crate::support::s3;
+use tokio_util::sync::CancellationToken;
 
 fn holder(run_id: u64) -> Holder {
     Holder {
@@ -199,6 +200,7 @@ async fn acquire_waiting_gets_the_lease_when_the_holder_releases() {
         cfg,
         Arc::new(SystemClock),
         Duration::from_secs(60),
+        &CancellationToken::new(),
     )
     .await;
     assert!(matches!(release.await.unwrap(), ReleaseOutcome::Released));
@@ -213,12 +215,53 @@ async fn acquire_waiting_gets_the_lease_when_the_holder_releases() {
         cfg,
         Arc::new(SystemClock),
         Duration::from_millis(800),
+        &CancellationToken::new(),
     )
     .await;
     match out {
         AcquireOutcome::HeldByOther { holder_id, .. } => assert_eq!(holder_id, "action:2:1:job"),
         other => panic!("{other:?}"),
     }
+}
+
+/// A signal ends the wait for a lease another run holds: at once, with the holder named, and
+/// without taking it; the holder keeps it.
+#[tokio::test]
+async fn a_stop_ends_the_wait_at_once_and_leaves_the_lease_with_its_holder() {
+    let (store, keys) = s3::fresh("lease-stop").await;
+    let cfg = manual(Duration::from_secs(300));
+    let held = acquired(
+        Lease::acquire(&store, keys.lease(), &holder(1), cfg, Arc::new(SystemClock)).await,
+    );
+    let stop = CancellationToken::new();
+    let signal = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            stop.cancel();
+        })
+    };
+    // Far longer than any test may take: only the stop can end it.
+    let (out, _) = tokio::time::timeout(
+        Duration::from_secs(60),
+        Lease::acquire_waiting(
+            &store,
+            keys.lease(),
+            &holder(2),
+            cfg,
+            Arc::new(SystemClock),
+            Duration::from_secs(3600),
+            &stop,
+        ),
+    )
+    .await
+    .expect("the stop ended the wait");
+    signal.await.unwrap();
+    match out {
+        AcquireOutcome::HeldByOther { holder_id, .. } => assert_eq!(holder_id, "action:1:1:job"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(held.release().await, ReleaseOutcome::Released));
 }
 
 #[tokio::test]

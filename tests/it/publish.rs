@@ -123,6 +123,7 @@ async fn publish_run(
 ) -> PublishReport {
     publish(PublishInputs {
         store: ctx,
+        cancel: &fro_bot::runner::Cancellation::new(),
         holder: holder(run_id),
         files: &run.files,
         paths: &run.paths,

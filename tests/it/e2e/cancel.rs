@@ -1,6 +1,6 @@
 //! A cancel is honoured wherever it lands (docs/design.md#signals-and-budgets). The step ends
 //! before the runner would kill it (2.5 s after SIGTERM), and always with `cache-save-result`.
-//! Each test signals at a known point: a call the scripted world holds.
+//! Each test signals at a known point: a line the step prints, or a call the scripted world holds.
 
 use std::io::BufRead;
 use std::sync::{Arc, Mutex};
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use fro_bot::runner::cancel::SIGTERM_BUDGET;
 
-use super::scenarios::{post_step, World};
+use super::scenarios::{post_step, with_s3, World};
 use crate::support::action::{comment_event, explain, Job, StepResult};
 use crate::support::cache_server::PUT_BLOB;
 use crate::support::fake_llm::Reply;
@@ -103,6 +103,55 @@ async fn signal_when(job: Job, signal: i32, ready: impl Fn(&str) -> bool) -> Sig
         took,
         killed,
     }
+}
+
+/// Another run holds the memory lease while this one saves: the signal ends the wait, and the
+/// memory goes to the Actions cache within the budget (the next run merges it into the store).
+#[tokio::test]
+async fn sigterm_while_the_publish_waits_for_the_lease_still_saves_to_the_cache() {
+    use fro_bot::lease::{AcquireOutcome, Holder, Lease, LeaseConfig, SystemClock};
+    let world = World::start().await;
+    world.github.seed_issue(5, "t", "b");
+    let prefix = crate::support::s3::unique_prefix("e2e-cancel-lease");
+    let store = crate::support::s3::connect(&crate::support::s3::settings(&prefix)).await;
+    let keys = fro_bot::object_store::StoreKeys::new(&prefix, "octo", "hello").unwrap();
+    let other = Holder {
+        repo: "octo/hello".into(),
+        run_id: 1,
+        run_attempt: 1,
+        identity: Some("other".into()),
+    };
+    let AcquireOutcome::Acquired(held) = Lease::acquire(
+        &store,
+        keys.lease(),
+        &other,
+        LeaseConfig::default(),
+        Arc::new(SystemClock),
+    )
+    .await
+    else {
+        panic!("the test could not take the lease");
+    };
+    world.llm.push(Reply::text("answered before the save"));
+    let mut job = world.job(1140);
+    with_s3(&mut job, &prefix);
+    job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
+    let needle = fro_bot::phases::publish::WAITING_FOR_LEASE;
+    let s = signal_when(job, libc::SIGTERM, |out| out.contains(needle)).await;
+    s.assert_in_time();
+    let r = &s.result;
+    assert_eq!(s.cache_saved(), ("durable", "durable"), "{}", explain(r));
+    assert_eq!(world.cache.entries().len(), 1);
+    assert!(
+        r.summary
+            .contains("cancelled while action:1:1:other held the lease"),
+        "{}",
+        r.summary
+    );
+    assert!(matches!(
+        held.release().await,
+        fro_bot::lease::ReleaseOutcome::Released
+    ));
 }
 
 /// The cache upload hangs: the save cannot finish before the deadline, so main says
