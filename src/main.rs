@@ -156,9 +156,9 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
-        Command::Run => runtime.block_on(run(env, Mode::Action)),
+        Command::Run => run_to_the_end(runtime, env, Mode::Action),
         Command::Local(args) => match local_env(env, &args) {
-            Ok((env, mode)) => runtime.block_on(run(env, mode)),
+            Ok((env, mode)) => run_to_the_end(runtime, env, mode),
             Err(message) => {
                 fro_bot::runner::log::error(&message);
                 ExitCode::FAILURE
@@ -190,6 +190,14 @@ async fn post(env: &Env) {
             fro_bot::runner::log::warning("post: cancelled; memory from before this run is intact");
         }
     }
+}
+
+/// The main step, then the exit at once: blocking work a cancel cut off (a restore's extraction, a
+/// save's scrub) is abandoned, not waited for past the runner's kill (dropping the runtime would).
+fn run_to_the_end(runtime: tokio::runtime::Runtime, env: Env, mode: Mode) -> ExitCode {
+    let code = runtime.block_on(run(env, mode));
+    runtime.shutdown_background();
+    code
 }
 
 async fn run(env: Env, mode: Mode) -> ExitCode {

@@ -28,6 +28,9 @@ pub enum SaveOutcome {
     /// The database is byte-for-byte what was restored: the entry (or store copy) it came from
     /// already holds it, so nothing is uploaded again.
     Unchanged,
+    /// The run was cancelled before the agent's turn: it changed no memory, so nothing is saved
+    /// and the cancel budget is left for the rest.
+    CancelledBeforeTurn,
 }
 
 impl SaveOutcome {
@@ -42,6 +45,7 @@ impl SaveOutcome {
             SaveOutcome::CacheError => "cache-error",
             SaveOutcome::Persisted => "persisted",
             SaveOutcome::Unchanged => "unchanged",
+            SaveOutcome::CancelledBeforeTurn => "cancelled-before-turn",
         }
     }
 }
@@ -127,7 +131,9 @@ impl CacheSaveResult {
     /// The state value, by the table in `docs/design.md#save-outcomes-and-state-values`.
     pub fn state_value(&self) -> StateValue {
         match self.outcome {
-            SaveOutcome::SkippedByConfiguration | SaveOutcome::SkippedEmpty => StateValue::Skipped,
+            SaveOutcome::SkippedByConfiguration
+            | SaveOutcome::SkippedEmpty
+            | SaveOutcome::CancelledBeforeTurn => StateValue::Skipped,
             SaveOutcome::CheckpointDeclined => StateValue::NotPersisted,
             SaveOutcome::OwnershipDeclined | SaveOutcome::ShadowingDeclined => {
                 StateValue::DeclinedForSafety

@@ -194,6 +194,8 @@ pub struct AgentOptions {
     pub log_file: PathBuf,
     pub startup_deadline: Duration,
     pub now_ms: fn() -> i64,
+    /// The run's: a signal while OpenCode starts stops the start (`ServerError::Cancelled`).
+    pub cancel: Cancellation,
 }
 
 /// A running OpenCode server and a client for this workspace.
@@ -432,6 +434,7 @@ fn server_options(
         log_file: opts.log_file.clone(),
         startup_deadline: opts.startup_deadline,
         user: opts.user,
+        cancel: opts.cancel.clone(),
     }
 }
 

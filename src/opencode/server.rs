@@ -18,6 +18,7 @@ use tokio::process::{Child, Command};
 use crate::confine::AgentUser;
 use crate::runner::env;
 use crate::runner::log;
+use crate::runner::{failpoint, Cancellation};
 
 const READY_LINE: &str = "opencode server listening on http://";
 pub const STARTUP_DEADLINE: Duration = Duration::from_secs(60);
@@ -47,6 +48,9 @@ pub enum ServerError {
     ExitedEarly { status: String, log: PathBuf },
     #[error("OpenCode was not ready within {}s; see {}", deadline.as_secs(), log.display())]
     NotReady { deadline: Duration, log: PathBuf },
+    /// The run was cancelled while OpenCode started: it was killed before it was ready.
+    #[error("the run was cancelled while OpenCode started; it was stopped")]
+    Cancelled,
 }
 
 /// Everything the server process gets. `env` is the complete environment apart from what the server
@@ -65,6 +69,8 @@ pub struct ServerOptions {
     pub startup_deadline: Duration,
     /// Who the process runs as (`crate::confine`).
     pub user: AgentUser,
+    /// A signal during the start stops it: the run has no turn left to take.
+    pub cancel: Cancellation,
 }
 
 /// Makes the config for a server at `url` with `password`.
@@ -113,6 +119,9 @@ impl Server {
         let started = Instant::now();
         let mut last_err = None;
         for _ in 0..PORT_ATTEMPTS {
+            if opts.cancel.is_cancelled() {
+                return Err(ServerError::Cancelled);
+            }
             let port = free_port().map_err(|source| ServerError::Port { source })?;
             match Self::start_on(opts, port, &password, started).await {
                 Ok(server) => return Ok(server),
@@ -138,8 +147,24 @@ impl Server {
         let mut child = spawn(opts, port, &url, password)?;
         let mut stdout_lines = copy_output(&mut child, log_file);
         let deadline = started + opts.startup_deadline;
-        wait_for_ready_line(opts, &mut child, &mut stdout_lines, deadline).await?;
-        wait_for_health(opts, &mut child, &url, password, deadline).await?;
+        failpoint::pause("opencode:starting", &opts.cancel).await;
+        let ready = async {
+            wait_for_ready_line(opts, &mut child, &mut stdout_lines, deadline).await?;
+            wait_for_health(opts, &mut child, &url, password, deadline).await
+        };
+        let cancelled = tokio::select! {
+            // A signal that came first wins over a ready line already read.
+            biased;
+            () = opts.cancel.cancelled() => true,
+            ready = ready => {
+                ready?;
+                false
+            }
+        };
+        if cancelled {
+            stop_unready(&mut child).await;
+            return Err(ServerError::Cancelled);
+        }
         Ok(Server {
             child: Some(child),
             url,
@@ -238,6 +263,18 @@ impl Server {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// A server that is not ready holds nothing worth a graceful stop: killed and reaped, so nothing
+/// of it writes the database after the start returns.
+async fn stop_unready(child: &mut Child) {
+    let _ = child.start_kill();
+    if tokio::time::timeout(Duration::from_secs(2), child.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("OpenCode did not exit within 2 s of SIGKILL");
     }
 }
 
@@ -461,6 +498,7 @@ mod tests {
             log_file: dir.join("log/opencode.log"),
             startup_deadline: deadline,
             user: AgentUser::Current { uid: 0 },
+            cancel: Cancellation::new(),
         }
     }
 
@@ -487,6 +525,41 @@ mod tests {
         let err = Server::start(&opts).await.unwrap_err();
         assert!(matches!(err, ServerError::NotReady { .. }), "{err:?}");
         assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+
+    #[tokio::test]
+    async fn a_signal_while_the_server_starts_stops_it_at_once_and_reaps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        // Never ready: only the signal can end the start before its 60 s deadline.
+        let mut opts = script_options(
+            dir.path(),
+            &format!("echo $$ > {}; exec sleep 60", pid_file.display()),
+            Duration::from_secs(60),
+        );
+        let cancel = Cancellation::new();
+        opts.cancel = cancel.clone();
+        let signal = async {
+            while !pid_file.exists() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            cancel.cancel_with(crate::runner::cancel::Signal::Terminate, Instant::now());
+        };
+        let (started, ()) = tokio::join!(
+            tokio::time::timeout(Duration::from_secs(30), Server::start(&opts)),
+            signal
+        );
+        let err = started
+            .expect("the start ended long before its deadline")
+            .unwrap_err();
+        assert!(matches!(err, ServerError::Cancelled), "{err:?}");
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Reaped, not a zombie: no process has that pid any more.
+        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
     }
 
     #[test]

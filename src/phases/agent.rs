@@ -35,6 +35,9 @@ pub(crate) struct AgentRun {
     /// Who wrote this run's session, as trust goes: the least trusted of the requester and every
     /// author whose text the prompt quoted (docs/security.md#trust-follows-memory).
     pub(crate) trust: Option<crate::trust::SessionTrust>,
+    /// The turn was handed to OpenCode: only then can the run have changed memory
+    /// (`phases::run::memory_changed`).
+    pub(crate) prompted: bool,
 }
 
 impl AgentRun {
@@ -141,6 +144,7 @@ pub(crate) async fn start_agent(
         log_file: log_dir.join("opencode-server.log"),
         startup_deadline: Duration::from_secs(60),
         now_ms: opencode::system_now_ms,
+        cancel: ctx.cancel.clone(),
     })
     .await
     .map_err(|e| crate::opencode::client::error_chain(&e))?;
@@ -273,11 +277,56 @@ fn entity_context(
 /// run summary back into the session.
 pub(crate) async fn drive_agent(agent: &mut Agent, inputs: &AgentInputs<'_>, out: &mut AgentRun) {
     let started_prep = Instant::now();
+    // A signal during session prep ends it there: no prompt, so memory stays as restored.
+    let cancel = inputs.cancel;
+    let prepared = tokio::select! {
+        biased;
+        () = cancel.cancelled() => None,
+        prepared = prepare_turn(agent, inputs, out) => Some(prepared),
+    };
+    out.prep_time = started_prep.elapsed();
+    let prepared = match prepared {
+        Some(_) if cancel.is_cancelled() => None,
+        other => other,
+    };
+    let Some(prepared) = prepared else {
+        out.errors
+            .push("the run was cancelled before the agent's turn".into());
+        out.outcome = Some(TurnOutcome::Cancelled);
+        return;
+    };
+    // The prep failed; the outcome says why.
+    let Some((session, prompt)) = prepared else {
+        return;
+    };
+    let settings = inputs.settings;
+    let opts = TurnOptions {
+        timeout: settings.timeout,
+        agent: settings.agent.clone(),
+        model: settings.model.as_ref().map(Into::into),
+        progress: Some(inputs.progress.clone()),
+        ..TurnOptions::default()
+    };
+    out.prompted = true;
+    let report = agent.run_turn(session, &prompt, &opts, cancel).await;
+    record_turn(&report, out);
+    if !cancel.is_cancelled() {
+        writeback(agent, inputs, report, &out.errors).await;
+    }
+}
+
+/// Session prep: a usable model, the session, the prompt. `None` when the turn cannot be run (the
+/// outcome says why).
+async fn prepare_turn(
+    agent: &mut Agent,
+    inputs: &AgentInputs<'_>,
+    out: &mut AgentRun,
+) -> Option<(opencode::Session, String)> {
     let plan = inputs.plan;
     // GitHub's side of the prompt does not wait for OpenCode's side, nor the reverse.
     let (session, from_github) =
         tokio::join!(usable_session(agent, inputs, out), github_context(inputs));
-    let Some(resolved) = session else { return };
+    let resolved = session?;
     tracing::info!(
         "session {} ({:?}) for {}",
         resolved.session.id,
@@ -290,23 +339,7 @@ pub(crate) async fn drive_agent(agent: &mut Agent, inputs: &AgentInputs<'_>, out
         tracing::warn!("the session tools will not find this run's own session: {e}");
     }
     out.trust = Some(trust);
-    out.prep_time = started_prep.elapsed();
-
-    let settings = inputs.settings;
-    let opts = TurnOptions {
-        timeout: settings.timeout,
-        agent: settings.agent.clone(),
-        model: settings.model.as_ref().map(Into::into),
-        progress: Some(inputs.progress.clone()),
-        ..TurnOptions::default()
-    };
-    let report = agent
-        .run_turn(resolved.session, &prompt, &opts, inputs.cancel)
-        .await;
-    record_turn(&report, out);
-    if !inputs.cancel.is_cancelled() {
-        writeback(agent, inputs, report, &out.errors).await;
-    }
+    Some((resolved.session, prompt))
 }
 
 /// The session this run continues or starts, once OpenCode has a usable model; `None` (with the
@@ -324,6 +357,7 @@ async fn usable_session(
         }));
         return None;
     }
+    crate::runner::failpoint::pause("agent:prep", inputs.cancel).await;
     let key = inputs.plan.logical_key.as_str();
     match agent
         .resolve_owned_session(key, inputs.restored.sessions.ownership(key))

@@ -77,37 +77,19 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     }
 
     let (restored, merged_at_restore) = restore_memory(&mut ctx).await;
-    let outputs = match ctx.cancel.is_cancelled() {
-        true => OutputsPlan::none("the run was cancelled"),
-        false => prepare_outputs::prepare(&mut ctx).await,
-    };
-    let guards = leftovers::take(&ctx);
-    let private_home = guards.private_home().map(std::path::Path::to_path_buf);
-    let (agent, agent_run) = run_agent(
-        &mut ctx,
-        &restored,
-        tracker.as_ref(),
-        (&outputs, private_home.as_deref()),
-    )
-    .await;
-    // The agent is stopped (and everything it left running killed) before .git is put back and
-    // its change read.
-    let retention = ctx.settings.session_retention as usize;
-    let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
-    leftovers::put_back(&mut ctx, guards, &agent_run);
-    if !ctx.cancel.is_cancelled() {
-        deliver_outputs(&mut ctx, &outputs, &agent_run).await;
-    }
+    let (agent_run, stopped) = take_turn(&mut ctx, &restored, tracker.as_ref()).await;
     // The answer goes out before the save, so a slow save never delays it.
     let cancelled_edit = respond(&ctx, &agent_run, &restored, tracker).await;
-    let saved = cleanup_and_save(
-        &mut ctx,
-        stopped,
-        &agent_run,
-        &restored,
-        merged_at_restore.as_ref(),
-    )
-    .await;
+    let saved = match memory_changed(&ctx, &agent_run) {
+        MemoryChanged::No => {
+            record_save(&mut ctx, SaveReport::cancelled_before_turn());
+            Saved::InTime
+        }
+        MemoryChanged::Maybe => {
+            let merged = merged_at_restore.as_ref();
+            cleanup_and_save(&mut ctx, stopped, &agent_run, &restored, merged).await
+        }
+    };
     // Published (or not): the next run on the thread may start.
     ctx.report.concurrency_notes.extend(turn.note());
     if ctx.within_budget(turn.release(&ctx.files)).await.is_none() {
@@ -127,12 +109,64 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     }
 }
 
+/// Whether this run may have changed memory, so that it must be saved.
+enum MemoryChanged {
+    /// Cancelled before the agent's turn was handed to OpenCode: memory is what the cache and the
+    /// store already hold, and a save would only spend the cancel budget.
+    No,
+    Maybe,
+}
+
+fn memory_changed(ctx: &RunContext, agent_run: &AgentRun) -> MemoryChanged {
+    match (ctx.cancel.is_cancelled(), agent_run.prompted) {
+        (true, false) => MemoryChanged::No,
+        (false, _) | (true, true) => MemoryChanged::Maybe,
+    }
+}
+
+/// From the restore to the save: where the agent's proposals go, what it must not leave behind,
+/// OpenCode and the turn, cleanup, and what it proposed carried out. A run cancelled before this
+/// point does none of it.
+async fn take_turn(
+    ctx: &mut RunContext,
+    restored: &RestoreReport,
+    tracker: Option<&Arc<Tracker>>,
+) -> (AgentRun, Stopped) {
+    let retention = ctx.settings.session_retention as usize;
+    if ctx.cancel.is_cancelled() {
+        let agent_run = AgentRun {
+            outcome: Some(TurnOutcome::Cancelled),
+            errors: vec!["the run was cancelled before the agent started".into()],
+            ..AgentRun::default()
+        };
+        log::warning("the agent did not run: the run was cancelled");
+        let stopped = stop_agent(None, &agent_run, retention, &ctx.cancel).await;
+        return (agent_run, stopped);
+    }
+    let outputs = prepare_outputs::prepare(ctx).await;
+    let guards = leftovers::take(ctx);
+    let private_home = guards.private_home().map(std::path::Path::to_path_buf);
+    let (agent, agent_run) =
+        run_agent(ctx, restored, tracker, (&outputs, private_home.as_deref())).await;
+    // The agent is stopped (and everything it left running killed) before .git is put back and
+    // its change read.
+    let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
+    leftovers::put_back(ctx, guards, &agent_run);
+    if !ctx.cancel.is_cancelled() {
+        deliver_outputs(ctx, &outputs, &agent_run).await;
+    }
+    (agent_run, stopped)
+}
+
 /// Restore (store, then cache, then validation), then the workspace's project identity.
 /// Also what was merged into the store's copy (`merge_cache_into_store_copy`).
 async fn restore_memory(ctx: &mut RunContext) -> (RestoreReport, Option<CacheMergeReport>) {
     let t = Instant::now();
     let restore_keys = ctx.keys.restore_prefixes().to_vec();
-    let restored = {
+    let cancel = ctx.cancel.clone();
+    // A signal stops the restore where it is: the agent will not run, and what is half restored
+    // is never saved (`memory_changed`).
+    let restoring = async {
         let _g = log::Group::new("Restore memory");
         let inputs = RestoreInputs {
             paths: &ctx.paths,
@@ -146,6 +180,21 @@ async fn restore_memory(ctx: &mut RunContext) -> (RestoreReport, Option<CacheMer
         };
         restore(inputs, store_attempt(ctx.store.as_ref(), &ctx.paths)).await
     };
+    let restored = tokio::select! {
+        biased;
+        () = cancel.cancelled() => None,
+        restored = restoring => Some(restored),
+    };
+    ctx.set_output(output::LOGICAL_KEY, ctx.plan.logical_key.as_str());
+    let Some(restored) = restored else {
+        log::warning("memory: the restore was stopped by the cancel; nothing is saved");
+        let mut report = RestoreReport::miss();
+        report
+            .notes
+            .push("the run was cancelled during the restore".into());
+        ctx.report.restore = Some(report.clone());
+        return (report, None);
+    };
     tracing::info!(
         "memory: {} (source: {})",
         restored.status.as_str(),
@@ -156,12 +205,15 @@ async fn restore_memory(ctx: &mut RunContext) -> (RestoreReport, Option<CacheMer
         ctx.cache_saved.set(StateValue::DeclinedForSafety);
     }
     ctx.set_output(output::CACHE_STATUS, restored.status.as_str());
-    ctx.set_output(output::LOGICAL_KEY, ctx.plan.logical_key.as_str());
     ctx.restored_copy = RestoredCopy::of(&ctx.paths, &restored);
     ctx.restored_sessions = restored_sessions(&ctx.paths, &restored);
     // After the digest and the sessions above: those describe the store's copy, which the
     // publish compares against; the merged result is saved because it differs.
-    let merged = merge_cache_into_store_copy(ctx, &restored).await;
+    let merged = tokio::select! {
+        biased;
+        () = cancel.cancelled() => None,
+        merged = merge_cache_into_store_copy(ctx, &restored) => merged,
+    };
     let mut restored = restored;
     if let Some(merged) = &merged {
         // The turn resolves threads and judges sessions by these, as the save's marker will.
@@ -245,8 +297,7 @@ fn restored_sessions(paths: &StatePaths, restored: &RestoreReport) -> Option<Sna
     }
 }
 
-/// Starts OpenCode and drives the turn. Under a signal there is no agent to start: the run goes
-/// straight to saving what was restored.
+/// Starts OpenCode and drives the turn; a signal during the start stops it (`ServerError::Cancelled`).
 async fn run_agent(
     ctx: &mut RunContext,
     restored: &RestoreReport,
@@ -255,7 +306,7 @@ async fn run_agent(
 ) -> (Option<Agent>, AgentRun) {
     let mut agent_run = AgentRun::default();
     let agent = match ctx.cancel.is_cancelled() {
-        true => Err("cancelled before the agent started".to_string()),
+        true => Err("the run was cancelled before OpenCode started".to_string()),
         false => {
             let view = crate::phases::agent::trust_view(&ctx.plan, restored);
             start_agent(ctx, &view, outputs.tools(), private_home).await
@@ -265,7 +316,10 @@ async fn run_agent(
         Ok(a) => a,
         Err(message) => {
             match ctx.cancel.is_cancelled() {
-                true => log::warning(&format!("the agent did not run: {message}")),
+                true => {
+                    log::warning(&format!("the agent did not run: {message}"));
+                    agent_run.outcome = Some(TurnOutcome::Cancelled);
+                }
                 false => log::error(&format!("OpenCode could not start: {message}")),
             }
             agent_run.errors.push(message);

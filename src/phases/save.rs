@@ -52,6 +52,23 @@ pub struct SaveReport {
     pub key_taken: bool,
 }
 
+impl SaveReport {
+    /// No save: the run was cancelled before the agent's turn, so memory is what the cache and
+    /// the store already hold (`phases::run::memory_changed`).
+    pub(crate) fn cancelled_before_turn() -> Self {
+        let detail = "the run was cancelled before the agent's turn, so it changed no memory; \
+                      the cache and the store keep what they held";
+        SaveReport {
+            result: CacheSaveResult::new(SaveOutcome::CancelledBeforeTurn, false, detail),
+            checkpoint: None,
+            scrub: None,
+            publish: PublishReport::from(StorePublish::NotAttempted),
+            cache_merge: CacheMergeReport::default(),
+            key_taken: false,
+        }
+    }
+}
+
 /// Runs the save. `publish` is called once, after the checkpoint and marker and before the cache
 /// write, only when there is something to save; it reports `StorePublish::Disabled` when the store
 /// is off, and takes the lease itself (`phases::publish`). A merged result it published replaces

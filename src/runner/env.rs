@@ -81,6 +81,8 @@ pub const GIT_CONFIG_VALUE_0: &str = "GIT_CONFIG_VALUE_0";
 pub const FRO_BOT_LOG: &str = "FRO_BOT_LOG";
 /// Crash tests: the named kill point (`runner::failpoint`).
 pub const FRO_BOT_FAILPOINT: &str = "FRO_BOT_FAILPOINT";
+/// Cancel tests: the named pause point, held until a signal (`runner::failpoint::pause`).
+pub const FRO_BOT_PAUSEPOINT: &str = "FRO_BOT_PAUSEPOINT";
 /// The least time between two progress edits of the tracking comment, in ms (default 10 000;
 /// tests shorten it).
 pub const FRO_BOT_PROGRESS_EDIT_MS: &str = "FRO_BOT_PROGRESS_EDIT_MS";

@@ -73,6 +73,7 @@ impl Harness {
             log_file: self.log.clone(),
             startup_deadline: Duration::from_secs(60),
             now_ms: fro_bot::opencode::system_now_ms,
+            cancel: fro_bot::runner::Cancellation::new(),
         }
     }
 

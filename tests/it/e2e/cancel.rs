@@ -1,16 +1,20 @@
-//! A cancel is honoured wherever it lands (docs/design.md#signals-and-budgets). The step ends
-//! before the runner would kill it (2.5 s after SIGTERM), and always with `cache-save-result`.
-//! Each test signals at a known point: a line the step prints, or a call the scripted world holds.
+//! A cancel is honoured wherever it lands (docs/design.md#signals-and-budgets): while OpenCode
+//! starts, during session prep, the restore, the wait for the thread's turn, the wait for the
+//! memory lease, and the save. The step ends before the runner would kill it (2.5 s after SIGTERM;
+//! SIGINT is held to the same), and always with `cache-save-result`. Each test signals at a known
+//! point: a pause point (`FRO_BOT_PAUSEPOINT`), a line the step prints, or a call the scripted
+//! world holds.
 
 use std::io::BufRead;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fro_bot::runner::cancel::SIGTERM_BUDGET;
+use fro_bot::runner::failpoint::PAUSED_AT;
 
 use super::scenarios::{post_step, with_s3, World};
 use crate::support::action::{comment_event, explain, Job, StepResult};
-use crate::support::cache_server::PUT_BLOB;
+use crate::support::cache_server::{GET_BLOB, LOOKUP, PUT_BLOB};
 use crate::support::fake_llm::Reply;
 
 /// What became of a step signalled mid-run.
@@ -103,6 +107,165 @@ async fn signal_when(job: Job, signal: i32, ready: impl Fn(&str) -> bool) -> Sig
         took,
         killed,
     }
+}
+
+fn paused_at(point: &str) -> impl Fn(&str) -> bool {
+    let line = format!("{PAUSED_AT}{point}");
+    move |stdout| stdout.contains(&line)
+}
+
+/// A run on issue 5, held at `point` until the signal.
+fn held_at(world: &World, run_id: u64, point: &str) -> Job {
+    world.github.seed_issue(5, "t", "b");
+    let mut job = world.job(run_id);
+    job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
+    job.set("FRO_BOT_PAUSEPOINT", point);
+    job
+}
+
+/// Cancelled before the agent's turn: nothing reached the model, nothing was saved (memory is what
+/// the cache held), post has nothing to do, and the thread was told.
+async fn assert_cancelled_before_the_turn(world: &World, s: Signalled) {
+    s.assert_in_time();
+    let r = &s.result;
+    assert_eq!(s.cache_saved(), ("skipped", "skipped"), "{}", explain(r));
+    assert!(r.summary.contains("cancelled-before-turn"), "{}", r.summary);
+    assert!(world.llm.requests().is_empty(), "the model was asked");
+    assert!(
+        world.cache.calls_of(PUT_BLOB).is_empty(),
+        "something was saved"
+    );
+    assert_ne!(r.code, 0, "a cancelled run is not a success");
+    let versions = world.github.comment_versions();
+    assert!(
+        versions
+            .last()
+            .is_some_and(|v| v.contains("the run was cancelled")),
+        "{versions:?}"
+    );
+    let (_job, post) = post_step(s.job, s.result).await;
+    assert!(post.summary.contains("Nothing to do"), "{}", post.summary);
+}
+
+#[tokio::test]
+async fn sigterm_while_opencode_starts_stops_it_and_ends_within_the_budget() {
+    let world = World::start().await;
+    let job = held_at(&world, 1100, "opencode:starting");
+    let s = signal_when(job, libc::SIGTERM, paused_at("opencode:starting")).await;
+    assert!(
+        s.result.stdout.contains("cancelled while OpenCode started"),
+        "{}",
+        explain(&s.result)
+    );
+    assert_cancelled_before_the_turn(&world, s).await;
+}
+
+#[tokio::test]
+async fn sigint_during_session_prep_ends_before_the_prompt_within_the_budget() {
+    let world = World::start().await;
+    let job = held_at(&world, 1110, "agent:prep");
+    let s = signal_when(job, libc::SIGINT, paused_at("agent:prep")).await;
+    assert_cancelled_before_the_turn(&world, s).await;
+}
+
+/// The restore's download hangs; the signal ends the run there, and the memory it was restoring
+/// is untouched: the next run resumes the conversation.
+#[tokio::test]
+async fn sigint_during_the_restore_stops_it_and_memory_is_kept() {
+    let world = World::start().await;
+    world.github.seed_issue(5, "t", "b");
+    world.llm.push(Reply::text("the capybara is calm"));
+    let mut job = world.job(1120);
+    job.event("issue_comment", &comment_event(5, 1, "@fro-bot remember"));
+    let (mut job, first) = super::scenarios::main_step(job).await;
+    assert_eq!(
+        first.output("cache-save-result"),
+        "durable",
+        "{}",
+        explain(&first)
+    );
+    let session = first.output("session-id").to_string();
+
+    job.next_run(1121);
+    job.event("issue_comment", &comment_event(5, 2, "@fro-bot again"));
+    world.cache.stall(GET_BLOB, 1);
+    let s = signal_when(job, libc::SIGINT, |_| world.cache.stalled(GET_BLOB) > 0).await;
+    s.assert_in_time();
+    let r = &s.result;
+    assert_eq!(s.cache_saved(), ("skipped", "skipped"), "{}", explain(r));
+    assert!(
+        r.stdout.contains("the restore was stopped"),
+        "{}",
+        explain(r)
+    );
+    assert_eq!(
+        world.llm.requests().len(),
+        1,
+        "the cancelled run asked the model"
+    );
+    assert_eq!(world.cache.entries().len(), 1, "the cancelled run saved");
+
+    let mut job = s.job;
+    job.next_run(1122);
+    job.event("issue_comment", &comment_event(5, 3, "@fro-bot and now"));
+    world.llm.push(Reply::text("ok"));
+    let (_job, next) = super::scenarios::main_step(job).await;
+    assert_eq!(next.output("session-id"), session, "{}", explain(&next));
+}
+
+/// Another run holds the thread: the signal ends the wait, and the run restores and saves nothing;
+/// the other run keeps its turn.
+#[tokio::test]
+async fn sigterm_while_waiting_for_the_threads_turn_ends_without_restoring() {
+    use fro_bot::lease::{AcquireOutcome, Holder, Lease, LeaseConfig, SystemClock};
+    let world = World::start().await;
+    world.github.seed_issue(5, "t", "b");
+    let prefix = crate::support::s3::unique_prefix("e2e-cancel-turn");
+    let store = crate::support::s3::connect(&crate::support::s3::settings(&prefix)).await;
+    let keys = fro_bot::object_store::StoreKeys::new(&prefix, "octo", "hello").unwrap();
+    let other = Holder {
+        repo: "octo/hello".into(),
+        run_id: 1,
+        run_attempt: 1,
+        identity: Some("other".into()),
+    };
+    let turn = keys.thread_lease("issue-5");
+    let AcquireOutcome::Acquired(held) = Lease::acquire(
+        &store,
+        &turn,
+        &other,
+        LeaseConfig::default(),
+        Arc::new(SystemClock),
+    )
+    .await
+    else {
+        panic!("the test could not take the thread's turn");
+    };
+    let mut job = world.job(1130);
+    with_s3(&mut job, &prefix);
+    job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
+    let waiting = || {
+        world
+            .github
+            .comment_versions()
+            .iter()
+            .any(|v| v.contains("waiting for an earlier run on this thread to finish"))
+    };
+    let s = signal_when(job, libc::SIGTERM, |_| waiting()).await;
+    s.assert_in_time();
+    let r = &s.result;
+    assert_eq!(s.cache_saved(), ("skipped", "skipped"), "{}", explain(r));
+    assert!(
+        world.cache.calls_of(LOOKUP).is_empty(),
+        "it went on to restore"
+    );
+    assert!(world.llm.requests().is_empty());
+    assert!(!r.state.contains_key("threadLeaseEtag"), "{:?}", r.state);
+    // Still the other run's.
+    assert!(matches!(
+        held.release().await,
+        fro_bot::lease::ReleaseOutcome::Released
+    ));
 }
 
 /// Another run holds the memory lease while this one saves: the signal ends the wait, and the
