@@ -75,14 +75,20 @@ pub enum Sweep {
     Remaining { pids: Vec<i32> },
 }
 
-/// A process's name (`comm`), unless its program is one of `ours`.
+/// A process's name (`comm`), unless its program is one of `ours`. Without root its program may
+/// not be readable (fro-bot's own processes are not dumpable): then its name decides (the kernel
+/// keeps the first 15 bytes of the program's file name).
 fn agents_process(pid: i32, ours: &[std::path::PathBuf]) -> Option<String> {
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-    if exe.is_some_and(|e| ours.contains(&e)) {
-        return None;
-    }
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    Some(format!("{} ({pid})", comm.trim()))
+    let comm = comm.trim_end_matches('\n');
+    let is_ours = match std::fs::read_link(format!("/proc/{pid}/exe")) {
+        Ok(exe) => ours.contains(&exe),
+        Err(_) => ours.iter().any(|p| {
+            p.file_name()
+                .is_some_and(|n| n.as_encoded_bytes().iter().take(15).eq(comm.as_bytes()))
+        }),
+    };
+    (!is_ours).then(|| format!("{comm} ({pid})"))
 }
 
 /// Kills (SIGKILL) and reaps every process of `uid` under fro-bot, until none is left or `budget`

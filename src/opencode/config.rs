@@ -40,6 +40,8 @@ pub struct ConfigInput<'a> {
     /// Points providers at the credential proxy (`crate::confine::proxy`); merged last, so it
     /// wins over the user's `baseURL`/`apiKey`.
     pub proxy: Option<&'a Value>,
+    /// fro-bot's memory dir (`opencode.db`): OpenCode's tools are refused paths there.
+    pub memory_dir: Option<&'a Path>,
 }
 
 /// The JSON for `OPENCODE_CONFIG_CONTENT`.
@@ -80,16 +82,17 @@ pub fn config_content(input: &ConfigInput<'_>) -> String {
     if let Some(proxy) = input.proxy {
         deep_merge(&mut cfg, proxy.clone());
     }
-    headless_permissions(&mut cfg);
+    headless_permissions(&mut cfg, input.memory_dir);
     cfg.to_string()
 }
 
-/// OpenCode's permissions for a turn nobody watches (docs/security.md#what-the-agent-can-reach):
-/// nothing can answer "ask", so every ask of the user's config is a deny, and so are OpenCode's
-/// own defaults that ask (paths outside the checkout, `.env` files, a repeated tool call). Its
-/// file tools so reach nothing outside the checkout. Set last: OpenCode takes the last rule that
-/// matches.
-fn headless_permissions(cfg: &mut Value) {
+/// OpenCode's permissions for a turn nobody watches (docs/security.md#what-it-can-touch): nothing
+/// can answer "ask", so every ask of the user's config is a deny; OpenCode's own defaults that ask
+/// are decided here — paths outside the checkout allowed (its shell tool is held to the same rule,
+/// and the agent's uid reaches them anyway), but not fro-bot's memory dir, which only OpenCode and
+/// the session tools are to read; `.env` files and a repeated tool call denied. Set last: OpenCode
+/// takes the last rule that matches.
+fn headless_permissions(cfg: &mut Value, memory_dir: Option<&Path>) {
     let mut permission = match cfg.get("permission") {
         Some(Value::String(all)) => json!({ "*": all }),
         Some(Value::Object(o)) => Value::Object(o.clone()),
@@ -97,13 +100,28 @@ fn headless_permissions(cfg: &mut Value) {
     };
     ask_is_deny(&mut permission);
     // A user's `"read": "deny"` stays whole: the `.env` rules come after it, not instead.
-    if let Some(Value::String(all)) = permission.get("read").cloned() {
-        permission["read"] = json!({ "*": all });
+    for key in ["read", "external_directory"] {
+        if let Some(Value::String(all)) = permission.get(key).cloned() {
+            permission[key] = json!({ "*": all });
+        }
     }
+    // serde_json keeps keys sorted, so `*` comes first and longer path patterns after it.
+    let mut external = match permission.get("external_directory") {
+        Some(Value::Object(user)) => Value::Object(user.clone()),
+        _ => json!({}),
+    };
+    if external.get("*").is_none() {
+        external["*"] = json!("allow");
+    }
+    if let Some(dir) = memory_dir {
+        let dir = dir.to_string_lossy();
+        external[dir.as_ref()] = json!("deny");
+        external[format!("{dir}/*")] = json!("deny");
+    }
+    permission["external_directory"] = external;
     deep_merge(
         &mut permission,
         json!({
-            "external_directory": "deny",
             "doom_loop": "deny",
             "read": {"*.env": "deny", "*.env.*": "deny", "*.env.example": "allow"},
         }),
@@ -180,40 +198,57 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nothing_asks_and_the_file_tools_stay_in_the_checkout_whatever_the_user_configured() {
-        let user = json!({"permission": {"bash": {"rm *": "ask", "*": "allow"}, "read": "deny", "edit": "ask"}});
+    fn nothing_asks_and_no_tool_reaches_memory_whatever_the_user_configured() {
+        let user = json!({"permission": {"bash": {"rm *": "ask", "*": "allow"}, "read": "deny",
+            "edit": "ask", "external_directory": {"/mem/*": "allow", "/srv/*": "ask"}}});
         let Value::Object(user) = user else {
             unreachable!()
         };
-        let cfg: Value = serde_json::from_str(&config_content(&ConfigInput {
-            session_tools: None,
-            model: None,
-            user: Some(&user),
-            proxy: None,
-        }))
-        .unwrap();
+        let content = |user| {
+            serde_json::from_str::<Value>(&config_content(&ConfigInput {
+                user: Some(user),
+                memory_dir: Some(Path::new("/mem/opencode")),
+                ..ConfigInput::default()
+            }))
+            .unwrap()
+        };
+        let cfg = content(&user);
         let p = &cfg["permission"];
         assert_eq!(p["bash"], json!({"rm *": "deny", "*": "allow"}));
         assert_eq!(p["edit"], "deny");
-        assert_eq!(p["external_directory"], "deny");
         assert_eq!(p["doom_loop"], "deny");
         assert_eq!(
             p["read"],
             json!({"*": "deny", "*.env": "deny", "*.env.*": "deny", "*.env.example": "allow"})
         );
+        // In the order OpenCode reads them (the last match wins): memory after the user's allow.
+        let external: Vec<(String, String)> = p["external_directory"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_string()))
+            .collect();
+        let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+        assert_eq!(
+            external,
+            vec![
+                pair("*", "allow"),
+                pair("/mem/*", "allow"),
+                pair("/mem/opencode", "deny"),
+                pair("/mem/opencode/*", "deny"),
+                pair("/srv/*", "deny"),
+            ]
+        );
         assert!(!cfg.to_string().contains("\"ask\""), "{cfg}");
         let Value::Object(all) = json!({"permission": "allow"}) else {
             unreachable!()
         };
-        let cfg: Value = serde_json::from_str(&config_content(&ConfigInput {
-            session_tools: None,
-            model: None,
-            user: Some(&all),
-            proxy: None,
-        }))
-        .unwrap();
+        let cfg = content(&all);
         assert_eq!(cfg["permission"]["*"], "allow");
-        assert_eq!(cfg["permission"]["external_directory"], "deny");
+        assert_eq!(
+            cfg["permission"]["external_directory"]["/mem/opencode/*"],
+            "deny"
+        );
     }
 
     #[test]
@@ -242,6 +277,7 @@ mod tests {
             model: Some(&model),
             user: Some(&user),
             proxy: None,
+            memory_dir: None,
         }))
         .unwrap();
         assert_eq!(cfg["autoupdate"], false);
@@ -269,7 +305,7 @@ mod tests {
         let bare: Value = serde_json::from_str(&config_content(&ConfigInput::default())).unwrap();
         assert_eq!(bare["autoupdate"], false);
         assert_eq!(bare["share"], "disabled");
-        assert_eq!(bare["permission"]["external_directory"], "deny");
+        assert_eq!(bare["permission"]["external_directory"]["*"], "allow");
     }
 
     #[test]

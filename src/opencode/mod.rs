@@ -406,6 +406,7 @@ fn server_options(
     let proposals = opts.proposals.clone();
     let model = opts.model.clone();
     let user = opts.user_config.clone();
+    let memory_dir = opts.dirs.data_dir();
     let make_config: server::ConfigFn = Arc::new(move |url: &str, password: &str| {
         let tools = exe.as_ref().map(|exe| config::SessionToolsEntry {
             fro_bot_exe: exe.clone(),
@@ -420,6 +421,7 @@ fn server_options(
             model: model.as_ref(),
             user: user.as_ref(),
             proxy: Some(&overrides),
+            memory_dir: Some(&memory_dir),
         })
     });
     server::ServerOptions {

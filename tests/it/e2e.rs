@@ -1242,10 +1242,9 @@ echo "== writer started"
         for secret in ["sk-REAL-SECRET-llm", "ghs_fake", "SECRET"] {
             assert!(!read_tool.contains(secret), "{secret}: {read_tool}");
         }
-        // Outside the checkout, OpenCode's file tools are refused by rule (and, not dumpable,
-        // OpenCode could not open even its own environ: root-owned, 0400).
+        // Not dumpable, OpenCode cannot open even its own environ (root-owned, 0400).
         assert!(
-            read_tool.contains("prevents you from using this specific tool call"),
+            read_tool.contains("PermissionDenied: FileSystem.open (/proc/self/environ)"),
             "{read_tool}"
         );
         // The real key reached the provider, through fro-bot's proxy only.

@@ -256,7 +256,8 @@ async fn local_run_edits_and_resumes(uid: u32) -> String {
         "the second run resumed the first: {last}"
     );
     let printed = text(&first) + &text(&second);
-    for unwanted in ["warning", "killed"] {
+    // Running as oneself is not a warning, and an agent that left nothing running kills nothing.
+    for unwanted in ["not root", "left running"] {
         assert!(
             !printed.to_lowercase().contains(unwanted),
             "{unwanted}: {printed}"

@@ -392,10 +392,11 @@ pub(crate) async fn after_a_sigkill_mid_turn_post_gives_back_what_main_took(laun
     );
 }
 
-/// OpenCode's own file tools: nothing outside the checkout, no `.env` of the checkout, and nothing
-/// left waiting for an answer nobody can give (OpenCode's default for these is to ask).
+/// OpenCode's own tools: nothing in fro-bot's memory dir (only OpenCode and the session tools read
+/// it), no `.env` of the checkout, and nothing left waiting for an answer nobody can give
+/// (OpenCode's default for these is to ask); paths elsewhere outside the checkout stay usable.
 #[tokio::test]
-async fn opencodes_file_tools_reach_nothing_outside_the_checkout_and_never_wait_for_an_answer() {
+async fn opencodes_tools_never_reach_memory_or_env_files_and_never_wait_for_an_answer() {
     let world = World::start().await;
     world.github.seed_issue(9, "Files", "Files.");
     let mut job = job(&world, 5600);
@@ -406,9 +407,13 @@ async fn opencodes_file_tools_reach_nothing_outside_the_checkout_and_never_wait_
     std::fs::write(ws.join(".env"), "DOTENV-CONTENT=1\n").unwrap();
     crate::support::action::chown_r(&job.root.path().join("runner_temp"), RUNNER_UID);
     crate::support::action::chown_r(&ws, RUNNER_UID);
-    let planted = job.root.path().join("runner_temp/planted.txt");
+    let memory = job.data_dir();
+    let planted = memory.join("planted.txt");
     for reply in [
-        Reply::tool("read", json!({"filePath": outside.to_string_lossy()})),
+        Reply::tool(
+            "read",
+            json!({"filePath": memory.join("opencode.db").to_string_lossy()}),
+        ),
         Reply::tool(
             "read",
             json!({"filePath": ws.join(".env").to_string_lossy()}),
@@ -417,31 +422,31 @@ async fn opencodes_file_tools_reach_nothing_outside_the_checkout_and_never_wait_
             "write",
             json!({"filePath": planted.to_string_lossy(), "content": "x"}),
         ),
+        Reply::tool(
+            "bash",
+            json!({"command": format!("cat {}", outside.display()), "description": "outside"}),
+        ),
         Reply::text("Done."),
     ] {
         world.llm.push(reply);
     }
     job.event("issue_comment", &comment_event(9, 1, "@fro-bot look"));
     let (_job, r) = main_step(job).await;
-    let seen: String = world
-        .llm
-        .requests()
-        .iter()
-        .map(crate::support::fake_llm::request_text)
-        .collect();
-    eprintln!("--- what the agent got ---\n{seen}\n---");
     assert_eq!(r.code, 0, "{}", explain(&r));
-    assert_eq!(world.llm.requests().len(), 4, "every tool answered at once");
-    for content in ["OUTSIDE-CONTENT", "DOTENV-CONTENT"] {
-        assert!(!seen.contains(content), "{content}: {seen}");
-    }
-    assert!(!planted.exists(), "written outside the checkout");
+    assert_eq!(world.llm.requests().len(), 5, "every tool answered at once");
     let last =
         crate::support::fake_llm::request_text(&world.llm.requests().last().cloned().unwrap());
+    assert!(!last.contains("DOTENV-CONTENT"), "{last}");
+    assert!(!last.contains("SQLite format"), "{last}");
+    assert!(!planted.exists(), "written into memory");
     assert_eq!(
         last.matches("prevents you from using this specific tool call")
             .count(),
         3,
-        "each tool call refused by a rule: {last}"
+        "each memory and .env call refused by a rule: {last}"
+    );
+    assert!(
+        last.contains("OUTSIDE-CONTENT"),
+        "the shell still reaches paths outside the checkout: {last}"
     );
 }
