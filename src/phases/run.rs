@@ -53,25 +53,32 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     // Admitted: from here on, a main step killed anywhere makes post retry the save.
     ctx.cache_saved.set(StateValue::NotPersisted);
     failpoint::hit("run:admitted");
-    if let Some(gh) = &ctx.gh {
-        if let Err(e) = gh.acknowledge(&ctx.plan).await {
-            tracing::warn!("cannot add the 👀 reaction: {e}");
+    // The 👀 reaction does not wait for the tracking comment or the thread's turn (each a round
+    // trip to GitHub, the turn possibly a long wait), nor they for it.
+    let acknowledge = async {
+        if let Some(gh) = &ctx.gh {
+            if let Err(e) = gh.acknowledge(&ctx.plan).await {
+                tracing::warn!("cannot add the 👀 reaction: {e}");
+            }
         }
-    }
+    };
     // The thread's turn comes before the restore, so this run sees what an earlier run on its
     // thread is still saying; a sticky comment is that run's until then, so it is opened after.
-    let (tracker, turn) = match ctx.settings.comment_mode {
-        CommentMode::Run => {
-            let tracker = tracking::open(&ctx).await;
-            let turn = thread_turn::take(&ctx, tracker.as_deref()).await;
-            (tracker, turn)
+    let own_turn = async {
+        match ctx.settings.comment_mode {
+            CommentMode::Run => {
+                let tracker = tracking::open(&ctx).await;
+                let turn = thread_turn::take(&ctx, tracker.as_deref()).await;
+                (tracker, turn)
+            }
+            CommentMode::Sticky => match thread_turn::take(&ctx, None).await {
+                // The thread's comment is the other run's: the reply is a comment of its own.
+                turn @ ThreadTurn::NotOurs { .. } => (None, turn),
+                turn => (tracking::open(&ctx).await, turn),
+            },
         }
-        CommentMode::Sticky => match thread_turn::take(&ctx, None).await {
-            // The thread's comment is the other run's: the reply is a comment of its own.
-            turn @ ThreadTurn::NotOurs { .. } => (None, turn),
-            turn => (tracking::open(&ctx).await, turn),
-        },
     };
+    let ((tracker, turn), ()) = tokio::join!(own_turn, acknowledge);
     if let ThreadTurn::NotOurs { holder_id, waited } = &turn {
         return not_our_turn(&ctx, tracker, holder_id, *waited).await;
     }
