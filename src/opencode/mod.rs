@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
+use client::error_chain;
 pub use client::{ApiError, Client, Session};
 pub use server::{Quiescence, Server, ServerError};
 pub use session::{Resolution, ResolvedSession};
@@ -38,16 +39,6 @@ use crate::confine::proxy::{Proxy, ProxyPlan};
 use crate::confine::{strays, AgentUser, PrivateBinary};
 use crate::runner::env;
 use crate::runner::{Cancellation, Env, FileCommands};
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    text
-}
 
 /// Milliseconds since the Unix epoch, from the system clock.
 pub fn system_now_ms() -> i64 {
