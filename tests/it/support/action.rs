@@ -337,7 +337,7 @@ impl Job {
         };
         if let Some(bundle) = &self.trust_store {
             assert!(matches!(self.launch, Launch::Binary), "binary steps only");
-            bind_over(&mut command, bundle, super::tls::SYSTEM_BUNDLE);
+            bind_over(&mut command, bundle, super::tls::SYSTEM_BUNDLE, None);
         }
         let child = command
             .stdin(Stdio::null())
@@ -376,44 +376,11 @@ impl Job {
             .iter()
             .map(|(k, v)| (k.clone(), v.replace(&root, FIXED_ROOT)))
             .collect();
-        let cstr = |s: &str| std::ffi::CString::new(s).unwrap();
-        let (src, dst) = (cstr(&root), cstr(FIXED_ROOT));
-        let workspace = cstr(&format!("{FIXED_ROOT}/workspace"));
         let mut c = Command::new(&self.bin);
         c.args(args).env_clear().envs(&env);
         // No shell in between: it would drop the `INPUT_*` names that hold a dash.
-        let in_namespace = move || -> std::io::Result<()> {
-            let check = |rc: libc::c_int| match rc {
-                0 => Ok(()),
-                _ => Err(std::io::Error::last_os_error()),
-            };
-            let none = std::ptr::null();
-            // SAFETY: plain syscalls on NUL-terminated strings owned by the closure, in the
-            // child between fork and exec.
-            unsafe {
-                check(libc::unshare(libc::CLONE_NEWNS))?;
-                let flags = libc::MS_REC | libc::MS_PRIVATE;
-                check(libc::mount(
-                    none,
-                    c"/".as_ptr(),
-                    none,
-                    flags,
-                    none as *const _,
-                ))?;
-                check(libc::mount(
-                    src.as_ptr(),
-                    dst.as_ptr(),
-                    none,
-                    libc::MS_BIND,
-                    none as *const _,
-                ))?;
-                check(libc::chdir(workspace.as_ptr()))
-            }
-        };
-        // SAFETY: the closure only makes syscalls (async-signal-safe).
-        unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut c, in_namespace);
-        }
+        let workspace = format!("{FIXED_ROOT}/workspace");
+        bind_over(&mut c, self.root.path(), FIXED_ROOT, Some(&workspace));
         c
     }
 
@@ -502,10 +469,12 @@ fn as_runner(uid: u32, script: &str, arg: &Path) -> std::process::Output {
         .expect("sh runs")
 }
 
-/// `command` runs in a mount namespace of its own where `file` is bound over `target`.
-fn bind_over(command: &mut Command, file: &Path, target: &str) {
+/// `command` runs in a mount namespace of its own where `source` is bound over `target`, from
+/// `cwd` when given.
+fn bind_over(command: &mut Command, source: &Path, target: &str, cwd: Option<&str>) {
     let cstr = |p: &std::ffi::OsStr| std::ffi::CString::new(p.as_encoded_bytes()).unwrap();
-    let (src, dst) = (cstr(file.as_os_str()), cstr(target.as_ref()));
+    let (src, dst) = (cstr(source.as_os_str()), cstr(target.as_ref()));
+    let cwd = cwd.map(|d| cstr(d.as_ref()));
     let in_namespace = move || -> std::io::Result<()> {
         let check = |rc: libc::c_int| match rc {
             0 => Ok(()),
@@ -530,7 +499,11 @@ fn bind_over(command: &mut Command, file: &Path, target: &str) {
                 none,
                 libc::MS_BIND,
                 none as *const _,
-            ))
+            ))?;
+            match &cwd {
+                Some(dir) => check(libc::chdir(dir.as_ptr())),
+                None => Ok(()),
+            }
         }
     };
     // SAFETY: the closure only makes syscalls (async-signal-safe).
