@@ -101,6 +101,17 @@ impl Args for InputFlags {
 }
 
 fn main() -> ExitCode {
+    // OpenCode's `$SHELL` wrapper: drop the memory group and become the real shell, before
+    // anything else runs (`fro_bot::confine::memory_group`).
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some((real, rest)) = fro_bot::confine::memory_group::invoked_as_shell(&args) {
+        let e = fro_bot::confine::memory_group::exec_agent_shell(&real, &rest);
+        eprintln!(
+            "fro-bot: cannot start the shell {}: {e}",
+            real.to_string_lossy()
+        );
+        return ExitCode::from(126);
+    }
     // Before anything reads a secret: no process of the agent's uid may read this one's memory or
     // environment, and the agent's orphans stay in this process's tree (`fro_bot::confine`).
     let hardened = fro_bot::confine::harden_self();

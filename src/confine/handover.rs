@@ -112,6 +112,24 @@ impl Handover {
         walk(dir, &mut |p, _| lchown(p, uid, gid)).map_err(err)
     }
 
+    /// Hands `dir` to the memory group (docs/security.md#who-it-runs-as): the directory becomes
+    /// `root:group 2770` (only a process holding the group enters it; what is made in it keeps
+    /// the group), everything under it `uid:group`. Taken back like [`Self::give_dir`].
+    pub fn give_dir_to_group(
+        &mut self,
+        dir: &Path,
+        uid: u32,
+        group: u32,
+    ) -> Result<(), HandoverError> {
+        self.give_dir(dir, uid, group)?;
+        let err = |source| HandoverError::Give {
+            path: dir.to_path_buf(),
+            source,
+        };
+        lchown(dir, 0, group).map_err(err)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o2770)).map_err(err)
+    }
+
     /// Takes a file over for the turn, as `how` says. A missing file is skipped.
     pub fn take_file(
         &mut self,
@@ -261,7 +279,7 @@ fn take_back(path: &Path, m: &std::fs::Metadata, uid: u32, gid: u32) -> std::io:
 
 /// Visits `root` and everything under it (never following a symlink), children before their
 /// directory, so a visit may remove what it sees.
-fn walk(
+pub(super) fn walk(
     root: &Path,
     visit: &mut dyn FnMut(&Path, &std::fs::Metadata) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
@@ -311,6 +329,30 @@ mod tests {
         assert_eq!((m.uid(), m.mode() & 0o7777), (0, 0o755));
         assert!(std::fs::symlink_metadata(dir.join("opencode.db-wal")).is_err());
         assert_eq!(std::fs::metadata(&dir).unwrap().uid(), 0);
+    }
+
+    #[test]
+    fn the_memory_dir_is_the_groups_for_the_turn_and_roots_after() {
+        if !is_root() {
+            eprintln!("skipped: needs root to chown");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("opencode");
+        std::fs::create_dir_all(dir.join("log")).unwrap();
+        std::fs::write(dir.join("opencode.db"), "db").unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut h = Handover::new();
+        h.give_dir_to_group(&dir, 1001, 65533).unwrap();
+        let m = std::fs::metadata(&dir).unwrap();
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (0, 65533, 0o2770));
+        let db = std::fs::metadata(dir.join("opencode.db")).unwrap();
+        assert_eq!((db.uid(), db.gid()), (1001, 65533));
+        h.restore().unwrap();
+        let m = std::fs::metadata(&dir).unwrap();
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (0, 0, 0o755));
+        let db = std::fs::metadata(dir.join("opencode.db")).unwrap();
+        assert_eq!((db.uid(), db.gid()), (0, 0));
     }
 
     #[test]

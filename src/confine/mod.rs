@@ -9,6 +9,7 @@ pub mod git_guard;
 pub mod gitcreds;
 pub mod handover;
 pub mod home_guard;
+pub mod memory_group;
 pub mod proxy;
 pub mod strays;
 
@@ -154,24 +155,35 @@ impl AgentUser {
     /// the switch from root, no capability remains (`SECBIT_KEEP_CAPS` is never set). The parent
     /// death signal is set last, as a credential change clears it.
     pub fn confine(&self, cmd: &mut tokio::process::Command) {
+        self.confine_opencode(cmd, None);
+    }
+
+    /// [`Self::confine`], with the effective (and saved) gid `memory_group` when given: OpenCode's
+    /// way into the memory dir, which its shell wrapper drops ([`memory_group`]). Its real gid
+    /// stays the agent's.
+    pub fn confine_opencode(&self, cmd: &mut tokio::process::Command, memory_group: Option<u32>) {
         cmd.process_group(0);
         let ids = match *self {
-            AgentUser::Switched { uid, gid, .. } => Some((uid, gid)),
+            AgentUser::Switched { uid, gid, .. } => Some((uid, gid, memory_group.unwrap_or(gid))),
             AgentUser::Current { .. } => None,
         };
         // SAFETY: the closure runs between fork and exec: it only makes raw syscalls
         // (async-signal-safe), allocates nothing and touches no lock.
         unsafe {
             cmd.pre_exec(move || {
-                if let Some((uid, gid)) = ids {
+                if let Some((uid, gid, egid)) = ids {
                     if libc::setgroups(0, std::ptr::null()) != 0
-                        || libc::setresgid(gid, gid, gid) != 0
+                        || libc::setresgid(gid, egid, egid) != 0
                         || libc::setresuid(uid, uid, uid) != 0
                     {
                         return Err(std::io::Error::last_os_error());
                     }
                     // Never exec as root by accident: a failed switch must not go unnoticed.
-                    if libc::getuid() != uid || libc::geteuid() != uid || libc::getegid() != gid {
+                    if libc::getuid() != uid
+                        || libc::geteuid() != uid
+                        || libc::getgid() != gid
+                        || libc::getegid() != egid
+                    {
                         return Err(std::io::Error::from_raw_os_error(libc::EPERM));
                     }
                 }
@@ -197,14 +209,10 @@ pub struct PrivateBinary {
     dir: tempfile::TempDir,
     path: PathBuf,
     shell: Option<PathBuf>,
+    /// The memory group OpenCode starts with: set when the shell wrapper is fro-bot's, which
+    /// drops it ([`memory_group`]).
+    memory_group: Option<u32>,
 }
-
-/// Names OpenCode's own secrets, which it must hold but its shell tool's commands must not
-/// inherit.
-const SHELL_UNSETS: &[&str] = &[
-    crate::runner::env::OPENCODE_SERVER_PASSWORD,
-    crate::runner::env::OPENCODE_CONFIG_CONTENT,
-];
 
 const BIN_CACHE: &str = "/tmp/fro-bot-agent-bin";
 
@@ -245,8 +253,14 @@ fn usable_in_place(bin: &Path) -> bool {
 }
 
 impl PrivateBinary {
-    /// `path_var`: the agent's `PATH`, where its shell is looked up.
-    pub fn prepare(bin: &Path, path_var: Option<&str>) -> std::io::Result<PrivateBinary> {
+    /// `path_var`: the agent's `PATH`, where its shell is looked up. `fro_bot`: fro-bot as the
+    /// agent's uid can start it, to be the shell wrapper's interpreter; without it the wrapper is
+    /// a plain script and OpenCode gets no memory group.
+    pub fn prepare(
+        bin: &Path,
+        path_var: Option<&str>,
+        fro_bot: Option<&Path>,
+    ) -> std::io::Result<PrivateBinary> {
         let dir = tempfile::Builder::new()
             .prefix("fro-bot-agent-shell-")
             .tempdir()?;
@@ -260,14 +274,29 @@ impl PrivateBinary {
         } else {
             cached_copy(bin, "opencode")?
         };
-        let shell = Self::shell_wrapper(dir.path(), path_var)?;
-        Ok(PrivateBinary { dir, path, shell })
+        let (shell, memory_group) = match Self::shell_wrapper(dir.path(), path_var, fro_bot)? {
+            Some((shell, drops_group)) => {
+                (Some(shell), drops_group.then_some(memory_group::MEMORY_GID))
+            }
+            None => (None, None),
+        };
+        Ok(PrivateBinary {
+            dir,
+            path,
+            shell,
+            memory_group,
+        })
     }
 
     /// OpenCode runs its shell tool's commands with `$SHELL` and its own environment: a wrapper
-    /// named after the real shell drops OpenCode's secrets before running it. `None` when no
-    /// `bash` or `sh` is on `PATH`.
-    fn shell_wrapper(dir: &Path, path_var: Option<&str>) -> std::io::Result<Option<PathBuf>> {
+    /// named after the real shell drops OpenCode's variables (and, when fro-bot is its
+    /// interpreter, the memory group: the `bool`) before running it. `None` when no `bash` or `sh`
+    /// is on `PATH`.
+    fn shell_wrapper(
+        dir: &Path,
+        path_var: Option<&str>,
+        fro_bot: Option<&Path>,
+    ) -> std::io::Result<Option<(PathBuf, bool)>> {
         let search = path_var.unwrap_or("/usr/bin:/bin");
         let find = |name: &str| {
             search
@@ -282,18 +311,25 @@ impl PrivateBinary {
             return Ok(None);
         };
         let wrapper = dir.join(name);
-        std::fs::write(
-            &wrapper,
+        let by_fro_bot = fro_bot.and_then(|exe| memory_group::wrapper_script(exe, &real));
+        let drops_group = by_fro_bot.is_some();
+        let script = by_fro_bot.unwrap_or_else(|| {
             format!(
                 "#!{}\nunset {}\nexec {} \"$@\"\n",
                 real.display(),
-                SHELL_UNSETS.join(" "),
+                memory_group::OPENCODE_ONLY.join(" "),
                 real.display()
-            ),
-        )?;
+            )
+        });
+        std::fs::write(&wrapper, script)?;
         // A script must be readable to run; it holds nothing secret.
         std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))?;
-        Ok(Some(wrapper))
+        Ok(Some((wrapper, drops_group)))
+    }
+
+    /// The effective gid OpenCode starts with ([`memory_group`]); `None`: today's same-group shape.
+    pub fn memory_group(&self) -> Option<u32> {
+        self.memory_group
     }
 
     /// The `SHELL` for OpenCode.

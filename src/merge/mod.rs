@@ -43,7 +43,7 @@ impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Role::Base => "base",
-            Role::Ours => "this run's",
+            Role::Ours => "run's own",
             Role::Restored => "restored",
             Role::Output => "merged",
         })

@@ -83,6 +83,12 @@ pub fn config_content(input: &ConfigInput<'_>) -> String {
         deep_merge(&mut cfg, proxy.clone());
     }
     headless_permissions(&mut cfg, input.memory_dir);
+    // OpenCode's snapshots (a git repository of the work tree inside the memory dir, for its
+    // undo) are not fro-bot's to keep: fro-bot captures the change itself, the snapshots would
+    // grow every saved memory, and their git would run with the memory group on files the agent
+    // writes (docs/security.md#what-it-can-touch). Set after the user's config, like the
+    // permissions.
+    cfg["snapshot"] = json!(false);
     cfg.to_string()
 }
 

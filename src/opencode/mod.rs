@@ -20,7 +20,7 @@ pub mod session_tools;
 pub mod turn;
 pub mod writeback;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +36,7 @@ use crate::config::ModelRef;
 use crate::confine::gitcreds::{self, HiddenCredentials};
 use crate::confine::handover::{Handover, Take, TakenOver};
 use crate::confine::proxy::{Proxy, ProxyPlan};
-use crate::confine::{strays, AgentUser, PrivateBinary};
+use crate::confine::{memory_group, strays, AgentUser, PrivateBinary};
 use crate::runner::env;
 use crate::runner::{Cancellation, Env, FileCommands};
 
@@ -216,6 +216,9 @@ struct Confinement {
     trust: Option<(crate::trust::TrustView, tempfile::NamedTempFile)>,
     /// OpenCode and the session-tools server, as run by the agent's uid.
     own_programs: Vec<PathBuf>,
+    /// The checkout and the memory group, when OpenCode held it: what OpenCode made there gets
+    /// the agent's gid back.
+    regroup: Option<(PathBuf, u32)>,
 }
 
 /// What [`Agent::release`] found.
@@ -277,7 +280,7 @@ struct Confined {
 
 /// Hands OpenCode's directories to the agent's uid, takes the file commands and hides the
 /// checkout's credentials (a local run's agent is the user: nothing to do).
-fn confine(opts: &AgentOptions) -> Result<Confined, AgentError> {
+fn confine(opts: &AgentOptions, fro_bot: Option<&Path>) -> Result<Confined, AgentError> {
     let mut handover = Handover::new();
     let AgentUser::Switched { uid, gid, .. } = opts.user else {
         return Ok(Confined {
@@ -287,8 +290,24 @@ fn confine(opts: &AgentOptions) -> Result<Confined, AgentError> {
         });
     };
     let confine_err = |source| AgentError::Confine { source };
+    // The wrapper comes first: whether OpenCode gets the memory group decides how its data dir
+    // is handed over.
+    let binary = PrivateBinary::prepare(
+        &opts.opencode,
+        opts.base_env.get(env::PATH),
+        fro_bot.filter(|_| gid != memory_group::MEMORY_GID),
+    )
+    .map_err(|source| AgentError::Binary {
+        path: opts.opencode.clone(),
+        source,
+    })?;
+    let data_dir = opts.dirs.data_dir();
     for dir in opts.dirs.opencode_dirs() {
-        handover.give_dir(&dir, uid, gid).map_err(confine_err)?;
+        match binary.memory_group() {
+            Some(group) if dir == data_dir => handover.give_dir_to_group(&dir, uid, group),
+            _ => handover.give_dir(&dir, uid, gid),
+        }
+        .map_err(confine_err)?;
     }
     for file in &opts.file_commands {
         handover
@@ -300,13 +319,6 @@ fn confine(opts: &AgentOptions) -> Result<Confined, AgentError> {
     } else {
         None
     };
-    let binary =
-        PrivateBinary::prepare(&opts.opencode, opts.base_env.get(env::PATH)).map_err(|source| {
-            AgentError::Binary {
-                path: opts.opencode.clone(),
-                source,
-            }
-        })?;
     Ok(Confined {
         handover,
         git_credentials,
@@ -391,6 +403,13 @@ fn server_options(
     if let Some(shell) = confined.binary.as_ref().and_then(|b| b.shell()) {
         extra.push(("SHELL".into(), shell.to_string_lossy().into_owned()));
     }
+    let memory_group = confined
+        .binary
+        .as_ref()
+        .and_then(PrivateBinary::memory_group);
+    if memory_group.is_some() {
+        extra.extend(memory_group::opencode_git_env());
+    }
     extra.extend(opts.extra_env.iter().cloned());
     let overrides = plan.config_overrides(proxy);
     let workspace = opts.workspace.clone();
@@ -427,6 +446,7 @@ fn server_options(
         log_file: opts.log_file.clone(),
         startup_deadline: opts.startup_deadline,
         user: opts.user,
+        memory_group,
         cancel: opts.cancel.clone(),
     }
 }
@@ -458,7 +478,9 @@ impl Agent {
                 source,
             }
         })?;
-        let confined = confine(&opts)?;
+        let mut notes = Vec::new();
+        let exe = session_tools_exe(&opts, &mut notes);
+        let confined = confine(&opts, exe.as_deref())?;
         if let Some(files) = &opts.state {
             record_taken(files, &confined.taken());
         }
@@ -466,10 +488,9 @@ impl Agent {
         let proxy = Proxy::start(plan.routes.clone())
             .await
             .map_err(|source| AgentError::Proxy { source })?;
-        let mut notes = provider_notes(&plan);
+        notes.extend(provider_notes(&plan));
         let trust = trust_file(&opts)?;
         let trust_path = trust.as_ref().map(|(_, f)| f.path().to_path_buf());
-        let exe = session_tools_exe(&opts, &mut notes);
         let with_tools = exe.is_some();
         let server_opts = server_options(&opts, &confined, &plan, &proxy, exe.clone(), trust_path);
         // fro-bot's own programs the agent's uid runs: not the agent's when the sweep finds them.
@@ -478,6 +499,7 @@ impl Agent {
             .flatten()
             .filter_map(|p| std::fs::canonicalize(p).ok())
             .collect();
+        let memory_group = server_opts.memory_group;
         let server = Server::start(&server_opts)
             .await
             .map_err(|source| AgentError::Server { source })?;
@@ -507,6 +529,7 @@ impl Agent {
                 _binary: confined.binary,
                 trust,
                 own_programs,
+                regroup: memory_group.map(|g| (opts.workspace.clone(), g)),
             },
         })
     }
@@ -604,6 +627,21 @@ impl Agent {
 
     /// After [`shutdown`](Self::shutdown): kills and reaps every process the agent left, then
     /// takes its directories back and gives the file-command files back.
+    /// Gives what OpenCode made in the checkout the agent's gid (best effort: a stray group
+    /// gives no one access to anything).
+    fn regroup(&self) {
+        let (Some((workspace, group)), AgentUser::Switched { gid, .. }) =
+            (&self.confinement.regroup, self.confinement.user)
+        else {
+            return;
+        };
+        match memory_group::regroup(workspace, *group, gid) {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!("{n} file(s) OpenCode made in the checkout get gid {gid}"),
+            Err(e) => tracing::warn!("cannot give OpenCode's files in the checkout gid {gid}: {e}"),
+        }
+    }
+
     pub async fn release(&mut self, budget: Duration) -> Released {
         let uid = self.confinement.user.uid();
         let ours = self.confinement.own_programs.clone();
@@ -617,6 +655,7 @@ impl Agent {
                 return Released::StraysRemain { pids: vec![] };
             }
         };
+        self.regroup();
         let creds = self
             .confinement
             .git_credentials

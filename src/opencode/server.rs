@@ -69,6 +69,9 @@ pub struct ServerOptions {
     pub startup_deadline: Duration,
     /// Who the process runs as (`crate::confine`).
     pub user: AgentUser,
+    /// Its effective gid, when the memory dir is held by the memory group for the turn
+    /// (`crate::confine::memory_group`).
+    pub memory_group: Option<u32>,
     /// A signal during the start stops it: the run has no turn left to take.
     pub cancel: Cancellation,
 }
@@ -325,7 +328,7 @@ fn spawn(opts: &ServerOptions, port: u16, url: &str, password: &str) -> Result<C
     // kills the child when the thread that spawned it dies (the parent-death signal, set by
     // `confine` after the uid switch). Spawned from a runtime thread, which lives as long as
     // the runtime.
-    opts.user.confine(&mut cmd);
+    opts.user.confine_opencode(&mut cmd, opts.memory_group);
     if let Some(auth) = &opts.auth_content {
         cmd.env(env::OPENCODE_AUTH_CONTENT, auth);
     }
@@ -498,6 +501,7 @@ mod tests {
             log_file: dir.join("log/opencode.log"),
             startup_deadline: deadline,
             user: AgentUser::Current { uid: 0 },
+            memory_group: None,
             cancel: Cancellation::new(),
         }
     }

@@ -75,6 +75,9 @@ pub const GH_TOKEN: &str = "GH_TOKEN";
 pub const GIT_CONFIG_COUNT: &str = "GIT_CONFIG_COUNT";
 pub const GIT_CONFIG_KEY_0: &str = "GIT_CONFIG_KEY_0";
 pub const GIT_CONFIG_VALUE_0: &str = "GIT_CONFIG_VALUE_0";
+/// OpenCode's own git reads no global or system config (`confine::memory_group`).
+pub const GIT_CONFIG_GLOBAL: &str = "GIT_CONFIG_GLOBAL";
+pub const GIT_CONFIG_NOSYSTEM: &str = "GIT_CONFIG_NOSYSTEM";
 
 // fro-bot's own switches.
 /// A level name (`debug`, `trace`...) that raises log verbosity.

@@ -37,6 +37,7 @@ macro_rules! launched_scenarios {
             leftovers::after_a_sigkill_of_main_post_puts_git_back,
             leftovers::the_agents_home_is_private_and_the_runners_home_and_payload_are_not_its_to_write,
             leftovers::after_a_sigkill_mid_turn_post_gives_back_what_main_took,
+            leftovers::the_agent_cannot_read_or_rewrite_another_threads_memory,
         );
     };
     ($launch:expr; $($module:ident :: $name:ident),* $(,)?) => {$(

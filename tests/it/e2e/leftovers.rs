@@ -170,23 +170,26 @@ fn rows(db: &std::path::Path, session: &str) -> Vec<(String, String)> {
     out
 }
 
-/// Rewrites every message, part and session row of every conversation, deletes one part, and adds
-/// a message to another thread, straight in the database from the agent's shell.
-const REWRITE: &str = r#"python3 - <<'PY'
-import glob, os, sqlite3
-db = os.path.join(os.environ["XDG_DATA_HOME"], "opencode", "opencode.db")
-c = sqlite3.connect(db, timeout=10)
-for t in ("message", "part"):
-    c.execute(f"UPDATE {t} SET data = replace(data, 'zebra', 'EVIL')")
-c.execute("UPDATE session SET title = 'EVIL ' || title")
-c.execute("DELETE FROM part WHERE rowid = (SELECT min(rowid) FROM part)")
-c.commit()
-print("rewritten", c.execute("SELECT count(*) FROM part").fetchone())
-PY"#;
+/// From the agent's shell (plain `sh`: the image has no Python): list the memory dir, read and
+/// append to the database, open it through another process's `/proc/<pid>/fd` (OpenCode's, which
+/// holds it open), and plant a link to it in the checkout for OpenCode's own tools. Each prints
+/// `SHELL-<WHAT>-DENIED` or `SHELL-<WHAT>` + `-OK` (split, so the command's own text never holds it).
+const REWRITE: &str = r#"d="$XDG_DATA_HOME/opencode"; db="$d/opencode.db"
+ok() { echo "SHELL-$1""-OK"; }; no() { echo "SHELL-$1-DENIED"; }
+ls "$d" >/dev/null 2>&1 && ok LIST || no LIST
+head -c 16 "$db" >/dev/null 2>&1 && ok READ || no READ
+(printf EVIL >> "$db") 2>/dev/null && ok WRITE || no WRITE
+found=; for f in /proc/[0-9]*/fd/*; do
+  case "$(readlink "$f" 2>/dev/null)" in *opencode.db*) found=1; head -c 16 "$f" >/dev/null 2>&1 && ok PROC;; esac
+done; [ -n "$found" ] && echo "SHELL-PROC-SEEN"; no PROC
+echo "groups $(id -G)"
+ln -s "$db" memory.txt"#;
 
-#[tokio::test]
-async fn the_agent_cannot_rewrite_another_threads_memory() {
-    let world = World::start().await;
+/// The agent's shell can neither read nor write memory (only OpenCode, holding the memory group,
+/// enters the memory dir); what OpenCode's own tools write into another thread through a link the
+/// shell planted is put back by the second wall, byte for byte (docs/security.md#what-it-can-touch).
+pub(crate) async fn the_agent_cannot_read_or_rewrite_another_threads_memory(launch: Launch) {
+    let world = World::start_with(launch).await;
     world.github.seed_issue(5, "Flaky build", "It fails.");
     world.github.seed_issue(6, "Other", "Other.");
     let mut job = job(&world, 5300);
@@ -205,25 +208,44 @@ async fn the_agent_cannot_rewrite_another_threads_memory() {
     );
 
     job.next_run(5301);
-    world.llm.push(Reply::tool(
-        "bash",
-        json!({"command": REWRITE, "description": "rewrite"}),
-    ));
-    world.llm.push(Reply::text("Done."));
+    let link = job.workspace().join("memory.txt");
+    for reply in [
+        Reply::tool(
+            "bash",
+            json!({"command": REWRITE, "description": "rewrite"}),
+        ),
+        Reply::tool("read", json!({"filePath": link.to_string_lossy()})),
+        Reply::tool(
+            "write",
+            json!({"filePath": link.to_string_lossy(), "content": "EVIL"}),
+        ),
+        Reply::text("Done."),
+    ] {
+        world.llm.push(reply);
+    }
     job.event("issue_comment", &comment_event(6, 2, "@fro-bot go"));
     let (mut job, second) = main_step(job).await;
     assert_eq!(second.code, 0, "{}", explain(&second));
-    let seen: String = world
-        .llm
-        .requests()
-        .iter()
-        .map(crate::support::fake_llm::request_text)
-        .collect();
-    assert!(seen.contains("rewritten ("), "the rewrite ran: {seen}");
+    let seen =
+        crate::support::fake_llm::request_text(&world.llm.requests().last().cloned().unwrap());
+    for what in ["LIST", "READ", "WRITE", "PROC"] {
+        assert!(
+            seen.contains(&format!("SHELL-{what}-DENIED"))
+                && !seen.contains(&format!("SHELL-{what}-OK")),
+            "the shell's {what} was refused: {seen}"
+        );
+    }
     assert!(
-        second.summary.contains(&format!(
-            "other than this run's (`{thread5}`): put back as restored"
-        )),
+        seen.contains("groups 1001\n"),
+        "no group but its own: {seen}"
+    );
+    assert!(!seen.contains("SQLite format"), "{seen}");
+    // OpenCode's write tool followed the link and overwrote the database it had open; the second
+    // wall put the restored memory back (this run's own exchange is the one lost).
+    assert!(
+        second
+            .summary
+            .contains("the restored memory was put back, so this run's exchange is not kept"),
         "{}",
         second.summary
     );
