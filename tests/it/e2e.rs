@@ -38,6 +38,7 @@ macro_rules! launched_scenarios {
             leftovers::the_agents_home_is_private_and_the_runners_home_and_payload_are_not_its_to_write,
             leftovers::after_a_sigkill_mid_turn_post_gives_back_what_main_took,
             leftovers::the_agent_cannot_read_or_rewrite_another_threads_memory,
+            leftovers::opencodes_tools_never_reach_memory_or_env_files_and_never_wait_for_an_answer,
         );
     };
     ($launch:expr; $($module:ident :: $name:ident),* $(,)?) => {$(

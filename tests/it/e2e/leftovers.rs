@@ -208,7 +208,7 @@ pub(crate) async fn the_agent_cannot_read_or_rewrite_another_threads_memory(laun
     );
 
     job.next_run(5301);
-    let link = job.workspace().join("memory.txt");
+    let link = job.step_workspace().join("memory.txt");
     for reply in [
         Reply::tool(
             "bash",
@@ -417,9 +417,10 @@ pub(crate) async fn after_a_sigkill_mid_turn_post_gives_back_what_main_took(laun
 /// OpenCode's own tools: nothing in fro-bot's memory dir (only OpenCode and the session tools read
 /// it), no `.env` of the checkout, and nothing left waiting for an answer nobody can give
 /// (OpenCode's default for these is to ask); paths elsewhere outside the checkout stay usable.
-#[tokio::test]
-async fn opencodes_tools_never_reach_memory_or_env_files_and_never_wait_for_an_answer() {
-    let world = World::start().await;
+pub(crate) async fn opencodes_tools_never_reach_memory_or_env_files_and_never_wait_for_an_answer(
+    launch: Launch,
+) {
+    let world = World::start_with(launch).await;
     world.github.seed_issue(9, "Files", "Files.");
     let mut job = job(&world, 5600);
     job.input("timeout", "60000");
@@ -429,24 +430,19 @@ async fn opencodes_tools_never_reach_memory_or_env_files_and_never_wait_for_an_a
     std::fs::write(ws.join(".env"), "DOTENV-CONTENT=1\n").unwrap();
     crate::support::action::chown_r(&job.root.path().join("runner_temp"), RUNNER_UID);
     crate::support::action::chown_r(&ws, RUNNER_UID);
-    let memory = job.data_dir();
-    let planted = memory.join("planted.txt");
+    let planted = job.data_dir().join("planted.txt");
+    // Paths as OpenCode sees them (under /github in the container).
+    let at = |p: &std::path::Path| job.step_path(p).to_string_lossy().into_owned();
     for reply in [
         Reply::tool(
             "read",
-            json!({"filePath": memory.join("opencode.db").to_string_lossy()}),
+            json!({"filePath": at(&job.data_dir().join("opencode.db"))}),
         ),
-        Reply::tool(
-            "read",
-            json!({"filePath": ws.join(".env").to_string_lossy()}),
-        ),
-        Reply::tool(
-            "write",
-            json!({"filePath": planted.to_string_lossy(), "content": "x"}),
-        ),
+        Reply::tool("read", json!({"filePath": at(&ws.join(".env"))})),
+        Reply::tool("write", json!({"filePath": at(&planted), "content": "x"})),
         Reply::tool(
             "bash",
-            json!({"command": format!("cat {}", outside.display()), "description": "outside"}),
+            json!({"command": format!("cat {}", at(&outside)), "description": "outside"}),
         ),
         Reply::text("Done."),
     ] {

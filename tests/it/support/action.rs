@@ -252,6 +252,18 @@ impl Job {
         }
     }
 
+    /// `path` (under the job's root) as the step sees it.
+    pub fn step_path(&self, path: &Path) -> PathBuf {
+        let rel = path
+            .strip_prefix(self.root.path())
+            .expect("a path under the job's root");
+        match self.launch {
+            Launch::Binary if self.fixed_root => PathBuf::from(FIXED_ROOT).join(rel),
+            Launch::Binary => path.to_path_buf(),
+            Launch::Container { .. } => container::mounted(rel),
+        }
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.home().join(".local/share/opencode")
     }

@@ -4,7 +4,7 @@
 //! the Docker socket. `scripts/test` builds the image and names it in `FRO_BOT_TEST_IMAGE`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -22,6 +22,19 @@ const MOUNTS: &[(&str, &str)] = &[
     ("file_commands", "/github/file_commands"),
     ("runner_temp", "/github/runner_temp"),
 ];
+
+/// `rel` (a path under `Job::root`) where the step sees it: under its directory's mount.
+pub fn mounted(rel: &Path) -> PathBuf {
+    let mut parts = rel.components();
+    let first = parts
+        .next()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned());
+    let (_, mount) = MOUNTS
+        .iter()
+        .find(|(dir, _)| Some(*dir) == first.as_deref())
+        .unwrap_or_else(|| panic!("{} is not under a mounted job directory", rel.display()));
+    Path::new(mount).join(parts.as_path())
+}
 
 /// The uid:gid of the `runner` user on GitHub-hosted runners, who owns the checkout.
 const RUNNER_USER: &str = "1001:1001";
