@@ -207,7 +207,6 @@ async fn round_trip_1kb_speaks_the_wire_protocol() {
     // The SAS signature of a signed URL is a credential: registered as a secret on receipt.
     let c = client(&server);
     let hit = c
-        .twirp
         .lookup("opencode-storage-k-1", &[], &version(&layout.paths))
         .await
         .unwrap()
@@ -310,10 +309,7 @@ async fn second_save_of_a_key_is_already_exists_also_while_pending() {
     assert!(matches!(err, CacheError::AlreadyExists { .. }), "{err:?}");
     assert!(err.is_rejection());
     // Reserved by another job but not finalized yet.
-    c.twirp
-        .create("pending", &version(&layout.paths))
-        .await
-        .unwrap();
+    c.reserve("pending", &version(&layout.paths)).await.unwrap();
     let err = c.save(&layout.save_req("pending")).await.unwrap_err();
     assert!(matches!(err, CacheError::AlreadyExists { .. }), "{err:?}");
     // 409 is not retried.

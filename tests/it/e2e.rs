@@ -160,8 +160,7 @@ pub(crate) mod post {
             unreachable!()
         };
         client
-            .twirp
-            .create(
+            .reserve(
                 "opencode-storage-octo-hello-main-Linux-4444-1-agent",
                 &version,
             )
