@@ -291,7 +291,14 @@ pub(crate) mod scenarios {
         /// A job wired to these services, the pinned OpenCode and the fake provider.
         pub fn job(&self, run_id: u64) -> Job {
             let mut job = Job::launched(run_id, self.launch.clone());
-            with_cache(&mut job, &self.cache);
+            // An Enterprise Server runner offers only the v1 cache service.
+            let cache = match self.github.server_url().as_str() {
+                "https://github.com" => self.cache.env_pairs(),
+                _ => self.cache.env_pairs_v1(),
+            };
+            for (k, v) in cache {
+                job.set(&k, v);
+            }
             job.set(
                 "OPENCODE_PATH",
                 opencode_bin().to_string_lossy().into_owned(),
