@@ -1554,6 +1554,31 @@ mod v1 {
     }
 
     #[tokio::test]
+    async fn a_short_or_cut_download_changes_nothing() {
+        let server = CacheServer::start().await;
+        let c = client_v1(&server);
+        let layout = Layout::new();
+        layout.populate(256 * 1024, 5);
+        c.save(&layout.save_req("k")).await.unwrap();
+        let local = write_local_state(&layout);
+        // A short archive that claims to be complete: the archive check catches it.
+        server.truncate_downloads(1, Truncation::Honest { keep: 100_000 });
+        let o = c.restore(&layout.restore_req("k", &[])).await.unwrap();
+        assert!(matches!(o, RestoreOutcome::Unrestorable { .. }), "{o:?}");
+        assert_eq!(layout.snapshot(), local);
+        // Cut on both attempts: a transport error; cut once: retried, then restored.
+        server.truncate_downloads(2, Truncation::Cut { keep: 1000 });
+        let err = c.restore(&layout.restore_req("k", &[])).await.unwrap_err();
+        assert!(matches!(err, CacheError::Transport { .. }), "{err:?}");
+        assert_eq!(layout.snapshot(), local);
+        no_staging_left(&layout);
+        server.truncate_downloads(1, Truncation::Cut { keep: 1000 });
+        let o = c.restore(&layout.restore_req("k", &[])).await.unwrap();
+        assert_eq!(hit_key(&o), "k");
+        assert_ne!(layout.snapshot(), local);
+    }
+
+    #[tokio::test]
     async fn hostile_and_oversized_entries_are_refused_as_on_v2() {
         let cheap = |c: &hostile::Case| {
             matches!(c.expect, hostile::Expect::Member(_)) || c.label.starts_with("garbage")
