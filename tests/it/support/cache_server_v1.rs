@@ -11,7 +11,8 @@
 //! - `POST {base}/_apis/artifactcache/caches/{id}` `{size}`: 204 once the chunks cover exactly
 //!   `size` bytes; the entry is then visible.
 //!
-//! Every call needs the runtime token and `api-version=6.0-preview.1` in `Accept`. Faults, stalls
+//! Every call needs the runtime token and `api-version=6.0-preview.1` in `Accept`, and the JSON
+//! ones `Content-Type: application/json` (a chunk `application/octet-stream`). Faults, stalls
 //! and the read-only / deny-read switches are the v2 server's, keyed by the op names below.
 
 use std::collections::HashMap;
@@ -93,6 +94,15 @@ fn admit(s: &Shared, op: &str, headers: &HeaderMap) -> Option<Response> {
             StatusCode::BAD_REQUEST,
             "VssInvalidPreviewVersionException",
             "the API version 6.0-preview.1 must be named in Accept",
+        ));
+    }
+    // The JSON calls (reserve, commit) must say so, as an ASP.NET service requires.
+    let json_call = matches!(op, V1_RESERVE | V1_COMMIT);
+    if json_call && !text(header::CONTENT_TYPE).is_some_and(|t| t.starts_with("application/json")) {
+        return Some(service_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaTypeException",
+            "application/json expected",
         ));
     }
     s.take_fault(op).map(fault_response)
