@@ -1,8 +1,11 @@
-# Shared by scripts/test and the benchmark scripts: pinned test services, installed into .tools/.
+# Shared by scripts/test and the benchmark scripts: pinned test services and tools, installed into
+# .tools/.
 # Sourced, not run. Everything listens on 127.0.0.1 only.
 
 SEAWEEDFS_VERSION=4.48
 OPENCODE_VERSION=1.18.33
+# The toolkit `actions/cache` is built on, run in its v1 mode against the v1 test server.
+ACTIONS_CACHE_VERSION=6.3.0
 
 tools="${FRO_BOT_TOOLS_DIR:-$root/.tools}"
 mkdir -p "$tools"
@@ -24,6 +27,13 @@ install_services() {
     (cd "$tools/opencode" && npm install --silent --no-audit --no-fund --no-save "opencode-ai@$OPENCODE_VERSION" >/dev/null)
     echo "$OPENCODE_VERSION" > "$tools/opencode/.version"
   fi
+  if [ "$(cat "$tools/actions-cache/.version" 2>/dev/null)" != "$ACTIONS_CACHE_VERSION" ]; then
+    echo "installing @actions/cache@$ACTIONS_CACHE_VERSION into $tools/actions-cache" >&2
+    mkdir -p "$tools/actions-cache"
+    (cd "$tools/actions-cache" && npm install --silent --no-audit --no-fund --no-save "@actions/cache@$ACTIONS_CACHE_VERSION" >/dev/null)
+    echo "$ACTIONS_CACHE_VERSION" > "$tools/actions-cache/.version"
+  fi
+  export FRO_BOT_TEST_ACTIONS_CACHE="$tools/actions-cache/node_modules/@actions/cache"
   # The platform package carries the real static binary; the .bin entry is a node wrapper.
   local bin
   for bin in "$tools"/opencode/node_modules/opencode-linux-*/bin/opencode; do

@@ -277,6 +277,8 @@ fn local_env(mut env: Env, args: &LocalArgs) -> Result<(Env, Mode), String> {
         names::GITHUB_STEP_SUMMARY,
         names::GITHUB_JOB,
         names::ACTIONS_RESULTS_URL,
+        names::ACTIONS_CACHE_URL,
+        names::ACTIONS_CACHE_SERVICE_V2,
         names::ACTIONS_RUNTIME_TOKEN,
         names::XDG_DATA_HOME,
         names::XDG_CONFIG_HOME,

@@ -50,7 +50,11 @@ pub(crate) struct BlobClient {
 }
 
 /// Streams `len` bytes of `file` from `offset` as a request body.
-async fn file_body(file: &Path, offset: u64, len: u64) -> Result<reqwest::Body, CacheError> {
+pub(crate) async fn file_body(
+    file: &Path,
+    offset: u64,
+    len: u64,
+) -> Result<reqwest::Body, CacheError> {
     let mut f = tokio::fs::File::open(file)
         .await
         .map_err(|e| CacheError::io("cannot open archive", file, e))?;
@@ -247,8 +251,18 @@ impl BlobClient {
                 self.download_ranged(url, dest, size).await?;
                 Ok(size)
             }
-            _ => self.with_retries(|| self.download_plain(url, dest)).await,
+            _ => {
+                self.with_retries(|| self.download_plain(url, dest, true))
+                    .await
+            }
         }
+    }
+
+    /// Downloads from storage that is not Azure's (the v1 service's `archiveLocation` may be
+    /// anywhere): one plain GET, retried, without Azure's headers.
+    pub async fn download_generic(&self, url: &str, dest: &Path) -> Result<u64, CacheError> {
+        self.with_retries(|| self.download_plain(url, dest, false))
+            .await
     }
 
     /// The blob's size from HEAD, `None` when the host does not answer HEAD usefully.
@@ -273,11 +287,12 @@ impl BlobClient {
         Ok(header_u64(&response, CONTENT_LENGTH.as_str()))
     }
 
-    async fn download_plain(&self, url: &str, dest: &Path) -> Result<u64, CacheError> {
-        let response = self
-            .http
-            .get(url)
-            .header("x-ms-version", MS_VERSION)
+    async fn download_plain(&self, url: &str, dest: &Path, azure: bool) -> Result<u64, CacheError> {
+        let mut request = self.http.get(url);
+        if azure {
+            request = request.header("x-ms-version", MS_VERSION);
+        }
+        let response = request
             .send()
             .await
             .map_err(|source| CacheError::Transport {

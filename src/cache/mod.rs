@@ -1,9 +1,10 @@
-//! The GitHub Actions cache (service v2), byte-compatible with `@actions/cache` 6.x, and a
-//! filesystem backend with the same matching rules and archive format for `fro-bot local`.
+//! The GitHub Actions cache (service v2 on github.com, v1 on Enterprise Server, chosen as the
+//! toolkit chooses in `select`), byte-compatible with `@actions/cache` 6.x, and a filesystem
+//! backend with the same matching rules and archive format for `fro-bot local`.
 //!
-//! Save: archive the existing paths to a temp file (`archive`), reserve (`twirp`), upload
-//! (`blob`), finalize. Restore: look up, download to a temp file, extract confined to the
-//! requested paths (`extract`), which only then replaces what is on disk.
+//! Save: archive the existing paths to a temp file (`archive`), reserve (`twirp` or `v1`), upload
+//! (`blob`, or `v1`'s chunks), finalize. Restore: look up, download to a temp file, extract
+//! confined to the requested paths (`extract`), which only then replaces what is on disk.
 
 mod archive;
 mod blob;
@@ -12,8 +13,10 @@ mod extract;
 mod fs_backend;
 pub mod limits;
 mod paths;
+pub mod select;
 mod tar_reader;
 mod twirp;
+mod v1;
 mod version;
 
 use std::path::{Path, PathBuf};
@@ -27,9 +30,11 @@ pub use extract::{
 };
 pub use fs_backend::{FsBackend, FsEntry};
 pub use limits::{Cap, Limits};
+pub use select::Protocol;
 #[cfg(feature = "fuzzing")]
 pub(crate) use twirp::{create_reply, finalize_reply, judge, lookup_reply, Judged};
 pub use twirp::{LookupHit, RetryPolicy, Rpc, TwirpClient};
+pub use v1::{ChunkOptions, V1Client, V1Op};
 pub use version::version;
 
 use crate::runner::{env, failpoint, Cancellation, Env};
@@ -127,10 +132,19 @@ pub struct SaveReceipt {
     pub size_bytes: u64,
 }
 
-/// The Actions cache service v2 client: Twirp calls plus blob transfer.
+/// The protocol half of an Actions cache client.
+#[derive(Debug, Clone)]
+pub enum Service {
+    /// Twirp RPCs; the archive goes to Azure through signed URLs (`blob`).
+    V2(TwirpClient),
+    /// REST calls; the archive goes to the service itself in chunks.
+    V1(V1Client),
+}
+
+/// The Actions cache client: the service's calls plus blob transfer.
 #[derive(Debug, Clone)]
 pub struct ActionsCacheClient {
-    pub twirp: TwirpClient,
+    pub service: Service,
     blob: blob::BlobClient,
     pub mode: CacheMode,
     /// Where archives are staged (`RUNNER_TEMP` when usable, else the system temp dir).
@@ -139,37 +153,121 @@ pub struct ActionsCacheClient {
 }
 
 impl ActionsCacheClient {
-    /// `results_url` = `ACTIONS_RESULTS_URL`; the token is masked here.
+    /// The v2 client; `results_url` = `ACTIONS_RESULTS_URL`; the token is masked here.
     pub fn new(results_url: &str, token: &str, mode: CacheMode) -> Result<Self, CacheError> {
-        let http = crate::net::external()
-            .user_agent(concat!("fro-bot/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(std::time::Duration::from_secs(30))
-            .build()
-            .map_err(|source| CacheError::Transport {
-                operation: "building the HTTP client",
-                source,
-            })?;
-        Ok(Self {
-            twirp: TwirpClient::new(http.clone(), results_url, token)?,
+        let http = http_client()?;
+        let service = Service::V2(TwirpClient::new(http.clone(), results_url, token)?);
+        Ok(Self::around(service, http, RetryPolicy::default(), mode))
+    }
+
+    /// The v1 client; `cache_url` = `ACTIONS_CACHE_URL`; the token is masked here.
+    pub fn v1(cache_url: &str, token: &str, mode: CacheMode) -> Result<Self, CacheError> {
+        let http = http_client()?;
+        let service = Service::V1(V1Client::new(http.clone(), cache_url, token)?);
+        Ok(Self::around(service, http, RetryPolicy::v1(), mode))
+    }
+
+    fn around(
+        service: Service,
+        http: reqwest::Client,
+        retry: RetryPolicy,
+        mode: CacheMode,
+    ) -> Self {
+        Self {
+            service,
             blob: blob::BlobClient {
                 http,
                 transfer: TransferOptions::default(),
-                retry: RetryPolicy::default(),
+                retry,
             },
             mode,
             scratch: None,
             cancel: None,
-        })
+        }
     }
 
-    /// Same policy for RPCs and blob transfers (tests use millisecond delays).
+    pub fn protocol(&self) -> Protocol {
+        match self.service {
+            Service::V2(_) => Protocol::V2,
+            Service::V1(_) => Protocol::V1,
+        }
+    }
+
+    /// Same policy for the service's calls and blob transfers (tests use millisecond delays).
     pub fn set_retry(&mut self, retry: RetryPolicy) {
-        self.twirp.retry = retry;
+        match &mut self.service {
+            Service::V2(t) => t.retry = retry,
+            Service::V1(c) => c.retry = retry,
+        }
         self.blob.retry = retry;
     }
 
     pub fn set_transfer(&mut self, transfer: TransferOptions) {
         self.blob.transfer = transfer;
+    }
+
+    /// How v1 cuts uploads (v2 has no chunks of its own).
+    pub fn set_chunks(&mut self, chunks: ChunkOptions) {
+        if let Service::V1(c) = &mut self.service {
+            c.chunks = chunks;
+        }
+    }
+
+    /// The entry the service would restore for these keys, without downloading it.
+    pub async fn lookup(
+        &self,
+        key: &str,
+        restore_keys: &[String],
+        version: &str,
+    ) -> Result<Option<LookupHit>, CacheError> {
+        match &self.service {
+            Service::V2(t) => t.lookup(key, restore_keys, version).await,
+            Service::V1(c) => c.lookup(key, restore_keys, version).await,
+        }
+    }
+
+    /// Reserves `key` and uploads nothing: what a job that died mid-save leaves (tests).
+    pub async fn reserve(&self, key: &str, version: &str) -> Result<(), CacheError> {
+        match &self.service {
+            Service::V2(t) => t.create(key, version).await.map(|_| ()),
+            Service::V1(c) => c.reserve(key, version, 0).await.map(|_| ()),
+        }
+    }
+
+    async fn download(&self, url: &str, dest: &Path) -> Result<u64, CacheError> {
+        match &self.service {
+            Service::V1(_) if !v1::is_azure_blob(url) => {
+                self.blob.download_generic(url, dest).await
+            }
+            Service::V1(_) | Service::V2(_) => self.blob.download(url, dest).await,
+        }
+    }
+
+    /// Reserve, upload, commit; the entry id when the service gives one.
+    async fn upload(
+        &self,
+        key: &str,
+        version: &str,
+        archive: &Path,
+        size: u64,
+    ) -> Result<Option<i64>, CacheError> {
+        match &self.service {
+            Service::V2(twirp) => {
+                let upload_url = twirp.create(key, version).await?;
+                failpoint::hit("cache:after-create");
+                self.blob.upload(&upload_url, archive, size).await?;
+                failpoint::hit("cache:after-upload");
+                twirp.finalize(key, version, size).await
+            }
+            Service::V1(c) => {
+                let id = c.reserve(key, version, size).await?;
+                failpoint::hit("cache:after-create");
+                c.upload(id, archive, size).await?;
+                failpoint::hit("cache:after-upload");
+                c.commit(id, size).await?;
+                Ok(Some(id))
+            }
+        }
     }
 
     pub async fn restore(&self, req: &RestoreRequest<'_>) -> Result<RestoreOutcome, CacheError> {
@@ -196,7 +294,6 @@ impl ActionsCacheClient {
         let version = req.version();
         let restore_keys: &[String] = if exact { &[] } else { req.restore_keys };
         let Some(hit) = self
-            .twirp
             .lookup(req.key, restore_keys, &version)
             .await?
             .filter(|hit| !exact || hit.matched_key == req.key)
@@ -205,7 +302,7 @@ impl ActionsCacheClient {
         };
         let tmp = scratch_dir(self.scratch.as_deref())?;
         let archive = tmp.path().join(ARCHIVE_NAME);
-        let size_bytes = self.blob.download(&hit.download_url, &archive).await?;
+        let size_bytes = self.download(&hit.download_url, &archive).await?;
         let extracted = extract_blocking(archive, req.paths, req.workspace, req.into).await;
         hit_or_unrestorable(hit.matched_key, extracted, size_bytes)
     }
@@ -227,15 +324,8 @@ impl ActionsCacheClient {
         // Archive first: with nothing to save the service is never asked to reserve a key.
         let summary = archive_blocking(archive.clone(), req.paths, req.workspace).await?;
         failpoint::hit("cache:after-archive");
-        let upload_url = self.twirp.create(req.key, &version).await?;
-        failpoint::hit("cache:after-create");
-        self.blob
-            .upload(&upload_url, &archive, summary.size_bytes)
-            .await?;
-        failpoint::hit("cache:after-upload");
         let entry_id = self
-            .twirp
-            .finalize(req.key, &version, summary.size_bytes)
+            .upload(req.key, &version, &archive, summary.size_bytes)
             .await?;
         failpoint::hit("cache:after-finalize");
         Ok(SaveReceipt {
@@ -255,13 +345,16 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// Picks the v2 client when ACTIONS_RESULTS_URL and ACTIONS_RUNTIME_TOKEN are set (honouring
-    /// ACTIONS_CACHE_MODE); None when there is no cache service.
+    /// The runner's cache service, v1 or v2 as `select` chooses (honouring ACTIONS_CACHE_MODE);
+    /// None when there is none.
     pub fn from_env(env: &Env) -> Option<Backend> {
-        let url = env.get(env::ACTIONS_RESULTS_URL)?;
-        let token = env.get(env::ACTIONS_RUNTIME_TOKEN)?;
+        let chosen = select::service(env)?;
         let mode = CacheMode::parse(env.get(env::ACTIONS_CACHE_MODE));
-        match ActionsCacheClient::new(url, token, mode) {
+        let client = match chosen.protocol {
+            Protocol::V2 => ActionsCacheClient::new(chosen.url, chosen.token, mode),
+            Protocol::V1 => ActionsCacheClient::v1(chosen.url, chosen.token, mode),
+        };
+        match client {
             Ok(mut client) => {
                 client.scratch = env.runner_temp();
                 Some(Backend::Actions(client))
@@ -325,7 +418,6 @@ impl Backend {
         let version = version(paths);
         match self {
             Backend::Actions(c) => Ok(c
-                .twirp
                 .lookup(key, &[], &version)
                 .await?
                 .is_some_and(|hit| hit.matched_key == key)),
@@ -357,6 +449,17 @@ async fn cancellable<T>(
         },
         None => op.await,
     }
+}
+
+fn http_client() -> Result<reqwest::Client, CacheError> {
+    crate::net::external()
+        .user_agent(concat!("fro-bot/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(std::time::Duration::from_secs(30))
+        .build()
+        .map_err(|source| CacheError::Transport {
+            operation: "building the HTTP client",
+            source,
+        })
 }
 
 fn validate_keys(key: &str, restore_keys: &[String]) -> Result<(), CacheError> {

@@ -66,11 +66,18 @@ pub struct LookupHit {
     pub download_url: String,
 }
 
-/// Registers the SAS signature of a signed URL as a secret: it grants access to the blob.
-fn mask_signed_url(url: &str) {
+/// Registers the signature of a signed URL as a secret: it grants access to the blob. Azure's
+/// `sig`, and for the v1 service's storage (GHES may keep it on S3 or GCS) the signing
+/// parameters of those too.
+pub(crate) fn mask_signed_url(url: &str) {
     if let Ok(parsed) = url::Url::parse(url) {
         for (k, v) in parsed.query_pairs() {
-            if k == "sig" {
+            let k = k.to_ascii_lowercase();
+            if k == "sig"
+                || k.contains("signature")
+                || k.contains("credential")
+                || k.contains("security-token")
+            {
                 log::add_mask(&v);
             }
         }
@@ -357,7 +364,7 @@ fn int64_field(v: &Value, snake: &str, camel: &str) -> Option<i64> {
 }
 
 /// The Twirp error `msg` when present, else a sanitized excerpt of the body.
-fn error_message(text: &str) -> String {
+pub(crate) fn error_message(text: &str) -> String {
     serde_json::from_str::<Value>(text)
         .ok()
         .and_then(|v| {
@@ -369,7 +376,7 @@ fn error_message(text: &str) -> String {
         .unwrap_or_else(|| excerpt(text))
 }
 
-fn excerpt(text: &str) -> String {
+pub(crate) fn excerpt(text: &str) -> String {
     let cut: String = text.chars().take(200).collect();
     log::redact(cut.trim())
 }

@@ -39,13 +39,9 @@ pub fn describe(env: &Env) -> Result<String, String> {
     let _ = writeln!(out, "save key:        {}", keys.save_key());
     let _ = writeln!(out, "lease holder:    {}", keys.holder_id());
     let mode = cache::CacheMode::parse(env.get(env::ACTIONS_CACHE_MODE));
-    let service = match cache::Backend::from_env(env) {
-        Some(_) => format!("Actions cache v2 ({mode:?})"),
-        None => format!(
-            "none ({}/{} not set)",
-            env::ACTIONS_RESULTS_URL,
-            env::ACTIONS_RUNTIME_TOKEN
-        ),
+    let service = match cache::select::service(env) {
+        Some(s) => format!("Actions cache {} ({mode:?})", s.protocol.name()),
+        None => format!("none ({})", cache::select::missing()),
     };
     let _ = writeln!(out, "cache service:   {service}");
     match Settings::from_env(env, AuthRequirement::Optional) {

@@ -335,11 +335,7 @@ async fn save_to_cache(
 ) -> (CacheSaveResult, bool) {
     let cache = match inputs.cache {
         None => {
-            let detail = format!(
-                "no cache service available ({}/{} not set)",
-                env::ACTIONS_RESULTS_URL,
-                env::ACTIONS_RUNTIME_TOKEN
-            );
+            let detail = format!("no cache service available ({})", cache::select::missing());
             return (
                 CacheSaveResult::new(SaveOutcome::CacheError, store_persisted, detail),
                 false,

@@ -56,6 +56,8 @@ pub const TRUST: &[&str] = &[SSL_CERT_FILE, SSL_CERT_DIR, NODE_EXTRA_CA_CERTS];
 pub const ACTIONS_RUNTIME_TOKEN: &str = "ACTIONS_RUNTIME_TOKEN";
 pub const ACTIONS_RESULTS_URL: &str = "ACTIONS_RESULTS_URL";
 pub const ACTIONS_CACHE_URL: &str = "ACTIONS_CACHE_URL";
+/// Set for JavaScript actions on runners whose cache is the v2 service; never for containers.
+pub const ACTIONS_CACHE_SERVICE_V2: &str = "ACTIONS_CACHE_SERVICE_V2";
 pub const ACTIONS_CACHE_MODE: &str = "ACTIONS_CACHE_MODE";
 
 // AWS credentials (from the environment only; masked the moment the configuration is read).

@@ -207,7 +207,6 @@ async fn round_trip_1kb_speaks_the_wire_protocol() {
     // The SAS signature of a signed URL is a credential: registered as a secret on receipt.
     let c = client(&server);
     let hit = c
-        .twirp
         .lookup("opencode-storage-k-1", &[], &version(&layout.paths))
         .await
         .unwrap()
@@ -310,10 +309,7 @@ async fn second_save_of_a_key_is_already_exists_also_while_pending() {
     assert!(matches!(err, CacheError::AlreadyExists { .. }), "{err:?}");
     assert!(err.is_rejection());
     // Reserved by another job but not finalized yet.
-    c.twirp
-        .create("pending", &version(&layout.paths))
-        .await
-        .unwrap();
+    c.reserve("pending", &version(&layout.paths)).await.unwrap();
     let err = c.save(&layout.save_req("pending")).await.unwrap_err();
     assert!(matches!(err, CacheError::AlreadyExists { .. }), "{err:?}");
     // 409 is not retried.
@@ -1219,4 +1215,518 @@ async fn cancellation_stops_a_transfer() {
     let err = backend.save(&layout.save_req("k")).await.unwrap_err();
     assert!(matches!(err, CacheError::Cancelled), "{err:?}");
     assert!(server.entries().is_empty());
+}
+
+// ---- cache service v1 (Enterprise Server) -----------------------------------------------------
+
+mod v1 {
+    use std::sync::{Arc, Mutex};
+
+    use fro_bot::cache::{ChunkOptions, Protocol};
+
+    use super::*;
+    use crate::support::cache_server::{HEAD_BLOB, LOOKUP as V2_LOOKUP};
+    use crate::support::cache_server_v1::{V1_COMMIT, V1_LOOKUP, V1_RESERVE, V1_UPLOAD};
+    use crate::support::services::required_env;
+
+    /// The v1 client at the server's `ACTIONS_CACHE_URL`, with millisecond retries.
+    pub(super) fn client_v1(server: &CacheServer) -> ActionsCacheClient {
+        let mut c = ActionsCacheClient::v1(&server.v1_url(), &server.token(), CacheMode::ReadWrite)
+            .unwrap();
+        c.set_retry(RetryPolicy {
+            attempts: 2,
+            ..fast_retry()
+        });
+        c
+    }
+
+    fn no_v2_calls(server: &CacheServer) {
+        for op in [CREATE, FINALIZE, V2_LOOKUP, PUT_BLOB, PUT_BLOCK] {
+            assert!(server.calls_of(op).is_empty(), "a v2 call: {op}");
+        }
+    }
+
+    #[tokio::test]
+    async fn round_trip_in_chunks_speaks_the_v1_protocol() {
+        let server = CacheServer::start().await;
+        let mut c = client_v1(&server);
+        let chunk = 256 * 1024;
+        c.set_chunks(ChunkOptions {
+            chunk_size: chunk,
+            concurrency: 3,
+        });
+        let layout = Layout::new();
+        layout.populate(MIB, 11);
+        let before = layout.snapshot();
+        let receipt = c
+            .save(&layout.save_req("opencode-storage-k-1"))
+            .await
+            .unwrap();
+        let size = receipt.size_bytes;
+        let entry = &server.entries()[0];
+        assert!(entry.finalized && entry.size == Some(size));
+        assert_eq!(receipt.entry_id, Some(entry.id));
+
+        let reserve = &server.calls_of(V1_RESERVE)[0];
+        let body = reserve.body.as_ref().unwrap();
+        assert_eq!(body["key"], "opencode-storage-k-1");
+        assert_eq!(body["version"], version(&layout.paths).as_str());
+        assert_eq!(body["cacheSize"], size);
+        assert_eq!(reserve.base, Some(server.v1_tenant()));
+        // Every chunk a PATCH with its exact range and length, none chunked-encoded.
+        let uploads = server.calls_of(V1_UPLOAD);
+        assert_eq!(uploads.len() as u64, size.div_ceil(chunk));
+        assert!(uploads.len() >= 4, "{}", uploads.len());
+        let mut ranges: Vec<String> = uploads.iter().map(|u| u.range.clone().unwrap()).collect();
+        ranges.sort_by_key(|r| r[6..].split('-').next().unwrap().parse::<u64>().unwrap());
+        for (i, (u, r)) in uploads.iter().zip(&ranges).enumerate() {
+            let a = i as u64 * chunk;
+            let b = (a + chunk).min(size) - 1;
+            assert_eq!(r, &format!("bytes {a}-{b}/*"));
+            assert!(u.status == 204 && !u.chunked && u.content_length.is_some());
+        }
+        assert_eq!(
+            server.calls_of(V1_COMMIT)[0].body.as_ref().unwrap()["size"],
+            size
+        );
+
+        fs::remove_dir_all(&layout.data).unwrap();
+        let keys = vec!["opencode-storage-".to_string()];
+        let o = c
+            .restore(&layout.restore_req("opencode-storage-k-9", &keys))
+            .await
+            .unwrap();
+        assert_eq!(hit_key(&o), "opencode-storage-k-1");
+        let mut expected = before;
+        expected.remove("auth.json");
+        assert_eq!(layout.snapshot(), expected);
+        // One lookup naming both keys; the archive fetched with one plain GET.
+        let lookup = server.calls_of(V1_LOOKUP).pop().unwrap();
+        let q = lookup.body.unwrap();
+        assert_eq!(q["keys"], "opencode-storage-k-9,opencode-storage-");
+        assert_eq!(q["version"], version(&layout.paths).as_str());
+        assert_eq!(server.calls_of(GET_BLOB).len(), 1);
+        assert!(server.calls_of(HEAD_BLOB).is_empty());
+        no_v2_calls(&server);
+
+        // A miss is a 204.
+        let o = c.restore(&layout.restore_req("other", &[])).await.unwrap();
+        assert_eq!(o, RestoreOutcome::Miss);
+        assert_eq!(server.calls_of(V1_LOOKUP).pop().unwrap().status, 204);
+    }
+
+    #[tokio::test]
+    async fn a_second_save_of_a_key_is_already_exists_also_while_pending() {
+        let server = CacheServer::start().await;
+        let c = client_v1(&server);
+        let layout = Layout::new();
+        layout.populate(100, 1);
+        c.save(&layout.save_req("k")).await.unwrap();
+        let err = c.save(&layout.save_req("k")).await.unwrap_err();
+        assert!(
+            matches!(&err, CacheError::AlreadyExists { key } if key.starts_with("Cache already exists.")),
+            "{err:?}"
+        );
+        assert!(err.is_rejection());
+        // Reserved by another job that never committed.
+        c.reserve("pending", &version(&layout.paths)).await.unwrap();
+        let err = c.save(&layout.save_req("pending")).await.unwrap_err();
+        assert!(matches!(err, CacheError::AlreadyExists { .. }), "{err:?}");
+        // A 409 is not retried.
+        assert_eq!(server.calls_of(V1_RESERVE).len(), 4);
+        assert_eq!(
+            server
+                .calls_of(V1_RESERVE)
+                .iter()
+                .filter(|c| c.status == 409)
+                .count(),
+            2
+        );
+    }
+
+    #[tokio::test]
+    async fn gateway_errors_are_retried_but_not_500_or_429() {
+        let server = CacheServer::start().await;
+        let mut c = client_v1(&server);
+        c.set_chunks(ChunkOptions {
+            chunk_size: 1024,
+            concurrency: 2,
+        });
+        let layout = Layout::new();
+        layout.populate(4096, 1);
+        // One 503, 502 or 504 on every kind of call: the second attempt succeeds.
+        server.inject(V1_RESERVE, [Fault::status(503)]);
+        server.inject(V1_UPLOAD, [Fault::status(502)]);
+        server.inject(V1_COMMIT, [Fault::status(504)]);
+        c.save(&layout.save_req("k")).await.unwrap();
+        assert_eq!(server.calls_of(V1_RESERVE).len(), 2);
+        assert_eq!(server.calls_of(V1_COMMIT).len(), 2);
+        let uploads = server.calls_of(V1_UPLOAD);
+        assert_eq!(uploads.iter().filter(|u| u.status == 502).count(), 1);
+        server.inject(V1_LOOKUP, [Fault::status(503)]);
+        let o = c.restore(&layout.restore_req("k", &[])).await.unwrap();
+        assert_eq!(hit_key(&o), "k");
+
+        // Two 503s exhaust the two attempts.
+        server.inject(V1_RESERVE, [Fault::status(503), Fault::status(503)]);
+        let err = c.save(&layout.save_req("k2")).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CacheError::Server {
+                    status: 503,
+                    attempts: 2,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(!err.is_rejection());
+        // 500 fails at once, as the toolkit does.
+        let before = server.calls_of(V1_RESERVE).len();
+        server.inject(V1_RESERVE, [Fault::status(500)]);
+        let err = c.save(&layout.save_req("k3")).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CacheError::Server {
+                    status: 500,
+                    attempts: 1,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(server.calls_of(V1_RESERVE).len(), before + 1);
+        // 429 is a rate limit, not retried, keeping Retry-After: rejected like v2's.
+        server.inject(V1_RESERVE, [Fault::rate_limited("60")]);
+        let err = c.save(&layout.save_req("k4")).await.unwrap_err();
+        match &err {
+            CacheError::RateLimited { retry_after } => {
+                assert_eq!(retry_after.as_deref(), Some("60"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(err.is_rejection());
+        assert_eq!(server.calls_of(V1_RESERVE).len(), before + 2);
+        // A chunk rate-limited mid-upload: the save fails, nothing is committed under the key.
+        server.inject(V1_UPLOAD, [Fault::rate_limited("5")]);
+        let err = c.save(&layout.save_req("k5")).await.unwrap_err();
+        assert!(matches!(err, CacheError::RateLimited { .. }), "{err:?}");
+        assert!(!server
+            .entries()
+            .iter()
+            .any(|e| e.key == "k5" && e.finalized));
+    }
+
+    #[tokio::test]
+    async fn each_refusal_has_the_typed_error_v2_gives_it() {
+        let server = CacheServer::start().await;
+        let c = client_v1(&server);
+        let layout = Layout::new();
+        layout.populate(100, 1);
+
+        server.set_read_only(true);
+        let err = c.save(&layout.save_req("k")).await.unwrap_err();
+        assert!(
+            matches!(&err, CacheError::WriteDenied { message } if message.starts_with("cache write denied:")),
+            "{err:?}"
+        );
+        assert!(err.is_rejection());
+        server.set_read_only(false);
+
+        // The toolkit reads a 400 on reserve as the entry being over the size cap.
+        server.inject(
+            V1_RESERVE,
+            [Fault::body(
+                400,
+                r#"{"message":"Cache size of ~11000 MB is over the limit"}"#,
+            )],
+        );
+        let err = c.save(&layout.save_req("k")).await.unwrap_err();
+        assert!(matches!(err, CacheError::Quota { .. }), "{err:?}");
+        assert!(err.is_rejection());
+
+        // A reservation without an id.
+        server.inject(V1_RESERVE, [Fault::body(201, "{}")]);
+        let err = c.save(&layout.save_req("k")).await.unwrap_err();
+        assert!(matches!(err, CacheError::NotReserved { .. }), "{err:?}");
+
+        // A commit the service refuses (chunks that do not add up): nothing visible.
+        server.inject(
+            V1_COMMIT,
+            [Fault::body(400, r#"{"message":"size mismatch"}"#)],
+        );
+        let err = c.save(&layout.save_req("k2")).await.unwrap_err();
+        assert!(
+            matches!(&err, CacheError::Http { status: 400, message, .. } if message == "size mismatch"),
+            "{err:?}"
+        );
+        assert!(!err.is_rejection());
+
+        server.set_deny_read(true);
+        let err = c.restore(&layout.restore_req("k", &[])).await.unwrap_err();
+        assert!(matches!(err, CacheError::ReadDenied { .. }), "{err:?}");
+        server.set_deny_read(false);
+
+        // An error page answered with 200, on every attempt.
+        server.inject(V1_LOOKUP, [Fault::garbage(), Fault::garbage()]);
+        let err = c.restore(&layout.restore_req("k", &[])).await.unwrap_err();
+        assert!(matches!(err, CacheError::InvalidResponse { .. }), "{err:?}");
+
+        let mut bad =
+            ActionsCacheClient::v1(&server.v1_url(), "wrong-token", CacheMode::ReadWrite).unwrap();
+        bad.set_retry(fast_retry());
+        let err = bad
+            .restore(&layout.restore_req("k", &[]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, CacheError::Http { status: 401, .. }),
+            "{err:?}"
+        );
+    }
+
+    /// A server elsewhere that records what reaches it and serves `body`.
+    async fn elsewhere(body: &'static [u8]) -> (String, Arc<Mutex<Vec<axum::http::HeaderMap>>>) {
+        let seen: Arc<Mutex<Vec<axum::http::HeaderMap>>> = Arc::default();
+        let log = seen.clone();
+        let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap| {
+            let log = log.clone();
+            async move {
+                log.lock().unwrap().push(headers);
+                body
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (format!("http://{addr}"), seen)
+    }
+
+    #[tokio::test]
+    async fn a_hostile_lookup_answer_changes_nothing_and_gets_no_token() {
+        let server = CacheServer::start().await;
+        let c = client_v1(&server);
+        let layout = Layout::new();
+        layout.populate(100, 1);
+        let local = write_local_state(&layout);
+        let hit = |location: &str| {
+            Fault::body(
+                200,
+                &serde_json::json!({"cacheKey": "k", "archiveLocation": location}).to_string(),
+            )
+        };
+        // Not an http(s) location: refused before anything is fetched.
+        for odd in [
+            "file:///etc/passwd",
+            "/_apis/artifactcache/x",
+            "ftp://h/x",
+            "",
+        ] {
+            server.inject(V1_LOOKUP, [hit(odd)]);
+            let err = c.restore(&layout.restore_req("k", &[])).await.unwrap_err();
+            assert!(
+                matches!(err, CacheError::InvalidResponse { .. }),
+                "{odd}: {err:?}"
+            );
+            assert_eq!(layout.snapshot(), local);
+        }
+        // Another host: fetched without the runtime token; what it serves is no archive.
+        let (other, seen) = elsewhere(b"<html>not an archive</html>").await;
+        let location = format!("{other}/a.tzst?X-Amz-Signature=deadbeefcafe0123&X-Amz-Date=1");
+        server.inject(V1_LOOKUP, [hit(&location)]);
+        let o = c.restore(&layout.restore_req("k", &[])).await.unwrap();
+        assert!(
+            matches!(&o, RestoreOutcome::Unrestorable { matched_key, .. } if matched_key == "k"),
+            "{o:?}"
+        );
+        assert_eq!(layout.snapshot(), local);
+        no_staging_left(&layout);
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1);
+        assert!(seen[0].get("authorization").is_none(), "{:?}", seen[0]);
+        assert!(!format!("{seen:?}").contains(&server.token()));
+        // The location's signature, and the location itself, are secrets from then on.
+        let redacted = fro_bot::runner::log::redact(&format!("GET {location} failed"));
+        assert!(!redacted.contains("deadbeefcafe0123"), "{redacted}");
+        assert!(!fro_bot::runner::log::redact(&server.token()).contains(&server.token()));
+    }
+
+    #[tokio::test]
+    async fn a_short_or_cut_download_changes_nothing() {
+        let server = CacheServer::start().await;
+        let c = client_v1(&server);
+        let layout = Layout::new();
+        layout.populate(256 * 1024, 5);
+        c.save(&layout.save_req("k")).await.unwrap();
+        let local = write_local_state(&layout);
+        // A short archive that claims to be complete: the archive check catches it.
+        server.truncate_downloads(1, Truncation::Honest { keep: 100_000 });
+        let o = c.restore(&layout.restore_req("k", &[])).await.unwrap();
+        assert!(matches!(o, RestoreOutcome::Unrestorable { .. }), "{o:?}");
+        assert_eq!(layout.snapshot(), local);
+        // Cut on both attempts: a transport error; cut once: retried, then restored.
+        server.truncate_downloads(2, Truncation::Cut { keep: 1000 });
+        let err = c.restore(&layout.restore_req("k", &[])).await.unwrap_err();
+        assert!(matches!(err, CacheError::Transport { .. }), "{err:?}");
+        assert_eq!(layout.snapshot(), local);
+        no_staging_left(&layout);
+        server.truncate_downloads(1, Truncation::Cut { keep: 1000 });
+        let o = c.restore(&layout.restore_req("k", &[])).await.unwrap();
+        assert_eq!(hit_key(&o), "k");
+        assert_ne!(layout.snapshot(), local);
+    }
+
+    #[tokio::test]
+    async fn hostile_and_oversized_entries_are_refused_as_on_v2() {
+        let cheap = |c: &hostile::Case| {
+            matches!(c.expect, hostile::Expect::Member(_)) || c.label.starts_with("garbage")
+        };
+        let layout = Layout::new();
+        let mut cases: Vec<(String, PathBuf, String)> = Vec::new();
+        for (i, case) in hostile::cases().into_iter().filter(cheap).enumerate() {
+            let outside = layout.root.join(format!("outside-{i}"));
+            fs::create_dir_all(&outside).unwrap();
+            let archive = layout.root.join(format!("hostile-{i}.tzst"));
+            (case.build)(&archive, &outside);
+            cases.push((case.label.to_string(), archive, case.expect.needle()));
+        }
+        // Over the total-size cap: a database that declares 4 GiB (refused at its header, before
+        // a byte is written).
+        let oversized = layout.root.join("oversized.tzst");
+        let mut t = hostile::TarZst::create(&oversized);
+        t.header(
+            format!("{}/opencode.db", hostile::D).as_bytes(),
+            tar::EntryType::Regular,
+            4 << 30,
+            b"",
+        )
+        .fill(0, 1 << 20);
+        t.end(0, 0);
+        cases.push(("oversized".into(), oversized, "total-size".into()));
+
+        let server = CacheServer::start().await;
+        let c = client_v1(&server);
+        for (i, (label, archive, needle)) in cases.iter().enumerate() {
+            layout.populate(10, 3);
+            let local = write_local_state(&layout);
+            let key = format!("hostile-{i}");
+            server.plant(&key, &version(&layout.paths), archive);
+            match c.restore(&layout.restore_req(&key, &[])).await {
+                Ok(RestoreOutcome::Unrestorable { reason, .. }) => assert!(
+                    reason.starts_with("cache entry refused") && reason.contains(needle.as_str()),
+                    "{label}: {reason}"
+                ),
+                other => panic!("{label}: {other:?}"),
+            }
+            assert_eq!(layout.snapshot(), local, "{label}");
+            no_staging_left(&layout);
+        }
+        assert!(hostile::planted_files(&layout.root).is_empty());
+        no_v2_calls(&server);
+    }
+
+    #[tokio::test]
+    async fn an_enterprise_runner_with_only_the_cache_url_gets_v1() {
+        let server = CacheServer::start().await;
+        let layout = Layout::new();
+        layout.populate(100, 3);
+        let mut env = fro_bot::runner::Env::from_pairs(server.env_pairs_v1());
+        env.set("GITHUB_SERVER_URL", "https://ghes.example");
+        let backend = Backend::from_env(&env).unwrap();
+        let Backend::Actions(client) = &backend else {
+            unreachable!()
+        };
+        assert_eq!(client.protocol(), Protocol::V1);
+        backend.save(&layout.save_req("env-key")).await.unwrap();
+        assert!(backend.has_entry("env-key", &layout.paths).await.unwrap());
+        assert!(!backend.has_entry("env-k", &layout.paths).await.unwrap());
+        let o = backend
+            .restore_exact(&layout.restore_req("env-key", &[]))
+            .await
+            .unwrap();
+        assert_eq!(hit_key(&o), "env-key");
+        assert_eq!(server.calls_of(V1_COMMIT).len(), 1);
+        no_v2_calls(&server);
+    }
+
+    /// Runs the pinned `@actions/cache` (tests/it/fixtures/toolkit_cache.mjs) against `server` as
+    /// an Enterprise Server runner's JavaScript action would: v1, only `ACTIONS_CACHE_URL`.
+    async fn toolkit(server: &CacheServer, layout: &Layout, mode: &str, key: &str) -> String {
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/fixtures/toolkit_cache.mjs");
+        let temp = layout.root.join("runner_temp");
+        fs::create_dir_all(&temp).unwrap();
+        let out = tokio::process::Command::new("node")
+            .arg(script)
+            .args([mode, key])
+            .args(&layout.paths)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env(
+                "FRO_BOT_TEST_ACTIONS_CACHE",
+                required_env("FRO_BOT_TEST_ACTIONS_CACHE"),
+            )
+            .env("GITHUB_SERVER_URL", "https://ghes.example")
+            .env("ACTIONS_CACHE_URL", server.v1_url())
+            .env("ACTIONS_RUNTIME_TOKEN", server.token())
+            .env("GITHUB_WORKSPACE", &layout.workspace)
+            .env("RUNNER_TEMP", &temp)
+            // Several chunks in flight, as a large entry would go.
+            .env("CACHE_UPLOAD_CHUNK_SIZE", "1")
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "toolkit {mode} failed ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    #[tokio::test]
+    async fn the_toolkit_in_v1_mode_and_fro_bot_restore_each_others_entries() {
+        let server = CacheServer::start().await;
+        let mut c = client_v1(&server);
+        c.set_chunks(ChunkOptions {
+            chunk_size: MIB as u64,
+            concurrency: 4,
+        });
+        let layout = Layout::new();
+
+        // The toolkit saves (in 1 MiB chunks), fro-bot restores: byte-identical files.
+        layout.populate(3 * MIB + 123, 21);
+        let mut saved = layout.snapshot();
+        saved.remove("auth.json");
+        toolkit(&server, &layout, "save", "opencode-storage-toolkit-1").await;
+        let uploads = server.calls_of(V1_UPLOAD);
+        assert!(uploads.len() >= 3 && uploads.iter().all(|u| u.status == 204));
+        fs::remove_dir_all(&layout.data).unwrap();
+        let o = c
+            .restore(&layout.restore_req("opencode-storage-toolkit-1", &[]))
+            .await
+            .unwrap();
+        assert_eq!(hit_key(&o), "opencode-storage-toolkit-1");
+        assert_eq!(layout.snapshot(), saved);
+
+        // fro-bot saves, the toolkit restores: byte-identical files.
+        layout.populate(2 * MIB + 7, 22);
+        let mut saved = layout.snapshot();
+        saved.remove("auth.json");
+        c.save(&layout.save_req("opencode-storage-fro-bot-2"))
+            .await
+            .unwrap();
+        fs::remove_dir_all(&layout.data).unwrap();
+        let out = toolkit(&server, &layout, "restore", "opencode-storage-fro-bot-2").await;
+        assert!(
+            out.contains(r#"{"hit":"opencode-storage-fro-bot-2"}"#),
+            "{out}"
+        );
+        assert_eq!(layout.snapshot(), saved);
+        no_v2_calls(&server);
+    }
 }

@@ -121,14 +121,61 @@ pub(crate) mod post {
 
     #[tokio::test]
     async fn post_finds_mains_committed_entry_or_saves_beside_an_abandoned_reservation() {
+        post_finds_or_saves_beside(false).await;
+    }
+
+    /// The same on an Enterprise Server runner, through the v1 service (whose pending
+    /// reservation is a 409 too).
+    #[tokio::test]
+    async fn on_cache_v1_post_finds_mains_committed_entry_or_saves_beside_an_abandoned_reservation()
+    {
+        post_finds_or_saves_beside(true).await;
+    }
+
+    /// A job on github.com (v2) or on an Enterprise Server runner offering only v1.
+    fn cache_job(run_id: u64, server: &CacheServer, v1: bool) -> Job {
+        let mut job = Job::new(run_id);
+        match v1 {
+            false => with_cache(&mut job, server),
+            true => {
+                for (k, v) in server.env_pairs_v1() {
+                    job.set(&k, v);
+                }
+                job.set("GITHUB_SERVER_URL", "https://ghes.example");
+            }
+        }
+        job
+    }
+
+    async fn post_finds_or_saves_beside(v1: bool) {
         use crate::support::cache_server::CREATE;
+        use crate::support::cache_server_v1::V1_RESERVE;
         let server = CacheServer::start().await;
-        let backend = crate::persistence::phases::backend(&server);
+        let reserve_op = if v1 { V1_RESERVE } else { CREATE };
         let key = "opencode-storage-octo-hello-main-Linux-4343-1-agent";
+        let backend = {
+            let job = cache_job(4343, &server, v1);
+            // The runner's cache variables only (this job's temp dir goes with it).
+            let env = fro_bot::runner::Env::from_pairs(
+                job.env
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("ACTIONS_") || *k == "GITHUB_SERVER_URL")
+                    .map(|(k, v)| (k.clone(), v.clone())),
+            );
+            fro_bot::cache::Backend::from_env(&env).unwrap()
+        };
+        let fro_bot::cache::Backend::Actions(client) = &backend else {
+            unreachable!()
+        };
+        let protocol = if v1 {
+            fro_bot::cache::Protocol::V1
+        } else {
+            fro_bot::cache::Protocol::V2
+        };
+        assert_eq!(client.protocol(), protocol);
 
         // Main committed its entry, then died before writing its state: post must not redo it.
-        let mut job = Job::new(4343);
-        with_cache(&mut job, &server);
+        let job = cache_job(4343, &server, v1);
         std::fs::create_dir_all(job.data_dir()).unwrap();
         killed_writer(&job.data_dir().join("opencode.db"), 5);
         let paths = fro_bot::phases::paths::StatePaths::new(job.data_dir());
@@ -139,7 +186,7 @@ pub(crate) mod post {
             workspace: &workspace,
         };
         backend.save(&request).await.unwrap();
-        let creates = server.calls_of(CREATE).len();
+        let creates = server.calls_of(reserve_op).len();
         let (job, r) = tokio::task::spawn_blocking(move || {
             let r = job.post_step(&state("not-persisted"));
             (job, r)
@@ -147,23 +194,26 @@ pub(crate) mod post {
         .await
         .unwrap();
         assert!(r.summary.contains("already in the cache"), "{}", r.summary);
-        assert_eq!(server.calls_of(CREATE).len(), creates, "no second save");
+        assert_eq!(server.calls_of(reserve_op).len(), creates, "no second save");
+        if v1 {
+            let r = job.step(&["inspect"], &[]);
+            assert!(
+                r.stdout.contains("cache service:   Actions cache v1"),
+                "{}",
+                r.stdout
+            );
+        }
         drop(job);
 
         // Main reserved its key and died before committing: the key is blocked, post saves
         // under its own key, which the restore prefixes still find.
-        let mut job = Job::new(4444);
-        with_cache(&mut job, &server);
+        let job = cache_job(4444, &server, v1);
         std::fs::create_dir_all(job.data_dir()).unwrap();
         killed_writer(&job.data_dir().join("opencode.db"), 5);
         let paths = fro_bot::phases::paths::StatePaths::new(job.data_dir());
         let version = fro_bot::cache::version(paths.cache_paths());
-        let fro_bot::cache::Backend::Actions(client) = &backend else {
-            unreachable!()
-        };
         client
-            .twirp
-            .create(
+            .reserve(
                 "opencode-storage-octo-hello-main-Linux-4444-1-agent",
                 &version,
             )
@@ -179,6 +229,9 @@ pub(crate) mod post {
             "{:?}",
             server.entries()
         );
+        if v1 {
+            assert!(server.calls_of(CREATE).is_empty(), "a v2 call");
+        }
     }
 
     #[test]
@@ -294,7 +347,14 @@ pub(crate) mod scenarios {
         /// A job wired to these services, the pinned OpenCode and the fake provider.
         pub fn job(&self, run_id: u64) -> Job {
             let mut job = Job::launched(run_id, self.launch.clone());
-            with_cache(&mut job, &self.cache);
+            // An Enterprise Server runner offers only the v1 cache service.
+            let cache = match self.github.server_url().as_str() {
+                "https://github.com" => self.cache.env_pairs(),
+                _ => self.cache.env_pairs_v1(),
+            };
+            for (k, v) in cache {
+                job.set(&k, v);
+            }
             job.set(
                 "OPENCODE_PATH",
                 opencode_bin().to_string_lossy().into_owned(),

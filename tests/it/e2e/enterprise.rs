@@ -1,14 +1,17 @@
 //! GitHub Enterprise Server (README "GitHub Enterprise Server and self-hosted runners"): the fake
 //! GitHub laid out as GHES at its own URL — REST only under `/api/v3`, GraphQL only at
-//! `/api/graphql`, git beside them, every other path the web UI's 404 page — and a self-hosted
-//! runner's checkout owned by uid 1000. Whole runs go through every kind of call fro-bot makes, and
-//! every link it writes names that server.
+//! `/api/graphql`, git beside them, every other path the web UI's 404 page — a self-hosted
+//! runner's checkout owned by uid 1000, and only the v1 cache service (`ACTIONS_CACHE_URL`). Whole
+//! runs go through every kind of call fro-bot makes, every link it writes names that server, and
+//! memory is kept through the v1 cache.
 
 use serde_json::json;
 
 use super::changes::{answer, bash, tool};
 use super::scenarios::{main_step, World};
 use crate::support::action::{comment_event, explain, fresh_checkout, Job, StepResult};
+use crate::support::cache_server::{CREATE, FINALIZE, LOOKUP, PUT_BLOB, PUT_BLOCK};
+use crate::support::cache_server_v1::{V1_COMMIT, V1_LOOKUP, V1_RESERVE, V1_UPLOAD};
 use crate::support::fake_github::Recorded;
 use crate::support::fake_llm::Reply;
 use fro_bot::phases::paths::StatePaths;
@@ -110,6 +113,19 @@ async fn on_enterprise_server_every_call_goes_under_the_api_prefixes_and_every_l
 
     let (job, first) = pull_request_run(&world).await;
     delivered(&first, "feature");
+    // Memory went through the v1 service: reserved, uploaded in chunks, committed.
+    assert_eq!(first.output("cache-status"), "miss", "{}", explain(&first));
+    assert_eq!(
+        first.output("cache-save-result"),
+        "durable",
+        "{}",
+        explain(&first)
+    );
+    let committed = world.cache.calls_of(V1_COMMIT);
+    assert!(
+        !committed.is_empty() && committed.iter().all(|c| c.status == 204),
+        "{committed:?}"
+    );
     let sha = first.output("commit-sha").to_string();
     assert_eq!(first.output("pr-url"), format!("{repo_url}/pull/8"));
     assert!(
@@ -135,6 +151,25 @@ async fn on_enterprise_server_every_call_goes_under_the_api_prefixes_and_every_l
 
     let second = issue_run(&world, job).await;
     delivered(&second, "fro-bot/issue-5");
+    // Past the broken newer entry, the first run's memory restored through v1.
+    assert_eq!(second.output("cache-status"), "hit", "{}", explain(&second));
+    assert_eq!(
+        second.output("cache-save-result"),
+        "durable",
+        "{}",
+        explain(&second)
+    );
+    let tenant = world.cache.v1_tenant();
+    for op in [V1_LOOKUP, V1_RESERVE, V1_UPLOAD, V1_COMMIT] {
+        let calls = world.cache.calls_of(op);
+        assert!(!calls.is_empty(), "no {op}");
+        assert!(calls
+            .iter()
+            .all(|c| c.base.as_deref() == Some(tenant.as_str())));
+    }
+    for op in [CREATE, FINALIZE, LOOKUP, PUT_BLOB, PUT_BLOCK] {
+        assert!(world.cache.calls_of(op).is_empty(), "a v2 call: {op}");
+    }
     let text = answer(&world);
     let compare = format!("[open it here]({repo_url}/compare/main...fro-bot/issue-5?expand=1)");
     assert!(text.contains(&compare), "{compare} not in:\n{text}");

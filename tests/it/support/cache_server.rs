@@ -1,7 +1,9 @@
 //! An in-process stand-in for the Actions cache service v2 (the three Twirp RPCs) and the Azure
 //! block-blob subset behind its signed URLs, written to the measured protocol
 //! (`docs/design.md#actions-cache-protocol`), with switches for every fault the client must tell
-//! apart. Blobs live on disk in a temp dir (tests go beyond 128 MiB).
+//! apart. Blobs live on disk in a temp dir (tests go beyond 128 MiB). The same server speaks the
+//! v1 service (`cache_server_v1`) over the same entries: one repository's cache, whichever
+//! protocol wrote it.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -109,26 +111,30 @@ pub struct Call {
     pub body: Option<Value>,
     pub content_length: Option<u64>,
     pub chunked: bool,
-    /// `x-ms-range` or `Range`.
+    /// `x-ms-range` or `Range`; a v1 chunk's `Content-Range`.
     pub range: Option<String>,
+    /// A v1 call's base path segment (what `ACTIONS_CACHE_URL` named).
+    pub base: Option<String>,
 }
 
 #[derive(Default)]
-struct Switches {
-    read_only: bool,
-    deny_read: bool,
+pub(super) struct Switches {
+    pub(super) read_only: bool,
+    pub(super) deny_read: bool,
     expire_urls: bool,
 }
 
 #[derive(Default)]
-struct StateInner {
-    entries: Vec<Entry>,
-    next_id: i64,
-    seq: u64,
+pub(super) struct StateInner {
+    pub(super) entries: Vec<Entry>,
+    pub(super) next_id: i64,
+    pub(super) seq: u64,
     faults: HashMap<String, VecDeque<Fault>>,
     truncations: VecDeque<Truncation>,
-    switches: Switches,
+    pub(super) switches: Switches,
     calls: Vec<Call>,
+    /// v1 chunks received per reserved entry: inclusive byte ranges.
+    pub(super) chunks: HashMap<i64, Vec<(u64, u64)>>,
     /// How many of the next calls of an op never get an answer, and those that got none so far.
     stalls: HashMap<String, usize>,
     stalled: Vec<String>,
@@ -138,19 +144,21 @@ struct StateInner {
     origin: Option<String>,
 }
 
-struct Shared {
+pub(super) struct Shared {
     inner: Mutex<StateInner>,
     dir: PathBuf,
-    token: String,
+    pub(super) token: String,
     secret: String,
     addr: SocketAddr,
+    /// The v1 service's base path segment in `ACTIONS_CACHE_URL`.
+    tenant: String,
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, StateInner> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, StateInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
-    fn blob_path(&self, blob: &str) -> PathBuf {
+    pub(super) fn blob_path(&self, blob: &str) -> PathBuf {
         self.dir.join("blobs").join(blob)
     }
     fn sign(&self, blob: &str, expiry: u64, perm: &str) -> String {
@@ -158,7 +166,7 @@ impl Shared {
             format!("{}|{blob}|{expiry}|{perm}", self.secret).as_bytes(),
         ))
     }
-    fn signed_url(&self, blob: &str, perm: &str) -> String {
+    pub(super) fn signed_url(&self, blob: &str, perm: &str) -> String {
         let now = unix_now();
         let expiry = if self.lock().switches.expire_urls {
             now - 60
@@ -175,14 +183,37 @@ impl Shared {
         let origin = self.lock().origin.clone();
         origin.unwrap_or_else(|| format!("http://{}", self.addr))
     }
-    fn log(&self, call: Call) {
+    pub(super) fn log(&self, call: Call) {
         self.lock().calls.push(call);
     }
-    fn take_fault(&self, op: &str) -> Option<Fault> {
+    pub(super) fn take_fault(&self, op: &str) -> Option<Fault> {
         self.lock().faults.get_mut(op).and_then(VecDeque::pop_front)
     }
+    /// The service's match for a lookup: for each key in order, the entry with exactly that key,
+    /// else the newest whose key it prefixes; committed entries of `version` only. Returns the
+    /// matched key and blob.
+    pub(super) fn find(&self, wanted: &[String], version: &str) -> Option<(String, String)> {
+        let st = self.lock();
+        let candidates: Vec<&Entry> = st
+            .entries
+            .iter()
+            .filter(|e| e.finalized && e.version == version)
+            .collect();
+        wanted.iter().find_map(|w| {
+            candidates
+                .iter()
+                .find(|e| &e.key == w)
+                .or_else(|| {
+                    candidates
+                        .iter()
+                        .filter(|e| e.key.starts_with(w.as_str()))
+                        .max_by_key(|e| e.seq)
+                })
+                .map(|e| (e.key.clone(), e.blob.clone()))
+        })
+    }
     /// Never answers, if this call of `op` is to stall (a transfer hung in the network).
-    async fn maybe_stall(&self, op: &str) {
+    pub(super) async fn maybe_stall(&self, op: &str) {
         {
             let mut st = self.lock();
             match st.stalls.get_mut(op) {
@@ -195,7 +226,7 @@ impl Shared {
     }
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -233,6 +264,7 @@ impl CacheServer {
             token: format!("runtime-token-{}", hex::encode(rand::random::<[u8; 8]>())),
             secret: hex::encode(rand::random::<[u8; 16]>()),
             addr,
+            tenant: format!("artifactcache-{}", hex::encode(rand::random::<[u8; 6]>())),
         });
         let app = Router::new()
             .route(
@@ -240,6 +272,7 @@ impl CacheServer {
                 axum::routing::post(twirp),
             )
             .route("/blob/{name}", axum::routing::any(blob))
+            .merge(super::cache_server_v1::routes())
             .with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -271,6 +304,22 @@ impl CacheServer {
     pub fn env_pairs(&self) -> Vec<(String, String)> {
         vec![
             ("ACTIONS_RESULTS_URL".into(), self.url()),
+            ("ACTIONS_RUNTIME_TOKEN".into(), self.token()),
+        ]
+    }
+    /// For `ACTIONS_CACHE_URL`: the v1 service under its own path segment, with a trailing slash
+    /// as runners give it.
+    pub fn v1_url(&self) -> String {
+        format!("{}/{}/", self.shared.origin(), self.shared.tenant)
+    }
+    /// The v1 base segment [`v1_url`](Self::v1_url) names (what [`Call::base`] records).
+    pub fn v1_tenant(&self) -> String {
+        self.shared.tenant.clone()
+    }
+    /// The env an Enterprise Server runner hands a container action: only the v1 service.
+    pub fn env_pairs_v1(&self) -> Vec<(String, String)> {
+        vec![
+            ("ACTIONS_CACHE_URL".into(), self.v1_url()),
             ("ACTIONS_RUNTIME_TOKEN".into(), self.token()),
         ]
     }
@@ -411,7 +460,7 @@ fn json_ok(v: Value) -> Response {
         .into_response()
 }
 
-fn fault_response(f: Fault) -> Response {
+pub(super) fn fault_response(f: Fault) -> Response {
     let mut r = (
         StatusCode::from_u16(f.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         f.body,
@@ -424,12 +473,12 @@ fn fault_response(f: Fault) -> Response {
     r
 }
 
-fn str_field(v: &Value, name: &str) -> Option<String> {
+pub(super) fn str_field(v: &Value, name: &str) -> Option<String> {
     v.get(name).and_then(Value::as_str).map(str::to_string)
 }
 
 /// proto3 JSON int64: a string, or (leniently) a number.
-fn int_field(v: &Value, name: &str) -> Option<u64> {
+pub(super) fn int_field(v: &Value, name: &str) -> Option<u64> {
     match v.get(name)? {
         Value::String(s) => s.parse().ok(),
         Value::Number(n) => n.as_u64(),
@@ -453,6 +502,7 @@ async fn twirp(
         content_length: None,
         chunked: false,
         range: None,
+        base: None,
     });
     response
 }
@@ -557,26 +607,7 @@ fn twirp_inner(s: &Shared, rpc: &str, headers: &HeaderMap, body: Option<&Value>)
             if let Some(Value::Array(keys)) = body.get("restore_keys") {
                 wanted.extend(keys.iter().filter_map(|k| k.as_str().map(str::to_string)));
             }
-            let found = {
-                let st = s.lock();
-                let candidates: Vec<&Entry> = st
-                    .entries
-                    .iter()
-                    .filter(|e| e.finalized && e.version == version)
-                    .collect();
-                wanted.iter().find_map(|w| {
-                    candidates
-                        .iter()
-                        .find(|e| &e.key == w)
-                        .or_else(|| {
-                            candidates
-                                .iter()
-                                .filter(|e| e.key.starts_with(w.as_str()))
-                                .max_by_key(|e| e.seq)
-                        })
-                        .map(|e| (e.key.clone(), e.blob.clone()))
-                })
-            };
+            let found = s.find(&wanted, &version);
             match found {
                 Some((matched, blob)) => json_ok(json!({"ok": true,
                     "signed_download_url": s.signed_url(&blob, "r"), "matched_key": matched})),
@@ -642,6 +673,7 @@ async fn blob(
         content_length,
         chunked,
         range,
+        base: None,
     });
     response
 }
@@ -827,7 +859,7 @@ async fn blob_inner(
     }
 }
 
-async fn save_body(body: Body, dest: &Path) -> std::io::Result<u64> {
+pub(super) async fn save_body(body: Body, dest: &Path) -> std::io::Result<u64> {
     let file = tokio::fs::File::create(dest).await?;
     let mut file = tokio::io::BufWriter::with_capacity(64 * 1024, file);
     let mut stream = body.into_data_stream();

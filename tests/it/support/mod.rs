@@ -3,6 +3,7 @@
 
 pub mod action;
 pub mod cache_server;
+pub mod cache_server_v1;
 pub mod container;
 pub mod egress;
 pub mod fake_git;
