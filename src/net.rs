@@ -7,7 +7,7 @@
 //! server) are reached by [`loopback`] clients, which never use a proxy whatever `NO_PROXY` says: a
 //! proxy elsewhere cannot reach this machine's loopback. OpenCode gets the same settings, with the
 //! loopback added to its `NO_PROXY` ([`agent_vars`]), and fro-bot's own `git` gets them too
-//! ([`git_vars`]).
+//! ([`git_vars`]), with the certificates below as a bundle of its own ([`git_trust`]).
 //!
 //! Trusted certificates: the system store, or `SSL_CERT_FILE`/`SSL_CERT_DIR` in its place (read by
 //! rustls-native-certs under both HTTP stacks), plus those in `NODE_EXTRA_CA_CERTS`, which only
@@ -178,9 +178,81 @@ pub fn agent_vars(env: &Env) -> Vec<(String, String)> {
 }
 
 /// What fro-bot's own `git` (which runs with a cleared environment) needs to reach GitHub: the
-/// proxy settings of this process.
+/// proxy settings of this process, and the certificates it trusts ([`git_trust`]).
 pub fn git_vars() -> Vec<(String, String)> {
-    proxy_settings(&Env::from_process())
+    let env = Env::from_process();
+    let mut vars = proxy_settings(&env);
+    vars.extend(git_trust(&env));
+    vars
+}
+
+/// The system's CA bundles, where Debian/Ubuntu/Alpine and Fedora/RHEL keep them.
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+];
+
+/// git's own trust settings for the same certificates fro-bot's clients trust. git reads only its
+/// TLS library's default store (GnuTLS on Debian reads neither `SSL_CERT_FILE` nor
+/// `NODE_EXTRA_CA_CERTS`), so when either is set it gets a bundle of `SSL_CERT_FILE` (else the
+/// system's) and the extra roots; `SSL_CERT_DIR` alone becomes its CA path. Nothing when none is
+/// set: git's default is the system store.
+fn git_trust(env: &Env) -> Vec<(String, String)> {
+    let file = env.get(names::SSL_CERT_FILE);
+    if file.is_none() && extra_roots().is_empty() {
+        return set_in(env, [names::SSL_CERT_DIR].iter())
+            .into_iter()
+            .map(|(_, dir)| (names::GIT_SSL_CAPATH.to_string(), dir))
+            .collect();
+    }
+    static BUNDLE: OnceLock<Option<tempfile::TempPath>> = OnceLock::new();
+    let bundle = BUNDLE.get_or_init(|| match write_git_bundle(file) {
+        Ok(path) => Some(path),
+        Err(e) => {
+            tracing::warn!("cannot write git's CA bundle ({e}): git trusts the system store only");
+            None
+        }
+    });
+    bundle
+        .iter()
+        .map(|p| {
+            let path = p.to_string_lossy().into_owned();
+            (names::GIT_SSL_CAINFO.to_string(), path)
+        })
+        .collect()
+}
+
+/// A fresh 0644 file (certificates are public) holding `file` (else the system bundle) and the
+/// extra roots. Root's, in the sticky system temp dir (not `RUNNER_TEMP`, which the agent's uid
+/// may write), so the agent cannot swap it; it stays after the process (statics are not dropped;
+/// in the action the container's `/tmp` goes with it).
+fn write_git_bundle(file: Option<&str>) -> std::io::Result<tempfile::TempPath> {
+    use std::io::Write;
+    let base = match file {
+        Some(f) => Some(std::path::PathBuf::from(f)),
+        None => SYSTEM_BUNDLES
+            .iter()
+            .map(std::path::PathBuf::from)
+            .find(|p| p.is_file()),
+    };
+    let mut out = tempfile::Builder::new()
+        .prefix("fro-bot-git-ca-")
+        .suffix(".pem")
+        .tempfile()?;
+    if let Some(base) = base {
+        let mut pem = std::fs::read(&base)?;
+        if !pem.ends_with(b"\n") {
+            pem.push(b'\n');
+        }
+        out.write_all(&pem)?;
+    }
+    for der in extra_roots() {
+        out.write_all(&pem(der))?;
+    }
+    out.flush()?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(out.path(), std::fs::Permissions::from_mode(0o644))?;
+    Ok(out.into_temp_path())
 }
 
 #[cfg(test)]

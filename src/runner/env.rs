@@ -51,6 +51,9 @@ pub const SSL_CERT_DIR: &str = "SSL_CERT_DIR";
 pub const NODE_EXTRA_CA_CERTS: &str = "NODE_EXTRA_CA_CERTS";
 /// The certificate settings OpenCode is given.
 pub const TRUST: &[&str] = &[SSL_CERT_FILE, SSL_CERT_DIR, NODE_EXTRA_CA_CERTS];
+/// git's own trust settings (`http.sslCAInfo`, `http.sslCAPath`), for fro-bot's `git`.
+pub const GIT_SSL_CAINFO: &str = "GIT_SSL_CAINFO";
+pub const GIT_SSL_CAPATH: &str = "GIT_SSL_CAPATH";
 
 // Actions runtime (cache service).
 pub const ACTIONS_RUNTIME_TOKEN: &str = "ACTIONS_RUNTIME_TOKEN";

@@ -210,8 +210,9 @@ enum Trust {
 }
 
 /// A comment-triggered run in which every service (OpenCode's page included) is HTTPS with a
-/// certificate of a private CA the job trusts as `trust` says: everything connects, answers, saves
-/// and publishes, through the proxy.
+/// certificate of a private CA the job trusts as `trust` says: everything connects, answers, saves,
+/// publishes and delivers the change, through the proxy; and a follow-up whose git fetch of the
+/// thread's branch trusts the CA too.
 async fn a_run_over_https_with_a_private_ca(trust: Trust) {
     let ca = TestCa::new();
     let world = World::start().await;
@@ -226,6 +227,8 @@ async fn a_run_over_https_with_a_private_ca(trust: Trust) {
     let prefix = crate::support::s3::unique_prefix("private-ca");
     let mut job = job_behind(&world, &mut reach, 3200, &prefix).await;
     job.set("https_proxy", proxy.url());
+    job.owned_by_runner_user(RUNNER_UID);
+    world.github.seed_git_repo(&job.workspace());
     let pem = ca.pem().to_string_lossy().into_owned();
     match trust {
         Trust::NodeExtraCaCerts => drop(job.set("NODE_EXTRA_CA_CERTS", pem)),
@@ -236,14 +239,19 @@ async fn a_run_over_https_with_a_private_ca(trust: Trust) {
         "webfetch",
         json!({"url": page, "format": "text"}),
     ));
+    world.llm.push(Reply::tool(
+        "bash",
+        json!({"command": "printf 'page\\n' >> README.md", "description": "note it"}),
+    ));
     world.llm.push(Reply::text("The page says hello."));
     job.event(
         "issue_comment",
         &comment_event(5, 501, "@fro-bot what does the page say?"),
     );
-    let (_job, r) = main_step(job).await;
+    let (mut job, r) = main_step(job).await;
 
     assert_eq!(r.code, 0, "{}\n{:?}", explain(&r), proxy.summary());
+    assert_eq!(r.output("changes"), "delivered", "{}", explain(&r));
     let comments = world.github.created_comments();
     assert!(
         comments
@@ -281,6 +289,30 @@ async fn a_run_over_https_with_a_private_ca(trust: Trust) {
         proxy.elsewhere(),
         [],
         "loopback traffic never goes to the proxy"
+    );
+
+    // A follow-up: fro-bot's own git fetches the thread's branch over HTTPS, trusting the CA as
+    // fro-bot's clients do (git on its own reads only the system store).
+    job.next_run(3201);
+    fresh_checkout(&job.workspace(), "hello\n");
+    chown_r(&job.workspace(), RUNNER_UID);
+    world.llm.push(Reply::text("Still hello."));
+    job.event("issue_comment", &comment_event(5, 502, "@fro-bot again"));
+    let (_job, second) = main_step(job).await;
+    assert_eq!(second.code, 0, "{}", explain(&second));
+    assert!(
+        !second.stdout.contains("cannot check out"),
+        "{}",
+        explain(&second)
+    );
+    assert!(
+        world
+            .github
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("/git-upload-pack")),
+        "git fetched the branch: {}",
+        explain(&second)
     );
 }
 
