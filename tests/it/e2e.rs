@@ -8,6 +8,9 @@ use crate::support::cache_server::CacheServer;
 
 mod hostile;
 
+/// The enterprise-network runs, listed with the scenarios below.
+pub(crate) use crate::network;
+
 fn with_cache(job: &mut Job, server: &CacheServer) {
     for (k, v) in server.env_pairs() {
         job.set(&k, v);
@@ -39,6 +42,7 @@ macro_rules! launched_scenarios {
             leftovers::after_a_sigkill_mid_turn_post_gives_back_what_main_took,
             leftovers::the_agent_cannot_read_or_rewrite_another_threads_memory,
             leftovers::opencodes_tools_never_reach_memory_or_env_files_and_never_wait_for_an_answer,
+            network::a_private_ca_in_node_extra_ca_certs_is_trusted_by_fro_bot_and_opencode,
         );
     };
     ($launch:expr; $($module:ident :: $name:ident),* $(,)?) => {$(

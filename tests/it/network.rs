@@ -8,7 +8,7 @@
 use serde_json::{json, Value};
 
 use crate::e2e::scenarios::{main_step, with_s3, World};
-use crate::support::action::{chown_r, comment_event, explain, fresh_checkout, Job};
+use crate::support::action::{chown_r, comment_event, explain, fresh_checkout, Job, Launch};
 use crate::support::egress::{named, EgressProxy};
 use crate::support::fake_llm::{request_text, Reply};
 use crate::support::tls::{TestCa, TlsFront};
@@ -213,9 +213,9 @@ enum Trust {
 /// certificate of a private CA the job trusts as `trust` says: everything connects, answers, saves,
 /// publishes and delivers the change, through the proxy; and a follow-up whose git fetch of the
 /// thread's branch trusts the CA too.
-async fn a_run_over_https_with_a_private_ca(trust: Trust) {
+async fn a_run_over_https_with_a_private_ca(trust: Trust, launch: Launch) {
     let ca = TestCa::new();
-    let world = World::start().await;
+    let world = World::start_with(launch).await;
     let proxy = EgressProxy::start().await;
     let mut reach = Reach::https(&ca);
     let page = reach
@@ -229,12 +229,7 @@ async fn a_run_over_https_with_a_private_ca(trust: Trust) {
     job.set("https_proxy", proxy.url());
     job.owned_by_runner_user(RUNNER_UID);
     world.github.seed_git_repo(&job.workspace());
-    let pem = ca.pem().to_string_lossy().into_owned();
-    match trust {
-        Trust::NodeExtraCaCerts => drop(job.set("NODE_EXTRA_CA_CERTS", pem)),
-        Trust::SslCertFile => drop(job.set("SSL_CERT_FILE", pem)),
-        Trust::SystemStore => drop(job.system_trust_store(ca.system_bundle())),
-    }
+    trust_ca(&mut job, &ca, &trust);
     world.llm.push(Reply::tool(
         "webfetch",
         json!({"url": page, "format": "text"}),
@@ -294,6 +289,7 @@ async fn a_run_over_https_with_a_private_ca(trust: Trust) {
     // A follow-up: fro-bot's own git fetches the thread's branch over HTTPS, trusting the CA as
     // fro-bot's clients do (git on its own reads only the system store).
     job.next_run(3201);
+    trust_ca(&mut job, &ca, &trust);
     fresh_checkout(&job.workspace(), "hello\n");
     chown_r(&job.workspace(), RUNNER_UID);
     world.llm.push(Reply::text("Still hello."));
@@ -316,17 +312,37 @@ async fn a_run_over_https_with_a_private_ca(trust: Trust) {
     );
 }
 
-#[tokio::test]
-async fn a_private_ca_in_node_extra_ca_certs_is_trusted_by_fro_bot_and_opencode() {
-    a_run_over_https_with_a_private_ca(Trust::NodeExtraCaCerts).await;
+/// The job trusts `ca` as `trust` says. A certificate file is put where the runner puts what a
+/// workflow writes for later steps, `RUNNER_TEMP` (emptied by `Job::next_run`), and named as the
+/// step sees it (`/github/runner_temp/…` in the container, where the host's store is not visible).
+fn trust_ca(job: &mut Job, ca: &TestCa, trust: &Trust) {
+    let name = match trust {
+        Trust::NodeExtraCaCerts => "NODE_EXTRA_CA_CERTS",
+        Trust::SslCertFile => "SSL_CERT_FILE",
+        Trust::SystemStore => {
+            job.system_trust_store(ca.system_bundle());
+            return;
+        }
+    };
+    let file = job.root.path().join("runner_temp/private-ca.pem");
+    std::fs::copy(ca.pem(), &file).unwrap();
+    let seen = job.step_path(&file).to_string_lossy().into_owned();
+    job.set(name, seen);
+}
+
+/// Also from the action's image (`container::`), as a self-hosted runner behind a private CA runs it.
+pub(crate) async fn a_private_ca_in_node_extra_ca_certs_is_trusted_by_fro_bot_and_opencode(
+    launch: Launch,
+) {
+    a_run_over_https_with_a_private_ca(Trust::NodeExtraCaCerts, launch).await;
 }
 
 #[tokio::test]
 async fn a_private_ca_as_ssl_cert_file_is_trusted_by_fro_bot_and_opencode() {
-    a_run_over_https_with_a_private_ca(Trust::SslCertFile).await;
+    a_run_over_https_with_a_private_ca(Trust::SslCertFile, Launch::Binary).await;
 }
 
 #[tokio::test]
 async fn a_private_ca_in_the_system_trust_store_is_trusted_by_fro_bot_and_opencode() {
-    a_run_over_https_with_a_private_ca(Trust::SystemStore).await;
+    a_run_over_https_with_a_private_ca(Trust::SystemStore, Launch::Binary).await;
 }
