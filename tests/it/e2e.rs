@@ -43,6 +43,7 @@ macro_rules! launched_scenarios {
             leftovers::the_agent_cannot_read_or_rewrite_another_threads_memory,
             leftovers::opencodes_tools_never_reach_memory_or_env_files_and_never_wait_for_an_answer,
             network::a_private_ca_in_node_extra_ca_certs_is_trusted_by_fro_bot_and_opencode,
+            enterprise::on_enterprise_server_every_call_goes_under_the_api_prefixes_and_every_link_to_the_server,
         );
     };
     ($launch:expr; $($module:ident :: $name:ident),* $(,)?) => {$(
@@ -332,8 +333,8 @@ pub(crate) mod scenarios {
         }
 
         /// The services, GitHub laid out as GitHub Enterprise Server at the fake's own URL.
-        pub async fn start_enterprise() -> Self {
-            Self::around(FakeGitHub::start_enterprise().await, Launch::Binary).await
+        pub async fn start_enterprise(launch: Launch) -> Self {
+            Self::around(FakeGitHub::start_enterprise().await, launch).await
         }
 
         async fn around(github: FakeGitHub, launch: Launch) -> Self {
@@ -1752,7 +1753,7 @@ mod trust;
 
 pub(crate) mod changes;
 
-mod enterprise;
+pub(crate) mod enterprise;
 
 mod cancel;
 pub(crate) mod leftovers;

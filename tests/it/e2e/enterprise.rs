@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::changes::{answer, bash, tool};
 use super::scenarios::{main_step, World};
-use crate::support::action::{comment_event, explain, fresh_checkout, Job, StepResult};
+use crate::support::action::{comment_event, explain, fresh_checkout, Job, Launch, StepResult};
 use crate::support::cache_server::{CREATE, FINALIZE, LOOKUP, PUT_BLOB, PUT_BLOCK};
 use crate::support::cache_server_v1::{V1_COMMIT, V1_LOOKUP, V1_RESERVE, V1_UPLOAD};
 use crate::support::fake_github::Recorded;
@@ -69,7 +69,8 @@ async fn issue_run(world: &World, mut job: Job) -> StepResult {
     job.next_run(4101);
     fresh_checkout(&job.workspace(), "hello\n");
     crate::support::action::chown_r(&job.workspace(), RUNNER_UID);
-    let version = fro_bot::cache::version(StatePaths::new(job.data_dir()).cache_paths());
+    let version =
+        fro_bot::cache::version(StatePaths::new(job.step_path(&job.data_dir())).cache_paths());
     let garbage = job.home().join("garbage.tzst");
     std::fs::write(&garbage, b"\x28\xb5\x2f\xfd not really zstd").unwrap();
     let broken = "opencode-storage-octo-hello-main-Linux-4199-1-agent";
@@ -103,10 +104,11 @@ async fn issue_run(world: &World, mut job: Job) -> StepResult {
     r
 }
 
-#[tokio::test]
-async fn on_enterprise_server_every_call_goes_under_the_api_prefixes_and_every_link_to_the_server()
-{
-    let world = World::start_enterprise().await;
+/// Also from the action's image (`container::`).
+pub(crate) async fn on_enterprise_server_every_call_goes_under_the_api_prefixes_and_every_link_to_the_server(
+    launch: Launch,
+) {
+    let world = World::start_enterprise(launch).await;
     let server = world.github.server_url();
     assert!(!server.contains("github.com"), "{server}");
     let repo_url = format!("{server}/octo/hello");

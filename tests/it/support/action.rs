@@ -343,7 +343,8 @@ impl Job {
                 (c, None)
             }
             Launch::Container { image } => {
-                let (c, name) = container::command(image, self.root.path(), args, &env);
+                let (c, name) =
+                    container::command(image, self.root.path(), args, &env, self.runner_uid);
                 (c, Some(name))
             }
         };

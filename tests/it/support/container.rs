@@ -147,6 +147,7 @@ pub fn command(
     root: &Path,
     args: &[&str],
     env: &BTreeMap<String, String>,
+    runner_uid: Option<u32>,
 ) -> (Command, Container) {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let name = format!(
@@ -154,7 +155,10 @@ pub fn command(
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     );
-    own_like_a_runner(root);
+    own_like_a_runner(
+        root,
+        runner_uid.map_or(RUNNER_USER.to_string(), |u| format!("{u}:{u}")),
+    );
     let (entrypoint, rest): (&str, &[&str]) = match args {
         ["run"] => ("/usr/local/bin/fro-bot-run", &[]),
         ["post"] => ("/usr/local/bin/fro-bot-post", &[]),
@@ -187,18 +191,18 @@ pub fn command(
     )
 }
 
-/// On a hosted runner the checkout and the runner's directories belong to the `runner` user;
-/// the container runs as root.
-fn own_like_a_runner(root: &Path) {
+/// On a runner the checkout and the runner's directories belong to the runner's user (`owner`,
+/// `uid:gid`; `runner` on a hosted runner); the container runs as root.
+fn own_like_a_runner(root: &Path, owner: String) {
     let status = Command::new("chown")
-        .args(["-R", RUNNER_USER])
+        .args(["-R", &owner])
         .arg(root.join("workspace"))
         .status()
         .expect("chown runs");
     assert!(status.success(), "chown the workspace");
     for (dir, _) in MOUNTS {
         let status = Command::new("chown")
-            .arg(RUNNER_USER)
+            .arg(&owner)
             .arg(root.join(dir))
             .status()
             .expect("chown runs");
