@@ -50,9 +50,33 @@ pub fn server_url(env: &Env) -> String {
         .to_string()
 }
 
+/// The domain of the server's no-reply addresses (`login@users.noreply.HOST`), which credit a
+/// person in a commit trailer without their own address: `users.noreply.github.com` on github.com,
+/// the instance's host on Enterprise Server.
+pub fn noreply_domain(server_url: &str) -> String {
+    let host = url::Url::parse(server_url)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_string))
+        .unwrap_or_else(|| "github.com".to_string());
+    format!("users.noreply.{host}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_reply_addresses_are_the_servers_own() {
+        assert_eq!(
+            noreply_domain("https://github.com"),
+            "users.noreply.github.com"
+        );
+        assert_eq!(
+            noreply_domain("https://ghes.example.com/"),
+            "users.noreply.ghes.example.com"
+        );
+        assert_eq!(noreply_domain("not a url"), "users.noreply.github.com");
+    }
 
     #[test]
     fn graphql_sits_beside_the_rest_base_unless_the_runner_names_it() {

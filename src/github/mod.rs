@@ -17,7 +17,7 @@ pub mod route;
 pub mod tracking;
 
 pub use api::{ApiError, GitHub, Reaction};
-pub use endpoints::{server_url, Endpoints};
+pub use endpoints::{noreply_domain, server_url, Endpoints};
 pub use event::Event;
 pub use keys::{CacheKeys, LogicalKey};
 pub use route::{route, Route, RouteSettings, RunPlan, SkipReason};

@@ -299,6 +299,7 @@ async fn commit_and_open(
         headline: title.to_string(),
         body: body.to_string(),
         requester: ctx.plan.author.clone(),
+        noreply_domain: crate::github::noreply_domain(&crate::github::server_url(&ctx.env)),
         run_url: run_url_without_attempt(&run_url),
     };
     let committed = match commit::commit(gh, target, &capture.change, &message).await {

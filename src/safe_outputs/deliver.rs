@@ -14,6 +14,8 @@ pub struct Message {
     pub body: String,
     /// `Co-authored-by:` the requester, when known.
     pub requester: Option<String>,
+    /// Where the requester's no-reply address is (`github::noreply_domain`).
+    pub noreply_domain: String,
     /// `Fro-Bot-Run:` — also how a re-run recognizes its own commit.
     pub run_url: String,
 }
@@ -26,7 +28,8 @@ impl Message {
         }
         if let Some(login) = &self.requester {
             body.push_str(&format!(
-                "Co-authored-by: {login} <{login}@users.noreply.github.com>\n"
+                "Co-authored-by: {login} <{login}@{}>\n",
+                self.noreply_domain
             ));
         }
         body.push_str(&format!("{RUN_TRAILER} {}", self.run_url));

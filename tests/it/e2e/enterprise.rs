@@ -130,6 +130,17 @@ pub(crate) async fn on_enterprise_server_every_call_goes_under_the_api_prefixes_
     );
     let sha = first.output("commit-sha").to_string();
     assert_eq!(first.output("pr-url"), format!("{repo_url}/pull/8"));
+    // The requester is credited at the instance's own no-reply domain.
+    let host = url::Url::parse(&server)
+        .unwrap()
+        .host_str()
+        .unwrap()
+        .to_string();
+    let message = world.github.commit_message(&sha);
+    assert!(
+        message.contains(&format!("Co-authored-by: mona <mona@users.noreply.{host}>")),
+        "{message}"
+    );
     assert!(
         first
             .output("comment-url")
