@@ -273,6 +273,7 @@ mod tests {
                     values: 2,
                     credential_rows: 1,
                     vacuumed: false,
+                    trees_of: None,
                 },
             )),
             store_publish: StorePublish::Published,
