@@ -324,7 +324,7 @@ impl RestoredCopy {
 /// Where the memory on disk comes from, as far as the save's scrub cares
 /// (docs/security.md#scrubbed-memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Provenance {
+pub enum Provenance {
     /// Nothing restored, or memory no marker vouches for: the save scrubs the whole database.
     Unknown,
     /// Restored memory whose marker names it and records that fro-bot scrubbed it whole
@@ -339,7 +339,7 @@ impl Provenance {
     /// The restored database's provenance: `Scrubbed` only when the marker beside it names this
     /// very database (its SHA-256, taken after the restore's checks: a sanitizer that had to
     /// change something makes it `Unknown`) and says it was scrubbed whole.
-    pub(crate) fn of_restored(paths: &StatePaths, copy: Option<&RestoredCopy>) -> Self {
+    pub fn of_restored(paths: &StatePaths, copy: Option<&RestoredCopy>) -> Self {
         let Some(copy) = copy else {
             return Provenance::Unknown;
         };
