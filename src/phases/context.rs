@@ -304,6 +304,9 @@ impl RestoredCopy {
             RestoreSource::Storage => None,
             RestoreSource::None => return None,
         };
+        if let Some(sha256) = report.restored_sha256 {
+            return Some(Self { sha256, cache_key });
+        }
         match sha256_file(&paths.db()) {
             Ok(sha256) => Some(Self { sha256, cache_key }),
             Err(e) => {
@@ -337,8 +340,8 @@ pub enum Provenance {
 
 impl Provenance {
     /// The restored database's provenance: `Scrubbed` only when the marker beside it names this
-    /// very database (its SHA-256, taken after the restore's checks: a sanitizer that had to
-    /// change something makes it `Unknown`) and says it was scrubbed whole.
+    /// very database (its SHA-256 as it came out of the entry, `RestoreReport::restored_sha256`;
+    /// the sanitizer only ever removes) and says it was scrubbed whole.
     pub fn of_restored(paths: &StatePaths, copy: Option<&RestoredCopy>) -> Self {
         let Some(copy) = copy else {
             return Provenance::Unknown;
