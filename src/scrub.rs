@@ -1,10 +1,16 @@
 //! Scrubbed memory (docs/security.md): before the session database is checkpointed and saved,
-//! every registered secret and token shape is replaced in every text and blob value of every table
-//! (schema-driven, so OpenCode's message and part JSON and any table a later version adds are
-//! covered), and the tables that hold credentials are emptied. One transaction, on the live
-//! WAL-mode database, after OpenCode stopped. Old copies in free pages are wiped by a `VACUUM`
-//! when the file still holds any.
+//! every registered secret and token shape is replaced in every text and blob value of the rows
+//! the scrub reads (schema-driven, so OpenCode's message and part JSON and any table a later
+//! version adds are covered), and the tables that hold credentials are emptied. One transaction,
+//! on the live WAL-mode database, after OpenCode stopped, with `secure_delete` on so what it
+//! overwrites is zeroed.
+//!
+//! What it reads is the [`Scope`]: memory fro-bot scrubbed when it saved it needs only the rows
+//! the run wrote since ([`Scope::Changed`]); memory of unknown provenance is read whole
+//! ([`Scope::Whole`]), and only then are old copies in free space wiped, by a `VACUUM` when the
+//! file still holds any.
 
+use std::collections::BTreeSet;
 use std::io::Read as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,6 +19,27 @@ use std::sync::Arc;
 use rusqlite::functions::FunctionFlags;
 use rusqlite::types::{Value, ValueRef};
 use rusqlite::{Connection, OpenFlags};
+use serde::{Deserialize, Serialize};
+
+/// What the save's scrub reads (docs/security.md#scrubbed-memory).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "scope", rename_all = "kebab-case")]
+pub enum Scope {
+    /// Every row of every table, and free space: memory of unknown provenance (nothing restored,
+    /// no marker naming it, a marker from before scrubbed memory was recorded) or a database the
+    /// run did not rebuild from its restored copy.
+    Whole,
+    /// The rows of the session trees holding these sessions (children included), and every row of
+    /// OpenCode's other tables (small: projects, permissions, accounts). For a database rebuilt
+    /// from a restored copy fro-bot had scrubbed, with only this run's trees written into it
+    /// (`phases::memory_guard`): nothing else can hold a secret, in a row or in free space.
+    Changed { sessions: BTreeSet<String> },
+}
+
+/// What the marker records when every row and the free space of the saved database were
+/// scrubbed, this version of the redaction rules; another number (or none) means unknown
+/// provenance to the next restore.
+pub const SCRUB_VERSION: u32 = 1;
 
 /// Tables whose rows are credentials (OpenCode's accounts, stored integration credentials, share
 /// secrets) or point at them: emptied, not scrubbed.
@@ -61,6 +88,8 @@ pub struct ScrubReport {
     pub credential_rows: usize,
     /// Whether stale copies in free pages made a `VACUUM` necessary.
     pub vacuumed: bool,
+    /// Session trees read (`None`: the whole database was).
+    pub trees_of: Option<usize>,
 }
 
 impl ScrubOutcome {
@@ -72,6 +101,12 @@ impl ScrubOutcome {
                     "{} secret(s) replaced in {} value(s), {} credential row(s) removed",
                     r.replacements, r.values, r.credential_rows
                 );
+                if let Some(n) = r.trees_of {
+                    // Memory fro-bot saved was scrubbed then: only what this run wrote was read.
+                    s.push_str(&format!(
+                        " (read: the {n} session(s) of this run's trees and OpenCode's other tables)"
+                    ));
+                }
                 if r.vacuumed {
                     s.push_str("; free pages wiped");
                 }
@@ -89,7 +124,7 @@ impl ScrubOutcome {
 }
 
 /// Scrubs `db` (see the module docs). Run only when nothing else has the database open.
-pub fn scrub(db: &Path) -> Result<ScrubOutcome, ScrubError> {
+pub fn scrub(db: &Path, scope: &Scope) -> Result<ScrubOutcome, ScrubError> {
     match std::fs::metadata(db) {
         Ok(m) if m.len() > 0 => {}
         Ok(_) => return Ok(ScrubOutcome::NoDatabase),
@@ -101,10 +136,6 @@ pub fn scrub(db: &Path) -> Result<ScrubOutcome, ScrubError> {
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|source| ScrubError::Open { source })?;
-    let sql = |what: &str| {
-        let what = what.to_string();
-        move |source| ScrubError::Sql { what, source }
-    };
     conn.busy_timeout(std::time::Duration::from_secs(5))
         .map_err(sql("the busy timeout"))?;
     // Overwritten and deleted content is zeroed, not left in free space.
@@ -113,34 +144,22 @@ pub fn scrub(db: &Path) -> Result<ScrubOutcome, ScrubError> {
     let counter = Arc::new(AtomicUsize::new(0));
     register_functions(&conn, counter.clone()).map_err(sql("function registration"))?;
 
-    let mut report = ScrubReport::default();
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .map_err(sql("a transaction"))?;
-    for table in tables(&tx).map_err(sql("the schema"))? {
-        let quoted = quote(&table);
-        if CREDENTIAL_TABLES.contains(&table.as_str()) {
-            report.credential_rows += tx
-                .execute(&format!("DELETE FROM {quoted}"), [])
-                .map_err(sql(&format!("table {table}")))?;
-            continue;
-        }
-        for column in columns(&tx, &table).map_err(sql(&format!("table {table}")))? {
-            let col = quote(&column);
-            report.values += tx
-                .execute(
-                    &format!(
-                        "UPDATE {quoted} SET {col} = fro_bot_redact({col}) \
-                         WHERE typeof({col}) IN ('text', 'blob') AND fro_bot_has_secret({col})"
-                    ),
-                    [],
-                )
-                .map_err(sql(&format!("{table}.{column}")))?;
-        }
-    }
+    let trees = match scope {
+        Scope::Whole => None,
+        Scope::Changed { sessions } => changed_trees(&tx, sessions)?,
+    };
+    let mut report = scrub_rows(&tx, trees.as_ref())?;
     tx.commit().map_err(sql("the commit"))?;
     report.replacements = counter.load(Ordering::Relaxed);
-
+    report.trees_of = trees.as_ref().map(|t| t.sessions);
+    if trees.is_some() {
+        // A database rebuilt from scrubbed memory plus scrubbed rows: no free space of it ever
+        // held a secret, and what this scrub overwrote was zeroed (`secure_delete`).
+        return Ok(ScrubOutcome::Scrubbed(report));
+    }
     // Rows OpenCode rewrote or deleted before (a streamed part is updated many times) may have
     // left copies in free pages, which no column shows: a file that still holds any is rebuilt.
     if file_holds_secrets(db)? || file_holds_secrets(&wal_of(db))? {
@@ -148,6 +167,85 @@ pub fn scrub(db: &Path) -> Result<ScrubOutcome, ScrubError> {
         report.vacuumed = true;
     }
     Ok(ScrubOutcome::Scrubbed(report))
+}
+
+fn sql(what: &str) -> impl FnOnce(rusqlite::Error) -> ScrubError {
+    let what = what.to_string();
+    move |source| ScrubError::Sql { what, source }
+}
+
+/// The session trees a [`Scope::Changed`] scrub reads, listed in `temp.fro_bot_scrub_ids`.
+struct Trees {
+    rows: crate::merge::TreeRows,
+    /// Sessions in those trees.
+    sessions: usize,
+}
+
+/// Lists the trees holding `sessions` (`None`: the schema is not one the merge can read, so the
+/// whole database is scrubbed instead).
+fn changed_trees(
+    conn: &Connection,
+    sessions: &BTreeSet<String>,
+) -> Result<Option<Trees>, ScrubError> {
+    let rows = match crate::merge::TreeRows::read(conn) {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::debug!("session trees unknown ({e}): scrubbing the whole database");
+            return Ok(None);
+        }
+    };
+    conn.execute_batch(
+        "CREATE TEMP TABLE fro_bot_scrub_seeds(id PRIMARY KEY);
+         CREATE TEMP TABLE fro_bot_scrub_ids(id PRIMARY KEY);",
+    )
+    .map_err(sql("the session list"))?;
+    {
+        let mut insert = conn
+            .prepare("INSERT OR IGNORE INTO temp.fro_bot_scrub_seeds VALUES (?1)")
+            .map_err(sql("the session list"))?;
+        for id in sessions {
+            insert.execute([id]).map_err(sql("the session list"))?;
+        }
+    }
+    let n = conn
+        .execute(
+            &rows.expand_trees_sql("fro_bot_scrub_seeds", "fro_bot_scrub_ids"),
+            [],
+        )
+        .map_err(sql("the session trees"))?;
+    Ok(Some(Trees { rows, sessions: n }))
+}
+
+/// Empties the credential tables and redacts every text and blob value of the rows in scope.
+fn scrub_rows(conn: &Connection, trees: Option<&Trees>) -> Result<ScrubReport, ScrubError> {
+    let mut report = ScrubReport::default();
+    for table in tables(conn).map_err(sql("the schema"))? {
+        let quoted = quote(&table);
+        if CREDENTIAL_TABLES.contains(&table.as_str()) {
+            report.credential_rows += conn
+                .execute(&format!("DELETE FROM {quoted}"), [])
+                .map_err(sql(&format!("table {table}")))?;
+            continue;
+        }
+        // Rows of the trees in scope; every row of a table not tied to sessions.
+        let rows = trees
+            .and_then(|t| t.rows.predicate(&table, "fro_bot_scrub_ids"))
+            .unwrap_or_else(|| "1".to_string());
+        for column in columns(conn, &table).map_err(sql(&format!("table {table}")))? {
+            let col = quote(&column);
+            report.values += conn
+                .execute(
+                    &format!(
+                        "UPDATE {quoted} SET {col} = fro_bot_redact({col}) \
+                         WHERE ({rows}) AND typeof({col}) IN ('text', 'blob') \
+                         AND fro_bot_has_secret({col})"
+                    ),
+                    [],
+                )
+                .map_err(sql(&format!("{table}.{column}")))?;
+        }
+    }
+    Ok(report)
 }
 
 fn register_functions(conn: &Connection, counter: Arc<AtomicUsize>) -> rusqlite::Result<()> {
@@ -305,7 +403,7 @@ mod tests {
         let secret = "scrub-test-secret-4711";
         crate::redact::register(secret);
         let db = db_with(dir.path(), secret);
-        let ScrubOutcome::Scrubbed(report) = scrub(&db).unwrap() else {
+        let ScrubOutcome::Scrubbed(report) = scrub(&db, &Scope::Whole).unwrap() else {
             panic!("database exists")
         };
         assert_eq!(report.replacements, 3, "{report:?}");
@@ -344,14 +442,132 @@ mod tests {
         assert!(memchr::memmem::find(&bytes, b"share-secret").is_none());
         assert!(memchr::memmem::find(&bytes, b"oauth-access").is_none());
         // A second pass finds nothing more.
-        assert_eq!(scrub(&db).unwrap().replacements(), 0);
+        assert_eq!(scrub(&db, &Scope::Whole).unwrap().replacements(), 0);
+    }
+
+    /// OpenCode's real schema: `ses_old` (restored, not this run's), `ses_new` and its subagent's
+    /// `ses_child`, each with a part holding `secret`, and a project whose commands hold it.
+    fn opencode_db(dir: &Path, secret: &str) -> std::path::PathBuf {
+        let db = dir.join("opencode.db");
+        let c = Connection::open(&db).unwrap();
+        c.execute_batch(include_str!(
+            "../tests/it/fixtures/opencode-1.18.33-schema.sql"
+        ))
+        .unwrap();
+        c.execute_batch("PRAGMA journal_mode=WAL;").unwrap();
+        let h = "a".repeat(40);
+        c.execute(
+            "INSERT INTO project (id, worktree, time_created, time_updated, sandboxes, commands) \
+             VALUES (?1, '/ws', 1, 1, '[]', ?2)",
+            [h.clone(), format!("{{\"start\":\"{secret}\"}}")],
+        )
+        .unwrap();
+        for (id, parent) in [
+            ("ses_old", None),
+            ("ses_new", None),
+            ("ses_child", Some("ses_new")),
+        ] {
+            c.execute(
+                "INSERT INTO session (id, project_id, parent_id, slug, directory, title, version, \
+                 time_created, time_updated) VALUES (?1, ?2, ?3, 's', '/ws', 't', '1', 1, 1)",
+                rusqlite::params![id, h, parent],
+            )
+            .unwrap();
+            c.execute(
+                "INSERT INTO message (id, session_id, time_created, time_updated, data) \
+                 VALUES (?1, ?2, 1, 1, '{}')",
+                [format!("msg_{id}"), id.to_string()],
+            )
+            .unwrap();
+            let data = serde_json::json!({"type": "text", "text": format!("{id} says {secret}")});
+            c.execute(
+                "INSERT INTO part (id, message_id, session_id, time_created, time_updated, data) \
+                 VALUES (?1, ?2, ?3, 1, 1, ?4)",
+                [
+                    format!("prt_{id}"),
+                    format!("msg_{id}"),
+                    id.to_string(),
+                    data.to_string(),
+                ],
+            )
+            .unwrap();
+        }
+        db
+    }
+
+    fn part_of(db: &Path, session: &str) -> String {
+        Connection::open(db)
+            .unwrap()
+            .query_row(
+                "SELECT data FROM part WHERE session_id = ?1",
+                [session],
+                |r| r.get(0),
+            )
+            .unwrap()
+    }
+
+    #[test]
+    fn a_changed_scope_reads_this_runs_trees_with_their_children_and_the_other_tables() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = "scrub-scope-secret-5150";
+        crate::redact::register(secret);
+        let db = opencode_db(dir.path(), secret);
+        let scope = Scope::Changed {
+            sessions: BTreeSet::from(["ses_new".to_string()]),
+        };
+        let ScrubOutcome::Scrubbed(report) = scrub(&db, &scope).unwrap() else {
+            panic!("database exists")
+        };
+        assert_eq!(
+            report.trees_of,
+            Some(2),
+            "ses_new and its subagent's session"
+        );
+        assert!(!report.vacuumed, "a changed scope never rebuilds the file");
+        assert!(part_of(&db, "ses_new").contains("says ***"));
+        assert!(
+            part_of(&db, "ses_child").contains("says ***"),
+            "a child is in the tree"
+        );
+        // Memory fro-bot saved was scrubbed then: not read again.
+        assert!(part_of(&db, "ses_old").contains(secret));
+        let commands: String = Connection::open(&db)
+            .unwrap()
+            .query_row("SELECT commands FROM project", [], |r| r.get(0))
+            .unwrap();
+        assert!(
+            !commands.contains(secret),
+            "OpenCode's other tables are read whole"
+        );
+        assert_eq!(report.replacements, 3);
+        // The whole scope reads the rest.
+        assert_eq!(scrub(&db, &Scope::Whole).unwrap().replacements(), 1);
+        assert!(!part_of(&db, "ses_old").contains(secret));
+    }
+
+    #[test]
+    fn a_changed_scope_on_a_database_the_merge_cannot_read_is_a_whole_scrub() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = "scrub-test-secret-4711";
+        crate::redact::register(secret);
+        // No `session` table: which rows are whose is unknown.
+        let db = db_with(dir.path(), secret);
+        let scope = Scope::Changed {
+            sessions: BTreeSet::new(),
+        };
+        let ScrubOutcome::Scrubbed(report) = scrub(&db, &scope).unwrap() else {
+            panic!("database exists")
+        };
+        assert_eq!(report.trees_of, None);
+        assert_eq!(report.replacements, 3);
+        assert!(report.vacuumed);
     }
 
     #[test]
     fn a_missing_database_is_nothing_to_scrub() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(
-            scrub(&dir.path().join("opencode.db")).unwrap(),
+            scrub(&dir.path().join("opencode.db"), &Scope::Whole).unwrap(),
             ScrubOutcome::NoDatabase
         );
     }

@@ -140,6 +140,11 @@ impl Graph {
         self.tied.iter()
     }
 
+    /// Whether `table`'s rows move with a session.
+    pub fn is_tied(&self, table: &str) -> bool {
+        self.tied.contains_key(table)
+    }
+
     /// Tied tables, parents first.
     pub fn tied_order(&self) -> &[String] {
         &self.tied_order

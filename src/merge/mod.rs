@@ -300,6 +300,60 @@ pub fn merge_only(
     })
 }
 
+/// Which rows of a database belong to which session trees, read from the schema it declares
+/// (the scrub of what a run wrote reads only those of its trees: `scrub::Scope::Changed`).
+pub struct TreeRows {
+    graph: graph::Graph,
+    key: String,
+    parent: Option<String>,
+}
+
+impl TreeRows {
+    /// Reads the schema of `conn`'s main database: refused as the merge refuses it (not OpenCode's
+    /// session schema, or a trigger, view or virtual table).
+    pub fn read(conn: &Connection) -> Result<TreeRows, MergeError> {
+        let schema = schema::Schema::read(conn, Role::Ours)?;
+        let graph = graph::Graph::new(&schema);
+        let key = schema.session().single_key().unwrap_or("id").to_string();
+        let parent = graph.parent_column().map(str::to_string);
+        Ok(TreeRows { graph, key, parent })
+    }
+
+    /// Whether `table`'s rows belong to session trees (else it is one of OpenCode's other tables).
+    pub fn is_tied(&self, table: &str) -> bool {
+        self.graph.is_tied(table)
+    }
+
+    /// SQL condition selecting `table`'s rows (in `main`) of the sessions listed in
+    /// `temp.<ids>(id)`; `None` for a table not tied to sessions.
+    pub fn predicate(&self, table: &str, ids: &str) -> Option<String> {
+        self.is_tied(table)
+            .then(|| self.graph.predicate("main", table, ids))
+    }
+
+    /// SQL that fills `temp.<ids>(id)` with every session of the trees (root, children,
+    /// grandchildren: a subagent's session is a child) holding one of the ids in `temp.<seeds>(id)`.
+    pub fn expand_trees_sql(&self, seeds: &str, ids: &str) -> String {
+        let (t, k) = (schema::quote(SESSION_TABLE), schema::quote(&self.key));
+        let Some(p) = self.parent.as_deref().map(schema::quote) else {
+            return format!(
+                "INSERT OR IGNORE INTO temp.{ids} SELECT id FROM temp.{seeds}",
+                ids = schema::quote(ids),
+                seeds = schema::quote(seeds)
+            );
+        };
+        format!(
+            "WITH RECURSIVE up(id) AS (SELECT id FROM temp.{seeds} \
+               UNION SELECT s.{p} FROM main.{t} s JOIN up ON s.{k} = up.id WHERE s.{p} IS NOT NULL), \
+             down(id) AS (SELECT id FROM up \
+               UNION SELECT s.{k} FROM main.{t} s JOIN down ON s.{p} = down.id) \
+             INSERT OR IGNORE INTO temp.{ids} SELECT id FROM down",
+            seeds = schema::quote(seeds),
+            ids = schema::quote(ids),
+        )
+    }
+}
+
 /// Hardening for every connection: no triggers, no views, no functions with side effects from the
 /// schema, no schema writes; foreign-key actions off (we delete and insert explicitly).
 fn harden(conn: &Connection) -> rusqlite::Result<()> {

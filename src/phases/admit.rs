@@ -128,6 +128,7 @@ pub(crate) async fn admit(
         lease_holder,
         restored_copy: None,
         restored_sessions: None,
+        provenance: crate::phases::context::Provenance::Unknown,
         report: PersistenceReport::default(),
         cache_saved,
     };

@@ -11,7 +11,7 @@ use crate::lease::Holder;
 use crate::merge::Snapshot;
 use crate::object_store::{ObjectStore, StoreKeys};
 use crate::phases::dedup::CacheSentinels;
-use crate::phases::paths::StatePaths;
+use crate::phases::paths::{check_marker, MarkerCheck, StatePaths};
 use crate::phases::report::{PersistenceReport, RestoreReport, RestoreSource};
 use crate::runner::env::{output, state};
 use crate::runner::{Cancellation, Env, FileCommands};
@@ -95,6 +95,8 @@ pub(crate) struct RunContext {
     /// The sessions as restored, so a newer shared copy can be merged with this run's
     /// (`None`: they could not be read, and a newer copy is then not overwritten).
     pub(crate) restored_sessions: Option<Snapshot>,
+    /// Whether restored memory was scrubbed when saved, so the save scrubs only this run's rows.
+    pub(crate) provenance: Provenance,
     /// The summary's Session Persistence section, filled as the phases go.
     pub(crate) report: PersistenceReport,
     /// State `cacheSaved` and output `cache-save-result`.
@@ -302,6 +304,9 @@ impl RestoredCopy {
             RestoreSource::Storage => None,
             RestoreSource::None => return None,
         };
+        if let Some(sha256) = report.restored_sha256 {
+            return Some(Self { sha256, cache_key });
+        }
         match sha256_file(&paths.db()) {
             Ok(sha256) => Some(Self { sha256, cache_key }),
             Err(e) => {
@@ -315,6 +320,43 @@ impl RestoredCopy {
         match &self.cache_key {
             Some(key) => format!("the Actions cache entry `{key}`"),
             None => "the object store's copy".to_string(),
+        }
+    }
+}
+
+/// Where the memory on disk comes from, as far as the save's scrub cares
+/// (docs/security.md#scrubbed-memory).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provenance {
+    /// Nothing restored, or memory no marker vouches for: the save scrubs the whole database.
+    Unknown,
+    /// Restored memory whose marker names it and records that fro-bot scrubbed it whole
+    /// (`scrub::SCRUB_VERSION`), unchanged since by anything but the restore's checks.
+    Scrubbed,
+    /// That memory after the turn, rebuilt with only this run's trees, scrubbed before they were
+    /// written into it (`memory_guard::put_back`): the save scrubs only those trees.
+    RebuiltFromScrubbed,
+}
+
+impl Provenance {
+    /// The restored database's provenance: `Scrubbed` only when the marker beside it names this
+    /// very database (its SHA-256 as it came out of the entry, `RestoreReport::restored_sha256`;
+    /// the sanitizer only ever removes) and says it was scrubbed whole.
+    pub fn of_restored(paths: &StatePaths, copy: Option<&RestoredCopy>) -> Self {
+        let Some(copy) = copy else {
+            return Provenance::Unknown;
+        };
+        match check_marker(&paths.marker()) {
+            MarkerCheck::Compatible(m)
+                if m.scrubbed == Some(crate::scrub::SCRUB_VERSION)
+                    && m.db_sha256.eq_ignore_ascii_case(&hex::encode(copy.sha256)) =>
+            {
+                Provenance::Scrubbed
+            }
+            MarkerCheck::Compatible(_)
+            | MarkerCheck::Missing
+            | MarkerCheck::VersionMismatch { .. }
+            | MarkerCheck::Unreadable { .. } => Provenance::Unknown,
         }
     }
 }
@@ -333,6 +375,52 @@ mod tests {
 
     fn read(path: &Path) -> Vec<(String, String)> {
         file_command::parse(&std::fs::read_to_string(path).unwrap_or_default()).unwrap()
+    }
+
+    #[test]
+    fn only_a_marker_naming_the_restored_database_and_its_scrub_vouches_for_it() {
+        use crate::phases::paths::{write_marker, Scrubbed};
+        let dir = tempfile::tempdir().unwrap();
+        let paths = StatePaths::new(dir.path().to_path_buf());
+        std::fs::write(paths.db(), b"restored database").unwrap();
+        let copy = |paths: &StatePaths| RestoredCopy {
+            sha256: sha256_file(&paths.db()).unwrap(),
+            cache_key: Some("k".into()),
+        };
+        assert_eq!(Provenance::of_restored(&paths, None), Provenance::Unknown);
+        assert_eq!(
+            Provenance::of_restored(&paths, Some(&copy(&paths))),
+            Provenance::Unknown,
+            "no marker"
+        );
+        write_marker(&paths, "1", 1, None, None, Scrubbed::NotVouched).unwrap();
+        assert_eq!(
+            Provenance::of_restored(&paths, Some(&copy(&paths))),
+            Provenance::Unknown,
+            "a marker that does not record a scrub (an older one)"
+        );
+        write_marker(&paths, "1", 1, None, None, Scrubbed::Whole).unwrap();
+        assert_eq!(
+            Provenance::of_restored(&paths, Some(&copy(&paths))),
+            Provenance::Scrubbed
+        );
+        // The database changed after the marker was written (another one beside it, or the
+        // sanitizer had to change it): the marker does not name it.
+        std::fs::write(paths.db(), b"another database").unwrap();
+        assert_eq!(
+            Provenance::of_restored(&paths, Some(&copy(&paths))),
+            Provenance::Unknown
+        );
+        // A marker of another scrub version.
+        let text = std::fs::read_to_string(paths.marker()).unwrap();
+        let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        json["db_sha256"] = hex::encode(copy(&paths).sha256).into();
+        json["scrubbed"] = (crate::scrub::SCRUB_VERSION + 1).into();
+        std::fs::write(paths.marker(), json.to_string()).unwrap();
+        assert_eq!(
+            Provenance::of_restored(&paths, Some(&copy(&paths))),
+            Provenance::Unknown
+        );
     }
 
     #[test]

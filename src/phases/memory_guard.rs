@@ -10,9 +10,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::merge::{self, Snapshot};
-use crate::phases::context::RunContext;
+use crate::phases::context::{Provenance, RunContext};
 use crate::runner::env::state;
 use crate::runner::log;
+use crate::scrub::Scope;
 
 /// The database as restored, kept out of the agent's reach for the turn.
 pub(crate) struct MemoryGuard {
@@ -68,28 +69,61 @@ fn copy_db(db: &Path, to: &Path) -> std::io::Result<()> {
 }
 
 /// After the turn: the database becomes the copy plus `own` session trees. Says in the summary
-/// how many other conversations the agent had changed.
+/// how many other conversations the agent had changed. When the copy was memory fro-bot had
+/// scrubbed, `own` trees are scrubbed before they are written into it, so nothing in the rebuilt
+/// file ever held a secret and the save scrubs only those trees (`Provenance`).
 pub(crate) fn put_back(ctx: &mut RunContext, guard: Option<MemoryGuard>, own: &[&str]) {
+    let scrubbed_base = ctx.provenance == Provenance::Scrubbed;
+    // Anything but a rebuild from scrubbed memory leaves the save to scrub the whole database.
+    ctx.provenance = Provenance::Unknown;
     let Some(guard) = guard else { return };
     let db = ctx.paths.db();
     let own: BTreeSet<String> = own.iter().map(|s| s.to_string()).collect();
-    let out = crate::checkpoint::sibling(&db, ".fro-bot-guard");
-    let note = match merge::merge_only(&guard.copy, &db, &guard.snapshot, &out, &own) {
-        Ok(report) => match replace(&out, &db) {
-            Ok(()) => reverted_note(&report.refused),
-            Err(e) => fall_back(
-                &guard,
-                &db,
-                &format!("cannot put the rebuilt database in place: {e}"),
-            ),
-        },
-        Err(e) => fall_back(&guard, &db, &e.to_string()),
-    };
+    let prescrubbed = scrubbed_base && prescrub(&db, &own);
+    let (note, rebuilt) = rebuild(&guard, &db, &own);
     if let Some(note) = note {
         log::warning(&note);
         ctx.report.confinement.push(note);
     }
+    if prescrubbed && rebuilt {
+        ctx.provenance = Provenance::RebuiltFromScrubbed;
+    }
     ctx.set_state(state::MEMORY_GUARD, "");
+}
+
+/// Scrubs the rows of `own` trees (and OpenCode's other tables) in the agent's database, the ones
+/// the rebuild copies; its free space is left behind with the file. Whether that succeeded.
+fn prescrub(db: &Path, own: &BTreeSet<String>) -> bool {
+    let scope = Scope::Changed {
+        sessions: own.clone(),
+    };
+    match crate::scrub::scrub(db, &scope) {
+        Ok(outcome) => {
+            tracing::debug!("this run's trees scrubbed: {}", outcome.describe());
+            true
+        }
+        Err(e) => {
+            tracing::warn!("cannot scrub this run's trees before the rebuild (the save scrubs the whole database): {e}");
+            false
+        }
+    }
+}
+
+/// The copy plus `own` trees into `db`, or the copy whole when that fails: the note for the
+/// summary, and whether `db` is now one of the two.
+fn rebuild(guard: &MemoryGuard, db: &Path, own: &BTreeSet<String>) -> (Option<String>, bool) {
+    let out = crate::checkpoint::sibling(db, ".fro-bot-guard");
+    match merge::merge_only(&guard.copy, db, &guard.snapshot, &out, own) {
+        Ok(report) => match replace(&out, db) {
+            Ok(()) => (reverted_note(&report.refused), true),
+            Err(e) => fall_back(
+                guard,
+                db,
+                &format!("cannot put the rebuilt database in place: {e}"),
+            ),
+        },
+        Err(e) => fall_back(guard, db, &e.to_string()),
+    }
 }
 
 fn reverted_note(refused: &[(String, Option<String>)]) -> Option<String> {
@@ -107,20 +141,21 @@ fn reverted_note(refused: &[(String, Option<String>)]) -> Option<String> {
 }
 
 /// The merge failed: the restored copy goes back whole, and this run's exchange is not kept.
-fn fall_back(guard: &MemoryGuard, db: &Path, why: &str) -> Option<String> {
+/// Whether it went back.
+fn fall_back(guard: &MemoryGuard, db: &Path, why: &str) -> (Option<String>, bool) {
     let back = copy_db(
         &guard.copy,
         &crate::checkpoint::sibling(db, ".fro-bot-guard"),
     )
     .and_then(|()| replace(&crate::checkpoint::sibling(db, ".fro-bot-guard"), db));
-    Some(match back {
-        Ok(()) => format!(
+    match back {
+        Ok(()) => (Some(format!(
             "memory could not be limited to this run's conversation ({why}); the restored memory was put back, so this run's exchange is not kept"
-        ),
-        Err(e) => format!(
+        )), true),
+        Err(e) => (Some(format!(
             "memory could not be limited to this run's conversation ({why}), nor put back ({e})"
-        ),
-    })
+        )), false),
+    }
 }
 
 /// Renames `from` (and its WAL) over `db`, after removing `db`'s own sidecars.
@@ -132,4 +167,132 @@ fn replace(from: &Path, db: &Path) -> std::io::Result<()> {
     }
     let _ = std::fs::remove_file(crate::checkpoint::sibling(from, "-shm"));
     std::fs::rename(from, db)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusqlite::Connection;
+
+    const SECRET: &str = "guard-rebuild-secret-8086";
+
+    fn session(c: &Connection, id: &str, text: &str) {
+        c.execute(
+            "INSERT INTO session (id, project_id, slug, directory, title, version, time_created, \
+             time_updated) VALUES (?1, ?2, 's', '/ws', 't', '1', 1, 1)",
+            [id, &"a".repeat(40)],
+        )
+        .unwrap();
+        c.execute(
+            "INSERT INTO message (id, session_id, time_created, time_updated, data) \
+             VALUES (?1, ?2, 1, 1, '{}')",
+            [format!("msg_{id}"), id.to_string()],
+        )
+        .unwrap();
+        c.execute(
+            "INSERT INTO part (id, message_id, session_id, time_created, time_updated, data) \
+             VALUES (?1, ?2, ?3, 1, 1, ?4)",
+            [
+                format!("prt_{id}"),
+                format!("msg_{id}"),
+                id.to_string(),
+                text.to_string(),
+            ],
+        )
+        .unwrap();
+    }
+
+    /// Memory a fro-bot saved (scrubbed whole), then a turn as OpenCode writes it: this run's
+    /// session streamed with the secret in every version (old copies in free pages), and another
+    /// thread's session rewritten to hold it.
+    fn restored_then_turn(dir: &Path) -> (MemoryGuard, PathBuf) {
+        let db = dir.join("opencode.db");
+        {
+            let c = Connection::open(&db).unwrap();
+            c.execute_batch(include_str!(
+                "../../tests/it/fixtures/opencode-1.18.33-schema.sql"
+            ))
+            .unwrap();
+            c.execute_batch(
+                "PRAGMA journal_mode=WAL; INSERT INTO project (id, worktree, time_created, \
+                 time_updated, sandboxes) VALUES ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', \
+                 '/ws', 1, 1, '[]');",
+            )
+            .unwrap();
+            for i in 0..50 {
+                session(&c, &format!("ses_old{i}"), &"earlier turn ".repeat(100));
+            }
+        }
+        crate::scrub::scrub(&db, &Scope::Whole).unwrap();
+        let kept = tempfile::tempdir().unwrap();
+        let copy = kept.path().join("opencode.db");
+        copy_db(&db, &copy).unwrap();
+        let guard = MemoryGuard {
+            snapshot: Snapshot::capture(&copy).unwrap(),
+            _dir: kept,
+            copy,
+        };
+        let c = Connection::open(&db).unwrap();
+        session(&c, "ses_new", "{}");
+        for i in 0..30 {
+            let text = format!("{{\"text\":\"{SECRET} {i} {}\"}}", "streamed ".repeat(300));
+            c.execute("UPDATE part SET data = ?1 WHERE id = 'prt_ses_new'", [text])
+                .unwrap();
+        }
+        c.execute(
+            "UPDATE part SET data = ?1 WHERE id = 'prt_ses_new'",
+            [format!("{{\"text\":\"the answer: {SECRET}\"}}")],
+        )
+        .unwrap();
+        c.execute(
+            "UPDATE part SET data = ?1 WHERE id = 'prt_ses_old3'",
+            [format!("{{\"text\":\"planted {SECRET}\"}}")],
+        )
+        .unwrap();
+        c.execute(
+            "UPDATE session SET time_updated = 2 WHERE id IN ('ses_new', 'ses_old3')",
+            [],
+        )
+        .unwrap();
+        (guard, db)
+    }
+
+    #[test]
+    fn a_rebuild_from_scrubbed_memory_leaves_no_secret_for_a_scrub_of_this_runs_trees() {
+        crate::redact::register(SECRET);
+        let dir = tempfile::tempdir().unwrap();
+        let (guard, db) = restored_then_turn(dir.path());
+        let own = BTreeSet::from(["ses_new".to_string()]);
+        assert!(prescrub(&db, &own));
+        let (note, rebuilt) = rebuild(&guard, &db, &own);
+        assert!(rebuilt, "{note:?}");
+        assert!(
+            note.is_some_and(|n| n.contains("ses_old3")),
+            "put back as restored"
+        );
+        // What the save then does for a run whose memory was rebuilt from scrubbed memory.
+        let scope = Scope::Changed { sessions: own };
+        let outcome = crate::scrub::scrub(&db, &scope).unwrap();
+        assert!(matches!(
+            crate::checkpoint::checkpoint(&db),
+            crate::checkpoint::CheckpointOutcome::Checkpointed
+                | crate::checkpoint::CheckpointOutcome::NothingToCheckpoint
+        ));
+        let bytes = std::fs::read(&db).unwrap();
+        assert!(
+            memchr::memmem::find(&bytes, SECRET.as_bytes()).is_none(),
+            "no copy in any saved byte, free pages included ({})",
+            outcome.describe()
+        );
+        let answer: String = Connection::open(&db)
+            .unwrap()
+            .query_row("SELECT data FROM part WHERE id = 'prt_ses_new'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(
+            answer, "{\"text\":\"the answer: ***\"}",
+            "this run's turn is kept"
+        );
+    }
 }

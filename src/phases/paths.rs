@@ -129,6 +129,12 @@ pub struct Marker {
     /// written before trust was recorded: every session then counts as the lowest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trust: Option<crate::trust::TrustMap>,
+    /// `scrub::SCRUB_VERSION` when every row and the free space of the database it names were
+    /// scrubbed (the save's own scrub, or that of the run it restored from, plus what the run
+    /// wrote). Absent: unknown provenance, which the next save scrubs whole
+    /// (docs/security.md#scrubbed-memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrubbed: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,16 +200,27 @@ pub fn marker_naming(bytes: &[u8], db_sha256: &str) -> Result<Marker, String> {
     }
 }
 
+/// Whether the marker vouches that the database it names holds no secret, in a row or in free
+/// space (`Marker::scrubbed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scrubbed {
+    /// This save scrubbed it (whole, or what it wrote into memory a fro-bot had scrubbed).
+    Whole,
+    /// Something went in after the scrub (another run's memory, merged): not vouched for.
+    NotVouched,
+}
+
 /// Writes the marker for the database as it is now (after its checkpoint), atomically. `sessions`
 /// is the session map to record; `None` keeps the map of the marker on disk (post, which did not
 /// see the run); so does `trust` for the trust records. Entries whose session is gone from the
-/// database are dropped.
+/// database are dropped. `scrubbed` is what it says of secrets in the database.
 pub fn write_marker(
     paths: &StatePaths,
     run_id: &str,
     now_ms: u64,
     sessions: Option<&crate::phases::session_map::Map>,
     trust: Option<&crate::trust::TrustMap>,
+    scrubbed: Scrubbed,
 ) -> std::io::Result<Marker> {
     let on_disk = || match check_marker(&paths.marker()) {
         MarkerCheck::Compatible(old) => Some(old),
@@ -248,6 +265,10 @@ pub fn write_marker(
         db_sha256: hex::encode(hasher.finalize()),
         sessions,
         trust,
+        scrubbed: match scrubbed {
+            Scrubbed::Whole => Some(crate::scrub::SCRUB_VERSION),
+            Scrubbed::NotVouched => None,
+        },
     };
     let tmp = paths.data_dir.join(format!(".{MARKER_FILE}.tmp"));
     let json = serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?;
@@ -314,7 +335,15 @@ mod tests {
         let paths = StatePaths::new(dir.path().to_path_buf());
         assert_eq!(check_marker(&paths.marker()), MarkerCheck::Missing);
         std::fs::write(paths.db(), b"0123456789").unwrap();
-        let m = write_marker(&paths, "42", 1_700_000_000_000, None, None).unwrap();
+        let m = write_marker(
+            &paths,
+            "42",
+            1_700_000_000_000,
+            None,
+            None,
+            Scrubbed::NotVouched,
+        )
+        .unwrap();
         assert_eq!(m.sessions, None, "no map given, none on disk");
         assert_eq!(m.db_size, 10);
         assert_eq!(
@@ -339,7 +368,7 @@ mod tests {
                 crate::trust::SessionTrust::new("mona", "OWNER", false, false),
             ),
         ]);
-        let m = write_marker(&paths, "43", 1, Some(&map), Some(&trust)).unwrap();
+        let m = write_marker(&paths, "43", 1, Some(&map), Some(&trust), Scrubbed::Whole).unwrap();
         assert_eq!(m.sessions.as_ref(), Some(&map));
         let kept_trust = m.trust.clone().unwrap();
         assert_eq!(
@@ -347,7 +376,7 @@ mod tests {
             ["ses_1"],
             "records of deleted sessions are dropped"
         );
-        let kept = write_marker(&paths, "44", 2, None, None).unwrap();
+        let kept = write_marker(&paths, "44", 2, None, None, Scrubbed::NotVouched).unwrap();
         assert_eq!(kept.sessions, Some(map));
         assert_eq!(kept.trust, Some(kept_trust));
         // A marker from before the map existed parses, without one.

@@ -197,6 +197,11 @@ async fn save_with_key(
         .state(state::SESSION_TRUST)
         .and_then(|json| serde_json::from_str(json).ok())
         .unwrap_or_default();
+    // Main's scope holds only once it limited memory to its own conversation; without it, whole.
+    let scrub_scope: crate::scrub::Scope = env
+        .state(state::SCRUB_SCOPE)
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or(crate::scrub::Scope::Whole);
     save(
         SaveInputs {
             paths,
@@ -220,6 +225,7 @@ async fn save_with_key(
             restored: None,
             // Post does not know what main restored, so it cannot tell what to merge.
             cache_merge: None,
+            scrub_scope: &scrub_scope,
         },
         // Never the object store from post: the lease is gone.
         || async { StorePublish::NotAttempted.into() },

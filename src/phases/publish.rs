@@ -12,7 +12,7 @@ use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig, LeaseHandle
 use crate::merge::{self, MergeReport, Snapshot};
 use crate::object_store as store;
 use crate::phases::context::{PostLease, StoreContext};
-use crate::phases::paths::{check_marker, write_marker, MarkerCheck, StatePaths};
+use crate::phases::paths::{check_marker, write_marker, MarkerCheck, Scrubbed, StatePaths};
 use crate::phases::report::LeaseReport;
 use crate::phases::session_map;
 use crate::runner::{failpoint, log, Cancellation, FileCommands};
@@ -459,6 +459,8 @@ fn adopt_merged(inputs: &PublishInputs<'_>, newer: &Newer) -> StorePublish {
         inputs.now_ms,
         map.as_ref(),
         Some(&trust),
+        // The store's newer copy went in after this run's scrub.
+        Scrubbed::NotVouched,
     ) {
         tracing::warn!("cannot rewrite the memory marker after the merge: {e}");
         let _ = std::fs::remove_file(inputs.paths.marker());

@@ -81,6 +81,9 @@ pub struct RestoreReport {
     /// Set when an entry existed but none could be restored and older memory may remain: the
     /// save is declined with this reason, so it cannot hide that memory.
     pub shadow_guard: Option<String>,
+    /// SHA-256 of the database as it came out of the entry, taken beside the restore's checks
+    /// (`phases::context::RestoredCopy`).
+    pub restored_sha256: Option<[u8; 32]>,
 }
 
 impl RestoreReport {
@@ -94,6 +97,7 @@ impl RestoreReport {
             sessions: SessionMap::default(),
             trust: crate::trust::TrustMap::new(),
             shadow_guard: None,
+            restored_sha256: None,
         }
     }
 
@@ -260,6 +264,7 @@ mod tests {
                 sessions: SessionMap::Legacy,
                 trust: crate::trust::TrustMap::new(),
                 shadow_guard: None,
+                restored_sha256: None,
             }),
             save: Some(CacheSaveResult::new(
                 SaveOutcome::CacheRejected,
@@ -273,6 +278,7 @@ mod tests {
                     values: 2,
                     credential_rows: 1,
                     vacuumed: false,
+                    trees_of: None,
                 },
             )),
             store_publish: StorePublish::Published,

@@ -74,14 +74,21 @@ enum Fault {
 
 /// How a restored data dir checked out.
 enum Validation {
-    Valid,
-    Discard { reason: String, fault: Fault },
+    /// With the digest of the database as restored (`None`: it could not be read).
+    Valid {
+        sha256: Option<[u8; 32]>,
+    },
+    Discard {
+        reason: String,
+        fault: Fault,
+    },
 }
 
 /// What trying one cache entry gave.
 enum Attempt {
     Restored {
         key: String,
+        sha256: Option<[u8; 32]>,
     },
     /// An entry matched and was found unusable (already discarded from disk).
     Unusable {
@@ -112,7 +119,8 @@ pub async fn restore(
         StoreAttempt::Disabled => {}
         StoreAttempt::Hit { etag, marker } => {
             match validate(&inputs, RestoreSource::Storage, &mut report.notes).await {
-                Validation::Valid => {
+                Validation::Valid { sha256 } => {
+                    report.restored_sha256 = sha256;
                     report.status = CacheStatus::Hit;
                     report.source = RestoreSource::Storage;
                     report.store_etag = Some(etag);
@@ -158,7 +166,10 @@ pub async fn restore(
     };
     let first = cache.restore(&request).await;
     let (key, fault) = match attempt(&inputs, first, &mut report.notes).await {
-        Attempt::Restored { key } => return restored(report, inputs.paths, key),
+        Attempt::Restored { key, sha256 } => {
+            report.restored_sha256 = sha256;
+            return restored(report, inputs.paths, key);
+        }
         Attempt::Unusable { key, fault } => (key, fault),
         Attempt::Miss => {
             report.notes.push("Actions cache: no entry".into());
@@ -208,7 +219,8 @@ async fn fall_back(
         };
         let outcome = cache.restore_exact(&request).await;
         match attempt(inputs, outcome, &mut report.notes).await {
-            Attempt::Restored { key } => {
+            Attempt::Restored { key, sha256 } => {
+                report.restored_sha256 = sha256;
                 restored_key = Some(key);
                 break;
             }
@@ -313,7 +325,10 @@ async fn attempt(
             }
             drop_restored_storage(inputs.paths, &restored, notes);
             match validate(inputs, RestoreSource::Cache, notes).await {
-                Validation::Valid => Attempt::Restored { key: matched_key },
+                Validation::Valid { sha256 } => Attempt::Restored {
+                    key: matched_key,
+                    sha256,
+                },
                 Validation::Discard { reason, fault } => {
                     discard(
                         inputs.paths,
@@ -483,6 +498,8 @@ struct Examination {
     probe: Option<ProbeOutcome>,
     /// `None` when the database could not be read, so was not sanitized.
     sanitized: Option<SanitizeOutcome>,
+    /// The database's digest as restored (`None`: unreadable).
+    sha256: Option<[u8; 32]>,
 }
 
 /// Checks what was just restored: a readable data dir, our storage version, a database that SQLite
@@ -495,7 +512,7 @@ async fn validate(
 ) -> Validation {
     remove_restored_auth(inputs.paths, notes);
     match check_restored(inputs, source, notes).await {
-        Ok(()) => Validation::Valid,
+        Ok(sha256) => Validation::Valid { sha256 },
         Err(Rejection { reason, fault }) => Validation::Discard { reason, fault },
     }
 }
@@ -505,7 +522,7 @@ async fn check_restored(
     inputs: &RestoreInputs<'_>,
     source: RestoreSource,
     notes: &mut Vec<String>,
-) -> Result<(), Rejection> {
+) -> Result<Option<[u8; 32]>, Rejection> {
     let paths = inputs.paths;
     check_data_dir(paths)?;
     check_storage_version(paths, notes)?;
@@ -519,7 +536,8 @@ async fn check_restored(
     }
     let examination = examine_database(db, inputs.now_ms).await?;
     check_readable(examination.checkpoint, examination.probe, notes)?;
-    check_sanitized(examination.sanitized, notes)
+    check_sanitized(examination.sanitized, notes)?;
+    Ok(examination.sha256)
 }
 
 /// Credentials never come from memory: a restored `auth.json` is removed.
@@ -571,6 +589,14 @@ fn check_storage_version(paths: &StatePaths, notes: &mut Vec<String>) -> Result<
 /// Checkpoints a restored WAL (or probes when there is none) and, when SQLite could read the
 /// database, sanitizes it. SQLite blocks, so this runs on a blocking thread.
 async fn examine_database(db: std::path::PathBuf, now_ms: i64) -> Result<Examination, Rejection> {
+    // The digest (`RestoredCopy`, and what the marker must name) is taken on the second core
+    // beside the checks, which read the same file: at 200 MB each is ~0.1-0.2 s. Only a sanitizer
+    // that has to change the file writes while it reads; a digest of a half-written file then
+    // names nothing, which costs a whole scrub and an upload, never a skipped one.
+    let hashing = {
+        let db = db.clone();
+        tokio::task::spawn_blocking(move || crate::phases::context::sha256_file(&db).ok())
+    };
     let outcome = tokio::task::spawn_blocking(move || {
         let cp = checkpoint::checkpoint(&db);
         let probe = match cp {
@@ -581,17 +607,21 @@ async fn examine_database(db: std::path::PathBuf, now_ms: i64) -> Result<Examina
             (CheckpointOutcome::Failed { .. }, _) | (_, Some(ProbeOutcome::Failed { .. })) => None,
             _ => Some(sanitize::sanitize(&db, now_ms)),
         };
-        Examination {
-            checkpoint: cp,
-            probe,
-            sanitized,
-        }
+        (cp, probe, sanitized)
     })
     .await;
-    outcome.map_err(|e| Rejection {
-        reason: format!("validation task failed: {e}"),
-        fault: Fault::Kept,
-    })
+    let sha256 = hashing.await.ok().flatten();
+    outcome
+        .map(|(checkpoint, probe, sanitized)| Examination {
+            checkpoint,
+            probe,
+            sanitized,
+            sha256,
+        })
+        .map_err(|e| Rejection {
+            reason: format!("validation task failed: {e}"),
+            fault: Fault::Kept,
+        })
 }
 
 /// Whether SQLite could read the database: corruption breaks the entry, other failures only

@@ -16,7 +16,9 @@ use crate::phases::admit::{admit, Admission};
 use crate::phases::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
 use crate::phases::cache_merge::{CacheMergeInputs, CacheMergeReport};
 use crate::phases::cleanup::{stop_agent, Stopped};
-use crate::phases::context::{CacheSaved, ExitStatus, Mode, RestoredCopy, RunContext, RunExit};
+use crate::phases::context::{
+    CacheSaved, ExitStatus, Mode, Provenance, RestoredCopy, RunContext, RunExit,
+};
 use crate::phases::deliver::{deliver, ChangesOutcome};
 use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
@@ -35,6 +37,7 @@ use crate::phases::tracking::{self, Tracker};
 use crate::runner::env::{output, state};
 use crate::runner::{failpoint, log, now_ms, Cancellation, Env, FileCommands};
 use crate::save_result::{GateInputs, StateValue, StorePublish};
+use crate::scrub::Scope;
 
 pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     let files = FileCommands::from_env(&env);
@@ -213,6 +216,7 @@ async fn restore_memory(ctx: &mut RunContext) -> (RestoreReport, Option<CacheMer
     }
     ctx.set_output(output::CACHE_STATUS, restored.status.as_str());
     ctx.restored_copy = RestoredCopy::of(&ctx.paths, &restored);
+    ctx.provenance = Provenance::of_restored(&ctx.paths, ctx.restored_copy.as_ref());
     ctx.restored_sessions = restored_sessions(&ctx.paths, &restored);
     // After the digest and the sessions above: those describe the store's copy, which the
     // publish compares against; the merged result is saved because it differs.
@@ -222,6 +226,10 @@ async fn restore_memory(ctx: &mut RunContext) -> (RestoreReport, Option<CacheMer
         merged = merge_cache_into_store_copy(ctx, &restored) => merged,
     };
     let mut restored = restored;
+    if merged.as_ref().is_some_and(|m| !m.merged.is_empty()) {
+        // Another entry's memory came in: this run cannot vouch for what it held.
+        ctx.provenance = Provenance::Unknown;
+    }
     if let Some(merged) = &merged {
         // The turn resolves threads and judges sessions by these, as the save's marker will.
         if let SessionMap::Owned(map) = &mut restored.sessions {
@@ -472,6 +480,11 @@ async fn cleanup_and_save(
     if let Ok(json) = serde_json::to_string(&trust) {
         ctx.set_state(state::SESSION_TRUST, &json);
     }
+    let scrub_scope = scrub_scope(ctx.provenance, &written);
+    if let Ok(json) = serde_json::to_string(&scrub_scope) {
+        // Post's retry scrubs what main would have.
+        ctx.set_state(state::SCRUB_SCOPE, &json);
+    }
     let inputs = SaveInputs {
         paths: &ctx.paths,
         workspace: &ctx.workspace,
@@ -490,6 +503,7 @@ async fn cleanup_and_save(
         trust: Some(&trust),
         restored: ctx.restored_copy.as_ref(),
         cache_merge: cache_merge_inputs(ctx, &restore_keys, restored, merged_at_restore),
+        scrub_scope: &scrub_scope,
     };
     let no_sessions = Snapshot::empty();
     let publish = || async {
@@ -522,6 +536,17 @@ async fn cleanup_and_save(
     record_save(ctx, saved);
     ctx.report.record_phase("save", t.elapsed());
     Saved::InTime
+}
+
+/// What the save's scrub reads: only the trees this run wrote when memory was rebuilt from
+/// scrubbed memory with just those (docs/security.md#scrubbed-memory), else everything.
+fn scrub_scope(provenance: Provenance, written: &[&str]) -> Scope {
+    match provenance {
+        Provenance::RebuiltFromScrubbed => Scope::Changed {
+            sessions: written.iter().map(|s| s.to_string()).collect(),
+        },
+        Provenance::Scrubbed | Provenance::Unknown => Scope::Whole,
+    }
 }
 
 /// The save's result into state (post's decision), outputs, the log and the report.
@@ -661,4 +686,23 @@ fn skipped(files: &FileCommands, cache_saved: &CacheSaved, reason: &str) -> RunE
     }
     cache_saved.report(StateValue::Skipped);
     RunExit::status(ExitStatus::Skipped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_memory_rebuilt_from_scrubbed_memory_is_scrubbed_by_its_changed_trees() {
+        let written = ["ses_1", "ses_2"];
+        assert_eq!(
+            scrub_scope(Provenance::RebuiltFromScrubbed, &written),
+            Scope::Changed {
+                sessions: ["ses_1".to_string(), "ses_2".to_string()].into()
+            }
+        );
+        // Scrubbed memory the turn was not limited to its own trees in: anything may hold one.
+        assert_eq!(scrub_scope(Provenance::Scrubbed, &written), Scope::Whole);
+        assert_eq!(scrub_scope(Provenance::Unknown, &written), Scope::Whole);
+    }
 }

@@ -106,7 +106,7 @@ fn run(db: &Path, now_ms: i64) -> rusqlite::Result<Checked> {
     let clamped = clamp_future(&tx, now_ms)?;
     if clamped > 0 {
         notes.push(format!(
-            "clamped {clamped} timestamp(s) in the future to the current time"
+            "clamped the timestamps in the future of {clamped} row(s) to the current time"
         ));
     }
     tx.commit()?;
@@ -114,22 +114,35 @@ fn run(db: &Path, now_ms: i64) -> rusqlite::Result<Checked> {
 }
 
 /// Every `time_*` column of every table: values after `now_ms` become `now_ms`, so a planted row
-/// cannot sort first forever.
+/// cannot sort first forever. One statement per table, not per column: each is a full scan (no
+/// index covers them), and the message and part tables are most of the file. Returns the rows
+/// changed.
 fn clamp_future(conn: &Connection, now_ms: i64) -> rusqlite::Result<usize> {
     let columns: Vec<(String, String)> = {
         let mut stmt = conn.prepare(
             "SELECT m.name, c.name FROM sqlite_master m, pragma_table_info(m.name) c \
-             WHERE m.type = 'table' AND c.name LIKE 'time\\_%' ESCAPE '\\'",
+             WHERE m.type = 'table' AND c.name LIKE 'time\\_%' ESCAPE '\\' ORDER BY m.name",
         )?;
         let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
         rows.collect::<rusqlite::Result<_>>()?
     };
+    let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
     let mut total = 0;
-    for (table, column) in columns {
+    for table in columns.chunk_by(|a, b| a.0 == b.0) {
+        let future = |c: &str| format!("(typeof({c}) IN ('integer', 'real') AND {c} > ?1)");
+        let sets: Vec<String> = table
+            .iter()
+            .map(|(_, c)| {
+                let c = quote(c);
+                format!("{c} = CASE WHEN {} THEN ?1 ELSE {c} END", future(&c))
+            })
+            .collect();
+        let any: Vec<String> = table.iter().map(|(_, c)| future(&quote(c))).collect();
         let sql = format!(
-            "UPDATE \"{}\" SET \"{c}\" = ?1 WHERE typeof(\"{c}\") IN ('integer', 'real') AND \"{c}\" > ?1",
-            table.replace('"', "\"\""),
-            c = column.replace('"', "\"\"")
+            "UPDATE {} SET {} WHERE {}",
+            quote(&table[0].0),
+            sets.join(", "),
+            any.join(" OR ")
         );
         total += conn.execute(&sql, [now_ms])?;
     }

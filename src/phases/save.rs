@@ -11,7 +11,7 @@ use crate::phases::cache_merge::{
     merge_newer_entries, merge_saved_meanwhile, CacheMergeInputs, CacheMergeReport, MAX_RESAVES,
 };
 use crate::phases::context::{sha256_file, RestoredCopy};
-use crate::phases::paths::{write_marker, StatePaths};
+use crate::phases::paths::{write_marker, Scrubbed, StatePaths};
 use crate::phases::publish::PublishReport;
 use crate::phases::session_map::Map;
 use crate::runner::{env, failpoint};
@@ -38,6 +38,8 @@ pub struct SaveInputs<'a> {
     pub restored: Option<&'a RestoredCopy>,
     /// Merge what other runs saved to the cache meanwhile (`None`: post, which cannot).
     pub cache_merge: Option<CacheMergeInputs<'a>>,
+    /// What the scrub reads (docs/security.md#scrubbed-memory).
+    pub scrub_scope: &'a crate::scrub::Scope,
 }
 
 #[derive(Debug, Clone)]
@@ -114,12 +116,18 @@ where
         None => Default::default(),
     };
     let (sessions, trust) = marker_maps(&inputs, &cache_merge);
+    // Other runs' memory merged in after the scrub is not this save's to vouch for.
+    let scrubbed = match cache_merge.merged.is_empty() {
+        true => Scrubbed::Whole,
+        false => Scrubbed::NotVouched,
+    };
     let marker = write_marker(
         inputs.paths,
         inputs.run_id,
         inputs.now_ms,
         sessions.as_ref(),
         trust.as_ref(),
+        scrubbed,
     );
     if let Err(e) = marker {
         // The marker is advisory (a missing one reads as compatible): save without it.
@@ -193,6 +201,7 @@ async fn resave_merged(
             inputs.now_ms,
             sessions.as_ref(),
             trust.as_ref(),
+            Scrubbed::NotVouched,
         ) {
             tracing::warn!("cannot rewrite the memory marker: {e}");
         }
@@ -256,7 +265,7 @@ async fn prepare(inputs: &SaveInputs<'_>) -> Result<(CheckpointOutcome, ScrubOut
     // Secrets out before the checkpoint folds everything into the file that is saved. A failure
     // is reported after the checkpoint and the corruption probe, so a corrupt database still
     // reads as corrupt.
-    let scrubbed = scrub(db.clone()).await;
+    let scrubbed = scrub(db.clone(), inputs.scrub_scope.clone()).await;
     failpoint::hit("save:after-scrub");
     let cp = {
         let db = db.clone();
@@ -317,9 +326,9 @@ async fn prepare(inputs: &SaveInputs<'_>) -> Result<(CheckpointOutcome, ScrubOut
 }
 
 /// Secrets out of the database (docs/security.md), off the async threads.
-async fn scrub(db: std::path::PathBuf) -> Result<ScrubOutcome, String> {
+async fn scrub(db: std::path::PathBuf, scope: crate::scrub::Scope) -> Result<ScrubOutcome, String> {
     let started = std::time::Instant::now();
-    let outcome = tokio::task::spawn_blocking(move || crate::scrub::scrub(&db))
+    let outcome = tokio::task::spawn_blocking(move || crate::scrub::scrub(&db, &scope))
         .await
         .map_err(|e| format!("scrub task failed: {e}"))?
         .map_err(|e| e.to_string());

@@ -178,4 +178,7 @@ pub mod state {
     /// and their directory, the checkout's credential files), which post gives back when main
     /// could not; empty once given back.
     pub const TURN_TAKEN: &str = "turnTaken";
+    /// What the save's scrub reads (JSON `scrub::Scope`), set by main once memory was limited to
+    /// the run's own conversation; absent, post's retry scrubs the whole database.
+    pub const SCRUB_SCOPE: &str = "scrubScope";
 }

@@ -122,6 +122,7 @@ pub mod phases {
                     trust: None,
                     restored: None,
                     cache_merge: None,
+                    scrub_scope: &fro_bot::scrub::Scope::Whole,
                 },
                 || async { StorePublish::Disabled.into() },
             )

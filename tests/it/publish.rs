@@ -100,7 +100,15 @@ fn run_with_session(base: &Path, session: &str) -> RunState {
         fro_bot::trust::SessionTrust::new(&author_of(session), "OWNER", false, false),
     )]
     .into();
-    fro_bot::phases::paths::write_marker(&paths, "1", 1, Some(&map), Some(&trust)).unwrap();
+    fro_bot::phases::paths::write_marker(
+        &paths,
+        "1",
+        1,
+        Some(&map),
+        Some(&trust),
+        fro_bot::phases::paths::Scrubbed::Whole,
+    )
+    .unwrap();
     let files = FileCommands {
         output: None,
         state: Some(root.path().join("state")),
