@@ -20,6 +20,10 @@
 #[path = "../tests/it/support/cache_server.rs"]
 #[allow(dead_code)]
 mod cache_server;
+// The same server speaks v1 too (it mounts these routes).
+#[path = "../tests/it/support/cache_server_v1.rs"]
+#[allow(dead_code)]
+mod cache_server_v1;
 #[path = "support/opencode_db.rs"]
 mod opencode_db;
 
