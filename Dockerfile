@@ -27,7 +27,8 @@ RUN npm install -g --no-audit --no-fund "opencode-ai@${OPENCODE_VERSION}" \
  && install -D -m 0711 "$bin" /out/opencode \
  && /out/opencode --version
 
-FROM debian:bookworm-slim
+# What both images share: everything but fro-bot.
+FROM debian:bookworm-slim AS runtime
 ARG OPENCODE_VERSION
 # gh, curl and jq for the agent's repository work on schedule/dispatch runs (GH_TOKEN); ripgrep
 # on PATH, which OpenCode's search tools use instead of downloading their own on every run.
@@ -35,9 +36,18 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates git zstd tar gh curl jq ripgrep \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=opencode /out/opencode /usr/local/bin/opencode
-COPY --from=build /out/fro-bot /usr/local/bin/fro-bot
 # The main and post steps get the same args, so each runs through its own path (argv[0] dispatch).
 RUN ln -s fro-bot /usr/local/bin/fro-bot-run && ln -s fro-bot /usr/local/bin/fro-bot-post
 ENV FRO_BOT_OPENCODE_VERSION=${OPENCODE_VERSION}
 # No USER: the runner requires container actions to run as root.
 ENTRYPOINT ["/usr/local/bin/fro-bot-run"]
+
+# The test suite's image (`scripts/test`, docs/container.md): the same runtime with the fro-bot the
+# suite already built, from a build context that holds only that binary. Never published; the
+# `build` stage is not run for it.
+FROM runtime AS test
+COPY fro-bot /usr/local/bin/fro-bot
+
+# The action's image (the default target, what the release workflow publishes).
+FROM runtime
+COPY --from=build /out/fro-bot /usr/local/bin/fro-bot

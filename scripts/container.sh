@@ -200,6 +200,7 @@ EOF
 
 # The Dockerfile's base images, as named there. Each is used when present locally; otherwise it is
 # pulled when FRO_BOT_PULL_BASE_IMAGES=1, else (or when the pull fails) built as a stand-in.
+# `ensure_base_images test`: only the bases of the test image's stages (no Rust image).
 ensure_base_images() {
   local dockerfile=$root/Dockerfile rust_version debian=debian:bookworm-slim node=node:20-bookworm-slim rust
   rust_version=$(awk -F= '/^ARG RUST_VERSION=/ { print $2; exit }' "$dockerfile")
@@ -208,7 +209,9 @@ ensure_base_images() {
   for image in "$debian" "$node" "$rust"; do
     grep -q "FROM ${image%%:*}:" "$dockerfile" || { echo "error: Dockerfile no longer uses $image" >&2; return 1; }
   done
-  for image in "$debian" "$node" "$rust"; do
+  local needed=("$debian" "$node" "$rust")
+  [ "${1:-}" = test ] && needed=("$debian" "$node")
+  for image in "${needed[@]}"; do
     if image_present "$image"; then continue; fi
     if [ "${FRO_BOT_PULL_BASE_IMAGES:-0}" = 1 ] && docker pull -q "$image" >/dev/null 2>&1; then continue; fi
     case "$image" in
@@ -234,4 +237,28 @@ build_image() {
     return 1
   fi
   echo "built $tag in $(( $(date +%s) - start ))s ($(docker image inspect -f '{{.Size}}' "$tag" | awk '{ printf "%.0f MB", $1 / 1e6 }'))" >&2
+}
+
+# The suite's image: the Dockerfile's `test` target, the runtime stage with `bin` (the fro-bot the
+# suite builds anyway, debug info stripped) instead of a release build of its own, which on 2 cores
+# costs minutes after every source change and many more cold. The release image is built and
+# published from the default target (build_image, the release workflow).
+build_test_image() {
+  local tag=$1 bin=$2 args start ctx
+  ensure_base_images test || return 1
+  mapfile -t args < <(proxy_build_args)
+  ctx=$(mktemp -d)
+  objcopy --strip-debug "$bin" "$ctx/fro-bot" 2>/dev/null || cp "$bin" "$ctx/fro-bot" || { rm -rf "$ctx"; return 1; }
+  chmod 0755 "$ctx/fro-bot"
+  start=$(date +%s)
+  echo "building $tag (the test target, with $bin) (log: $docker_dir/build.log)" >&2
+  if ! docker_build --network host --progress plain "${args[@]}" --target test \
+      -f "$root/Dockerfile" -t "$tag" "$ctx" >"$docker_dir/build.log" 2>&1; then
+    echo "error: building $tag failed; the end of its log:" >&2
+    tail -40 "$docker_dir/build.log" >&2
+    rm -rf "$ctx"
+    return 1
+  fi
+  rm -rf "$ctx"
+  echo "built $tag in $(( $(date +%s) - start ))s" >&2
 }
