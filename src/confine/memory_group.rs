@@ -148,6 +148,33 @@ mod tests {
     }
 
     #[test]
+    fn what_opencode_made_in_the_checkout_gets_the_agents_gid_and_no_link_is_followed() {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to chown");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        std::fs::write(&outside, "x").unwrap();
+        std::os::unix::fs::chown(&outside, None, Some(MEMORY_GID)).unwrap();
+        let ws = t.path().join("ws");
+        std::fs::create_dir_all(ws.join("src")).unwrap();
+        for (name, gid) in [("src/new.rs", MEMORY_GID), ("old.rs", 1001)] {
+            std::fs::write(ws.join(name), "x").unwrap();
+            std::os::unix::fs::chown(ws.join(name), Some(1001), Some(gid)).unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, ws.join("link")).unwrap();
+        std::os::unix::fs::lchown(ws.join("link"), None, Some(MEMORY_GID)).unwrap();
+        assert_eq!(regroup(&ws, MEMORY_GID, 1001).unwrap(), 2);
+        let gid = |p: &Path| std::fs::symlink_metadata(p).unwrap().gid();
+        assert_eq!(gid(&ws.join("src/new.rs")), 1001);
+        assert_eq!(gid(&ws.join("link")), 1001);
+        assert_eq!(gid(&outside), MEMORY_GID, "a link is never followed");
+    }
+
+    #[test]
     fn a_path_the_kernel_would_split_or_cut_gets_no_wrapper() {
         let long = format!("/{}", "a".repeat(300));
         assert!(wrapper_script(Path::new(&long), Path::new("/bin/bash")).is_none());

@@ -8,7 +8,9 @@
 use serde_json::{json, Value};
 
 use crate::e2e::scenarios::{main_step, with_s3, World};
-use crate::support::action::{chown_r, comment_event, explain, fresh_checkout, Job, Launch};
+use crate::support::action::{
+    chown_r, comment_event, explain, fresh_checkout, Job, Launch, StepResult,
+};
 use crate::support::egress::{named, EgressProxy};
 use crate::support::fake_llm::{request_text, Reply};
 use crate::support::tls::{TestCa, TlsFront};
@@ -168,19 +170,7 @@ async fn behind_an_egress_proxy_everything_external_goes_through_it_and_nothing_
         proxy.summary()
     );
     assert_eq!(second.output("cache-status"), "hit");
-    assert!(
-        !second.stdout.contains("cannot check out"),
-        "{}",
-        explain(&second)
-    );
-    assert!(
-        world
-            .github
-            .requests()
-            .iter()
-            .any(|r| r.path.ends_with("/git-upload-pack")),
-        "git fetched the branch"
-    );
+    fetched_the_branch(&world, &second);
 
     for host in [
         "github.test",
@@ -199,6 +189,20 @@ async fn behind_an_egress_proxy_everything_external_goes_through_it_and_nothing_
         proxy.elsewhere(),
         [],
         "loopback traffic never goes to the proxy"
+    );
+}
+
+/// A follow-up's git fetched the thread's branch and checked it out.
+fn fetched_the_branch(world: &World, r: &StepResult) {
+    assert!(!r.stdout.contains("cannot check out"), "{}", explain(r));
+    assert!(
+        world
+            .github
+            .requests()
+            .iter()
+            .any(|q| q.path.ends_with("/git-upload-pack")),
+        "git fetched the branch: {}",
+        explain(r)
     );
 }
 
@@ -296,20 +300,7 @@ async fn a_run_over_https_with_a_private_ca(trust: Trust, launch: Launch) {
     job.event("issue_comment", &comment_event(5, 502, "@fro-bot again"));
     let (_job, second) = main_step(job).await;
     assert_eq!(second.code, 0, "{}", explain(&second));
-    assert!(
-        !second.stdout.contains("cannot check out"),
-        "{}",
-        explain(&second)
-    );
-    assert!(
-        world
-            .github
-            .requests()
-            .iter()
-            .any(|r| r.path.ends_with("/git-upload-pack")),
-        "git fetched the branch: {}",
-        explain(&second)
-    );
+    fetched_the_branch(&world, &second);
 }
 
 /// The job trusts `ca` as `trust` says. A certificate file is put where the runner puts what a

@@ -140,11 +140,13 @@ async fn one_comment_is_posted_at_admission_shows_progress_and_becomes_the_answe
 async fn progress_edits_are_rate_bounded() {
     let world = World::start().await;
     world.github.seed_issue(8, "Plan", "Plan it.");
-    // Ten todo-list changes in quick succession, at most one edit per second.
+    // Ten todo-list changes in quick succession (over about two seconds, so the turn outlasts
+    // the interval however fast OpenCode runs), at most one edit per second.
     for i in 0..10 {
-        world
-            .llm
-            .push(todowrite(&[(&format!("Step {i}"), "in_progress")]));
+        world.llm.push(Reply::Delayed(
+            std::time::Duration::from_millis(200),
+            Box::new(todowrite(&[(&format!("Step {i}"), "in_progress")])),
+        ));
     }
     world.llm.push(Reply::text("Planned."));
     let mut job = job_on(&world, 1610, 8, 1611, "@fro-bot plan");
