@@ -481,6 +481,17 @@ impl Agent {
         let mut notes = Vec::new();
         let exe = session_tools_exe(&opts, &mut notes);
         let confined = confine(&opts, exe.as_deref())?;
+        if confined
+            .binary
+            .as_ref()
+            .is_some_and(|b| b.memory_group().is_none())
+        {
+            notes.push(
+                "the agent's commands can read memory in this run: fro-bot could not be its \
+                 shell's interpreter (docs/security.md#who-it-runs-as)"
+                    .into(),
+            );
+        }
         if let Some(files) = &opts.state {
             record_taken(files, &confined.taken());
         }
@@ -625,8 +636,6 @@ impl Agent {
         self.confinement.user
     }
 
-    /// After [`shutdown`](Self::shutdown): kills and reaps every process the agent left, then
-    /// takes its directories back and gives the file-command files back.
     /// Gives what OpenCode made in the checkout the agent's gid (best effort: a stray group
     /// gives no one access to anything).
     fn regroup(&self) {
@@ -642,6 +651,8 @@ impl Agent {
         }
     }
 
+    /// After [`shutdown`](Self::shutdown): kills and reaps every process the agent left, then
+    /// takes its directories back and gives the file-command files back.
     pub async fn release(&mut self, budget: Duration) -> Released {
         let uid = self.confinement.user.uid();
         let ours = self.confinement.own_programs.clone();

@@ -172,7 +172,8 @@ fn rows(db: &std::path::Path, session: &str) -> Vec<(String, String)> {
 
 /// From the agent's shell (plain `sh`: the image has no Python): list the memory dir, read and
 /// append to the database, open it through another process's `/proc/<pid>/fd` (OpenCode's, which
-/// holds it open), and plant a link to it in the checkout for OpenCode's own tools. Each prints
+/// holds it open; this job's database only: a test beside it may run an unconfined local agent as
+/// the same uid), and plant a link to it in the checkout for OpenCode's own tools. Each prints
 /// `SHELL-<WHAT>-DENIED` or `SHELL-<WHAT>` + `-OK` (split, so the command's own text never holds it).
 const REWRITE: &str = r#"d="$XDG_DATA_HOME/opencode"; db="$d/opencode.db"
 ok() { echo "SHELL-$1""-OK"; }; no() { echo "SHELL-$1-DENIED"; }
@@ -180,7 +181,7 @@ ls "$d" >/dev/null 2>&1 && ok LIST || no LIST
 head -c 16 "$db" >/dev/null 2>&1 && ok READ || no READ
 (printf EVIL >> "$db") 2>/dev/null && ok WRITE || no WRITE
 found=; for f in /proc/[0-9]*/fd/*; do
-  case "$(readlink "$f" 2>/dev/null)" in *opencode.db*) found=1; head -c 16 "$f" >/dev/null 2>&1 && ok PROC;; esac
+  case "$(readlink "$f" 2>/dev/null)" in "$db"*) found=1; head -c 16 "$f" >/dev/null 2>&1 && ok PROC;; esac
 done; [ -n "$found" ] && echo "SHELL-PROC-SEEN"; no PROC
 echo "groups $(id -G)"
 ln -s "$db" memory.txt"#;
@@ -240,6 +241,11 @@ pub(crate) async fn the_agent_cannot_read_or_rewrite_another_threads_memory(laun
         "no group but its own: {seen}"
     );
     assert!(!seen.contains("SQLite format"), "{seen}");
+    assert!(
+        !second.summary.contains("can read memory in this run"),
+        "{}",
+        second.summary
+    );
     // OpenCode's write tool followed the link and overwrote the database it had open; the second
     // wall put the restored memory back (this run's own exchange is the one lost).
     assert!(
