@@ -1,4 +1,4 @@
-//! The memory group (docs/security.md#what-it-can-touch): only OpenCode reads and writes fro-bot's
+//! The memory group (docs/security.md#who-it-runs-as): only OpenCode reads and writes fro-bot's
 //! memory dir during the turn, not the agent's shell, although both run as the agent's uid (the
 //! one that can edit the checkout).
 //!
@@ -13,9 +13,9 @@
 //!   ([`wrapper_script`]). It sets all three gids to the real one (an unprivileged process may),
 //!   drops OpenCode's own variables ([`OPENCODE_ONLY`]) and only then executes the real shell
 //!   ([`exec_agent_shell`]). Everything the agent runs descends from that shell.
-//! - OpenCode's own git (its snapshots) reads no global or system config ([`opencode_git_env`]):
-//!   the agent's shell writes its home's `.gitconfig`, and a filter named there would otherwise
-//!   run with the memory group.
+//! - OpenCode's own git (its snapshots are off, but it still runs git) reads no global or system
+//!   config ([`opencode_git_env`]): the agent's shell writes its home's `.gitconfig`, and a filter
+//!   named there would otherwise run with the memory group.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
