@@ -861,15 +861,26 @@ async fn blob_inner(
 
 pub(super) async fn save_body(body: Body, dest: &Path) -> std::io::Result<u64> {
     let file = tokio::fs::File::create(dest).await?;
-    let mut file = tokio::io::BufWriter::with_capacity(64 * 1024, file);
+    copy_body(
+        body,
+        &mut tokio::io::BufWriter::with_capacity(64 * 1024, file),
+    )
+    .await
+}
+
+/// Streams `body` into `out` and flushes it; the bytes written.
+pub(super) async fn copy_body(
+    body: Body,
+    out: &mut (impl tokio::io::AsyncWrite + Unpin),
+) -> std::io::Result<u64> {
     let mut stream = body.into_data_stream();
     let mut n = 0u64;
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(std::io::Error::other)?;
-        file.write_all(&chunk).await?;
+        out.write_all(&chunk).await?;
         n += chunk.len() as u64;
     }
-    file.flush().await?;
+    out.flush().await?;
     Ok(n)
 }
 

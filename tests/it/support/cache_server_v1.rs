@@ -23,11 +23,10 @@ use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use futures_util::StreamExt;
 use serde_json::{json, Value};
-use tokio::io::{AsyncSeekExt, AsyncWriteExt};
+use tokio::io::AsyncSeekExt;
 
-use super::cache_server::{fault_response, int_field, str_field, Call, Entry, Shared};
+use super::cache_server::{copy_body, fault_response, int_field, str_field, Call, Entry, Shared};
 
 pub const V1_LOOKUP: &str = "GetCacheEntry";
 pub const V1_RESERVE: &str = "ReserveCache";
@@ -340,15 +339,7 @@ async fn write_at(path: &std::path::Path, offset: u64, body: Body) -> std::io::R
         .open(path)
         .await?;
     file.seek(std::io::SeekFrom::Start(offset)).await?;
-    let mut stream = body.into_data_stream();
-    let mut n = 0u64;
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(std::io::Error::other)?;
-        file.write_all(&chunk).await?;
-        n += chunk.len() as u64;
-    }
-    file.flush().await?;
-    Ok(n)
+    copy_body(body, &mut file).await
 }
 
 async fn commit(
