@@ -44,6 +44,12 @@ macro_rules! launched_scenarios {
             leftovers::opencodes_tools_never_reach_memory_or_env_files_and_never_wait_for_an_answer,
             network::a_private_ca_in_node_extra_ca_certs_is_trusted_by_fro_bot_and_opencode,
             enterprise::on_enterprise_server_every_call_goes_under_the_api_prefixes_and_every_link_to_the_server,
+            cancel::sigterm_while_opencode_starts_stops_it_and_ends_within_the_budget,
+            cancel::sigint_during_session_prep_ends_before_the_prompt_within_the_budget,
+            cancel::sigint_during_the_restore_stops_it_and_memory_is_kept,
+            cancel::sigterm_while_waiting_for_the_threads_turn_ends_without_restoring,
+            cancel::sigterm_while_the_publish_waits_for_the_lease_still_saves_to_the_cache,
+            cancel::sigterm_during_the_save_says_not_persisted_and_post_saves,
         );
     };
     ($launch:expr; $($module:ident :: $name:ident),* $(,)?) => {$(
@@ -1755,5 +1761,5 @@ pub(crate) mod changes;
 
 pub(crate) mod enterprise;
 
-mod cancel;
+pub(crate) mod cancel;
 pub(crate) mod leftovers;

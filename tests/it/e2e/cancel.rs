@@ -13,7 +13,7 @@ use fro_bot::runner::cancel::SIGTERM_BUDGET;
 use fro_bot::runner::failpoint::PAUSED_AT;
 
 use super::scenarios::{post_step, with_s3, World};
-use crate::support::action::{comment_event, explain, Job, StepResult};
+use crate::support::action::{comment_event, explain, Job, Launch, StepResult};
 use crate::support::cache_server::{GET_BLOB, LOOKUP, PUT_BLOB};
 use crate::support::fake_llm::Reply;
 
@@ -147,9 +147,10 @@ async fn assert_cancelled_before_the_turn(world: &World, s: Signalled) {
     assert!(post.summary.contains("Nothing to do"), "{}", post.summary);
 }
 
-#[tokio::test]
-async fn sigterm_while_opencode_starts_stops_it_and_ends_within_the_budget() {
-    let world = World::start().await;
+pub(crate) async fn sigterm_while_opencode_starts_stops_it_and_ends_within_the_budget(
+    launch: Launch,
+) {
+    let world = World::start_with(launch).await;
     let job = held_at(&world, 1100, "opencode:starting");
     let s = signal_when(job, libc::SIGTERM, paused_at("opencode:starting")).await;
     assert!(
@@ -160,9 +161,10 @@ async fn sigterm_while_opencode_starts_stops_it_and_ends_within_the_budget() {
     assert_cancelled_before_the_turn(&world, s).await;
 }
 
-#[tokio::test]
-async fn sigint_during_session_prep_ends_before_the_prompt_within_the_budget() {
-    let world = World::start().await;
+pub(crate) async fn sigint_during_session_prep_ends_before_the_prompt_within_the_budget(
+    launch: Launch,
+) {
+    let world = World::start_with(launch).await;
     let job = held_at(&world, 1110, "agent:prep");
     let s = signal_when(job, libc::SIGINT, paused_at("agent:prep")).await;
     assert_cancelled_before_the_turn(&world, s).await;
@@ -170,9 +172,8 @@ async fn sigint_during_session_prep_ends_before_the_prompt_within_the_budget() {
 
 /// The restore's download hangs; the signal ends the run there, and the memory it was restoring
 /// is untouched: the next run resumes the conversation.
-#[tokio::test]
-async fn sigint_during_the_restore_stops_it_and_memory_is_kept() {
-    let world = World::start().await;
+pub(crate) async fn sigint_during_the_restore_stops_it_and_memory_is_kept(launch: Launch) {
+    let world = World::start_with(launch).await;
     world.github.seed_issue(5, "t", "b");
     world.llm.push(Reply::text("the capybara is calm"));
     let mut job = world.job(1120);
@@ -215,10 +216,11 @@ async fn sigint_during_the_restore_stops_it_and_memory_is_kept() {
 
 /// Another run holds the thread: the signal ends the wait, and the run restores and saves nothing;
 /// the other run keeps its turn.
-#[tokio::test]
-async fn sigterm_while_waiting_for_the_threads_turn_ends_without_restoring() {
+pub(crate) async fn sigterm_while_waiting_for_the_threads_turn_ends_without_restoring(
+    launch: Launch,
+) {
     use fro_bot::lease::{AcquireOutcome, Holder, Lease, LeaseConfig, SystemClock};
-    let world = World::start().await;
+    let world = World::start_with(launch).await;
     world.github.seed_issue(5, "t", "b");
     let prefix = crate::support::s3::unique_prefix("e2e-cancel-turn");
     let store = crate::support::s3::connect(&crate::support::s3::settings(&prefix)).await;
@@ -270,10 +272,11 @@ async fn sigterm_while_waiting_for_the_threads_turn_ends_without_restoring() {
 
 /// Another run holds the memory lease while this one saves: the signal ends the wait, and the
 /// memory goes to the Actions cache within the budget (the next run merges it into the store).
-#[tokio::test]
-async fn sigterm_while_the_publish_waits_for_the_lease_still_saves_to_the_cache() {
+pub(crate) async fn sigterm_while_the_publish_waits_for_the_lease_still_saves_to_the_cache(
+    launch: Launch,
+) {
     use fro_bot::lease::{AcquireOutcome, Holder, Lease, LeaseConfig, SystemClock};
-    let world = World::start().await;
+    let world = World::start_with(launch).await;
     world.github.seed_issue(5, "t", "b");
     let prefix = crate::support::s3::unique_prefix("e2e-cancel-lease");
     let store = crate::support::s3::connect(&crate::support::s3::settings(&prefix)).await;
@@ -319,9 +322,8 @@ async fn sigterm_while_the_publish_waits_for_the_lease_still_saves_to_the_cache(
 
 /// The cache upload hangs: the save cannot finish before the deadline, so main says
 /// `not-persisted` (state and output) in time, and post saves.
-#[tokio::test]
-async fn sigterm_during_the_save_says_not_persisted_and_post_saves() {
-    let world = World::start().await;
+pub(crate) async fn sigterm_during_the_save_says_not_persisted_and_post_saves(launch: Launch) {
+    let world = World::start_with(launch).await;
     world.github.seed_issue(5, "t", "b");
     world.llm.push(Reply::text("answered before the save"));
     world.cache.stall(PUT_BLOB, 1);
