@@ -10,7 +10,7 @@
 //! Baseline measured in the same run: `tar | zstd -3` and `zstd -d | tar -x` of the same database.
 //!
 //! Needs `FRO_BOT_TEST_OPENCODE` (run `scripts/bench-run`). Knobs: FRO_BOT_BENCH_DB_MB (default
-//! 10), FRO_BOT_BENCH_RUNS (default 3), FRO_BOT_BENCH_VERBOSE (print each timed step's output),
+//! 10), FRO_BOT_BENCH_RUNS (default 3), FRO_BOT_BENCH_VERBOSE (print each timed step's output and OpenCode's log),
 //! FRO_BOT_BENCH_KEEP_DB=<path> (keep a copy of the grown database).
 
 #[path = "../tests/it/support/mod.rs"]
@@ -219,6 +219,12 @@ async fn run() {
         eprintln!("timed run {} done in {:.2}s", i + 1, total.as_secs_f64());
         if std::env::var_os("FRO_BOT_BENCH_VERBOSE").is_some() {
             eprintln!("{}", explain(&r));
+            if let Ok(dir) = std::fs::read_dir(job.data_dir().join("log")) {
+                for e in dir.flatten() {
+                    let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                    eprintln!("opencode log {}:\n{text}", e.path().display());
+                }
+            }
         }
         timed.push(Timed {
             total,
