@@ -10,8 +10,8 @@
 //! Baseline measured in the same run: `tar | zstd -3` and `zstd -d | tar -x` of the same database.
 //!
 //! Needs `FRO_BOT_TEST_OPENCODE` (run `scripts/bench-run`). Knobs: FRO_BOT_BENCH_DB_MB (default
-//! 10), FRO_BOT_BENCH_RUNS (default 3), FRO_BOT_BENCH_VERBOSE (print each timed step's output and OpenCode's log),
-//! FRO_BOT_BENCH_KEEP_DB=<path> (keep a copy of the grown database).
+//! 10), FRO_BOT_BENCH_RUNS (default 3), FRO_BOT_BENCH_VERBOSE (print each timed step's output
+//! and OpenCode's log), FRO_BOT_BENCH_KEEP_DB=<path> (keep a copy of the grown database).
 
 #[path = "../tests/it/support/mod.rs"]
 mod support;
