@@ -24,9 +24,11 @@ pub(crate) enum ThreadTurn {
         waited: Duration,
         waits: u32,
     },
-    /// The store could not be asked, or the run was cancelled while waiting: it goes on without
-    /// its turn (its memory is still merged with whatever the other run publishes).
+    /// The store could not be asked: the run goes on without its turn (its memory is still
+    /// merged with whatever the other run publishes).
     Unknown { message: String },
+    /// The run was cancelled before or while it waited: it ends without restoring or saving.
+    Cancelled,
     /// Another run kept the thread for all of `thread-wait`: this one does not run.
     NotOurs { holder_id: String, waited: Duration },
 }
@@ -50,11 +52,8 @@ pub(crate) async fn take(ctx: &RunContext, tracker: Option<&Tracker>) -> ThreadT
     if ctx.plan.thread.is_none() {
         return ThreadTurn::NotNeeded;
     }
-    let cancelled = || ThreadTurn::Unknown {
-        message: "the run was cancelled while it waited".into(),
-    };
     if ctx.cancel.is_cancelled() {
-        return cancelled();
+        return ThreadTurn::Cancelled;
     }
     let key = store.keys.thread_lease(ctx.plan.logical_key.as_str());
     let started = Instant::now();
@@ -81,7 +80,7 @@ pub(crate) async fn take(ctx: &RunContext, tracker: Option<&Tracker>) -> ThreadT
     // A signal ends the wait (not an ask in flight, which could leave the turn taken with nobody
     // to give it back), and an ask that outlives the cancel deadline is abandoned.
     let Some((outcome, waits)) = ctx.within_budget(asked).await else {
-        return cancelled();
+        return ThreadTurn::Cancelled;
     };
     let waited = started.elapsed();
     match outcome {
@@ -99,7 +98,7 @@ pub(crate) async fn take(ctx: &RunContext, tracker: Option<&Tracker>) -> ThreadT
                 waits,
             }
         }
-        AcquireOutcome::HeldByOther { .. } if ctx.cancel.is_cancelled() => cancelled(),
+        AcquireOutcome::HeldByOther { .. } if ctx.cancel.is_cancelled() => ThreadTurn::Cancelled,
         AcquireOutcome::HeldByOther { holder_id, .. } => {
             let holder_id = shown_holder(&holder_id);
             log::warning(&format!(
@@ -131,6 +130,10 @@ impl ThreadTurn {
             ThreadTurn::Unknown { message } => Some(format!(
                 "did not wait for other runs on this thread ({message}); memory is merged all the same"
             )),
+            ThreadTurn::Cancelled => Some(
+                "cancelled while it waited for an earlier run on this thread: nothing was restored or saved"
+                    .into(),
+            ),
             ThreadTurn::NotOurs { holder_id, waited } => Some(format!(
                 "did not run: {holder_id} kept this thread for {} s",
                 waited.as_secs()

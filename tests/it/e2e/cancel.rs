@@ -263,6 +263,13 @@ pub(crate) async fn sigterm_while_waiting_for_the_threads_turn_ends_without_rest
     );
     assert!(world.llm.requests().is_empty());
     assert!(!r.state.contains_key("threadLeaseEtag"), "{:?}", r.state);
+    assert!(
+        r.summary
+            .contains("cancelled while it waited for an earlier run on this thread")
+            && !r.summary.contains("merged all the same"),
+        "{}",
+        r.summary
+    );
     // Still the other run's.
     assert!(matches!(
         held.release().await,
