@@ -11,7 +11,8 @@
 //!
 //! Needs `FRO_BOT_TEST_OPENCODE` (run `scripts/bench-run`). Knobs: FRO_BOT_BENCH_DB_MB (default
 //! 10), FRO_BOT_BENCH_RUNS (default 3), FRO_BOT_BENCH_VERBOSE (print each timed step's output
-//! and OpenCode's log), FRO_BOT_BENCH_KEEP_DB=<path> (keep a copy of the grown database).
+//! and OpenCode's log), FRO_BOT_BENCH_KEEP_DB=<path> (keep a copy of the grown database),
+//! FRO_BOT_BENCH_GITHUB_MS (how long each fake GitHub answer waits; default 0).
 
 #[path = "../tests/it/support/mod.rs"]
 mod support;
@@ -83,6 +84,10 @@ async fn run() {
     let llm = FakeLlm::start().await;
     let github = FakeGitHub::start().await;
     github.seed_issue(5, "Flaky build", "It fails sometimes.");
+    // github.com is 100-300 ms away; at 0 ms, overlapping GitHub's calls cannot show.
+    let github_ms = env_num("FRO_BOT_BENCH_GITHUB_MS", 0);
+    github.set_latency(Duration::from_millis(github_ms));
+    println!("the fake GitHub answers after {github_ms} ms");
 
     let mut job = Job::new(1000);
     for (k, v) in cache.env_pairs() {
@@ -219,6 +224,10 @@ async fn run() {
         eprintln!("timed run {} done in {:.2}s", i + 1, total.as_secs_f64());
         if std::env::var_os("FRO_BOT_BENCH_VERBOSE").is_some() {
             eprintln!("{}", explain(&r));
+            for req in github.requests().iter().filter(|req| req.at >= t) {
+                let ms = (req.at - t).as_millis();
+                eprintln!("github +{ms} ms: {} {}", req.method, req.path);
+            }
             if let Ok(dir) = std::fs::read_dir(job.data_dir().join("log")) {
                 for e in dir.flatten() {
                     let text = std::fs::read_to_string(e.path()).unwrap_or_default();

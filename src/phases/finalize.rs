@@ -33,8 +33,12 @@ pub(crate) async fn finalize_github(
         (t, None) => t,
     };
     let footer = run_footer(env, plan, agent_run, restored, started);
-    let url = reply(gh, settings, plan, tracker, text.as_deref(), &footer).await;
-    if let Err(e) = gh.conclude(plan, succeeded).await {
+    // The reaction does not wait for the answer's round trip to GitHub.
+    let (url, concluded) = tokio::join!(
+        reply(gh, settings, plan, tracker, text.as_deref(), &footer),
+        gh.conclude(plan, succeeded)
+    );
+    if let Err(e) = concluded {
         tracing::warn!("cannot add the completion reaction: {e}");
     }
     url
@@ -55,8 +59,11 @@ pub(crate) async fn answer_only(
         logical_key: Some(ctx.plan.logical_key.as_str().to_string()),
         duration_secs: Some(ctx.started.elapsed().as_secs()),
     };
-    let url = reply(gh, &ctx.settings, &ctx.plan, tracker, Some(text), &footer).await;
-    if let Err(e) = gh.conclude(&ctx.plan, false).await {
+    let (url, concluded) = tokio::join!(
+        reply(gh, &ctx.settings, &ctx.plan, tracker, Some(text), &footer),
+        gh.conclude(&ctx.plan, false)
+    );
+    if let Err(e) = concluded {
         tracing::warn!("cannot add the completion reaction: {e}");
     }
     url

@@ -73,24 +73,30 @@ pub(crate) async fn prepare(ctx: &mut RunContext) -> OutputsPlan {
         return OutputsPlan::none("a local run leaves changes in the work tree");
     }
     let so = ctx.settings.safe_outputs.clone();
-    let labels = match &so.allowed_labels {
-        Some(l) => Some(l.clone()),
-        None => match gh.labels().await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                log::warning(&format!(
-                    "cannot list the repository's labels (the agent may use none): {e}"
-                ));
-                Some(Vec::new())
-            }
-        },
+    let labels = async {
+        match &so.allowed_labels {
+            Some(l) => Some(l.clone()),
+            None => match gh.labels().await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    log::warning(&format!(
+                        "cannot list the repository's labels (the agent may use none): {e}"
+                    ));
+                    Some(Vec::new())
+                }
+            },
+        }
     };
-    let changes = match so.changes {
-        ChangesMode::Off => ChangesPlan::Off {
-            why: "`changes: off`".into(),
-        },
-        ChangesMode::PullRequest => plan_changes(ctx, &gh).await,
+    let changes = async {
+        match so.changes {
+            ChangesMode::Off => ChangesPlan::Off {
+                why: "`changes: off`".into(),
+            },
+            ChangesMode::PullRequest => plan_changes(ctx, &gh).await,
+        }
     };
+    // Neither waits for the other's round trip to GitHub.
+    let (labels, changes) = tokio::join!(labels, changes);
     let policy = OutputPolicy {
         changes: matches!(changes, ChangesPlan::Deliver { .. }),
         labels,

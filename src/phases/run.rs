@@ -1,5 +1,6 @@
 //! `fro-bot run` (and `fro-bot local`): the main step, in the order `docs/design.md` gives —
-//! admit (config → routing → dedup → lease) → acknowledge and the tracking comment → restore →
+//! admit (config → routing → dedup → lease) → acknowledge and the tracking comment (the restore
+//! beside them when there is no thread turn to take first) → restore →
 //! agent (session prep and the turn) → respond → cleanup and save (always) → finish (summary, then
 //! the niceties).
 
@@ -81,12 +82,23 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
             },
         }
     };
-    let ((tracker, turn), ()) = tokio::join!(own_turn, acknowledge);
+    // With no turn to take, nothing orders the restore after GitHub's round trips either.
+    let ((tracker, turn), (), early) = if thread_turn::needed(&ctx) {
+        let (own, ()) = tokio::join!(own_turn, acknowledge);
+        (own, (), None)
+    } else {
+        let (own, (), restoring) = tokio::join!(own_turn, acknowledge, restoring(&ctx));
+        (own, (), Some(restoring))
+    };
     if let ThreadTurn::NotOurs { holder_id, waited } = &turn {
         return not_our_turn(&ctx, tracker, holder_id, *waited).await;
     }
 
-    let (restored, merged_at_restore) = restore_memory(&mut ctx).await;
+    let restoring = match early {
+        Some(restoring) => restoring,
+        None => restoring(&ctx).await,
+    };
+    let (restored, merged_at_restore) = restore_memory(&mut ctx, restoring).await;
     let (agent_run, stopped) = take_turn(&mut ctx, &restored, tracker.as_ref()).await;
     // The answer goes out before the save, so a slow save never delays it.
     let cancelled_edit = respond(&ctx, &agent_run, &restored, tracker).await;
@@ -168,14 +180,12 @@ async fn take_turn(
     (agent_run, stopped)
 }
 
-/// Restore (store, then cache, then validation), then the workspace's project identity.
-/// Also what was merged into the store's copy (`merge_cache_into_store_copy`).
-async fn restore_memory(ctx: &mut RunContext) -> (RestoreReport, Option<CacheMergeReport>) {
+/// The restore itself (store, then cache, then validation), with when it started; `None` when a
+/// signal stopped it: the agent will not run, and what is half restored is never saved
+/// (`memory_changed`).
+async fn restoring(ctx: &RunContext) -> (Option<RestoreReport>, Instant) {
     let t = Instant::now();
     let restore_keys = ctx.keys.restore_prefixes().to_vec();
-    let cancel = ctx.cancel.clone();
-    // A signal stops the restore where it is: the agent will not run, and what is half restored
-    // is never saved (`memory_changed`).
     let restoring = async {
         let _g = log::Group::new("Restore memory");
         let inputs = RestoreInputs {
@@ -192,9 +202,19 @@ async fn restore_memory(ctx: &mut RunContext) -> (RestoreReport, Option<CacheMer
     };
     let restored = tokio::select! {
         biased;
-        () = cancel.cancelled() => None,
+        () = ctx.cancel.cancelled() => None,
         restored = restoring => Some(restored),
     };
+    (restored, t)
+}
+
+/// What the restore brought, taken into the run: outputs, provenance, the cache entry merged into
+/// the store's copy, then the workspace's project identity.
+async fn restore_memory(
+    ctx: &mut RunContext,
+    (restored, t): (Option<RestoreReport>, Instant),
+) -> (RestoreReport, Option<CacheMergeReport>) {
+    let cancel = ctx.cancel.clone();
     ctx.set_output(output::LOGICAL_KEY, ctx.plan.logical_key.as_str());
     let Some(restored) = restored else {
         log::warning("memory: the restore was stopped by the cancel; nothing is saved");

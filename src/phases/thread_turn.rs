@@ -43,13 +43,19 @@ pub(crate) struct HeldTurn {
 /// What the tracking comment says while the run waits for its turn.
 pub(crate) const WAITING: &str = "waiting for an earlier run on this thread to finish";
 
+/// Whether this run takes a turn on its thread: with the store, `thread-wait` set and a thread
+/// (not a schedule or dispatch run). Without one, nothing orders its restore after other runs.
+pub(crate) fn needed(ctx: &RunContext) -> bool {
+    ctx.store.is_some() && ctx.settings.thread_wait.is_some() && ctx.plan.thread.is_some()
+}
+
 /// Takes the thread's turn, waiting for an earlier run on the thread as long as `thread-wait`;
 /// while it waits, the tracking comment (if any) says so.
 pub(crate) async fn take(ctx: &RunContext, tracker: Option<&Tracker>) -> ThreadTurn {
     let (Some(store), Some(wait)) = (&ctx.store, ctx.settings.thread_wait) else {
         return ThreadTurn::NotNeeded;
     };
-    if ctx.plan.thread.is_none() {
+    if !needed(ctx) {
         return ThreadTurn::NotNeeded;
     }
     if ctx.cancel.is_cancelled() {

@@ -119,6 +119,8 @@ pub(super) struct Data {
     created_issues: Vec<Value>,
     /// The bare repository and what goes with it.
     pub(super) git: GitState,
+    /// How long every answer waits, as a round trip to github.com would (zero: at once).
+    latency: std::time::Duration,
 }
 
 type Shared = Arc<Mutex<Data>>;
@@ -167,6 +169,11 @@ impl FakeGitHub {
             axum::serve(listener, app).await.unwrap();
         });
         FakeGitHub { url, data, task }
+    }
+
+    /// Every answer from now on waits `latency` first (a round trip to github.com is 100-300 ms).
+    pub fn set_latency(&self, latency: std::time::Duration) {
+        self.lock().latency = latency;
     }
 
     /// `GITHUB_API_URL`.
@@ -491,7 +498,13 @@ async fn handle(
     body: Bytes,
 ) -> Response {
     let raw_path = uri.path().to_string();
-    let enterprise = data.lock().unwrap().site.enterprise;
+    let (enterprise, latency) = {
+        let data = data.lock().unwrap();
+        (data.site.enterprise, data.latency)
+    };
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
     let (path, routes) = locate(enterprise, &raw_path);
     let auth = headers
         .get("authorization")
