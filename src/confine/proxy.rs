@@ -240,6 +240,10 @@ impl ProxyPlan {
     }
 }
 
+/// The body of the proxy's 502 when the provider cannot be reached: OpenCode repeats it in its
+/// retries and errors, where the turn recognizes it (`opencode::turn::is_unreachable_text`).
+pub const UNREACHABLE: &str = "the provider is unreachable";
+
 /// The running proxy; stops when dropped.
 #[derive(Debug)]
 pub struct Proxy {
@@ -401,7 +405,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!("provider proxy: {} unreachable: {e}", route.id);
-            return plain(StatusCode::BAD_GATEWAY, "the provider is unreachable");
+            return plain(StatusCode::BAD_GATEWAY, UNREACHABLE);
         }
     };
     let mut out = Response::builder().status(resp.status());

@@ -54,9 +54,11 @@ pub enum Event {
 pub enum SessionStatus {
     Idle,
     Busy,
-    /// OpenCode is waiting to retry a failed model call; `message` says why (quota, rate limit...).
+    /// OpenCode is waiting to retry a failed model call; `message` says why (quota, rate limit...),
+    /// `attempt` counts the failed calls so far (1 for the first retry).
     Retry {
         message: String,
+        attempt: u64,
     },
     Other {
         kind: String,
@@ -226,6 +228,7 @@ impl SessionStatus {
             "busy" => SessionStatus::Busy,
             "retry" => SessionStatus::Retry {
                 message: v["message"].as_str().unwrap_or("").to_string(),
+                attempt: v["attempt"].as_u64().unwrap_or(1),
             },
             other => SessionStatus::Other {
                 kind: other.to_string(),

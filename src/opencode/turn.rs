@@ -6,6 +6,9 @@
 //!   status ends the turn at once instead;
 //! - context overflow (what is left after OpenCode's own compaction failed) archives the session and
 //!   starts a fresh one with the same title and the same prompt, once;
+//! - a provider OpenCode cannot connect to ends the turn at its third retry (about 6 s in), instead
+//!   of the ~100 s of OpenCode's retries times fro-bot's attempts: an address that refuses or does
+//!   not resolve three times running is a configuration to fix, not a blip;
 //! - any other provider error is retried, up to 3 attempts in all, with a continuation prompt that
 //!   names the error.
 
@@ -32,7 +35,9 @@ pub enum ErrorClass {
     ProviderAuth,
     ContextOverflow,
     Aborted,
-    /// Rate limits, 5xx, network trouble, anything else: worth another attempt.
+    /// The provider could not be reached at all (after OpenCode's own retries).
+    Unreachable,
+    /// Rate limits, 5xx, anything else: worth another attempt.
     Provider,
 }
 
@@ -56,6 +61,23 @@ const AUTH_MARKERS: &[&str] = &[
     "unauthorized",
 ];
 
+/// OpenCode's words when the provider's address cannot be reached (refused, no route, no such
+/// host): "Cannot connect to API: Unable to connect. Is the computer able to access the url?"; and
+/// fro-bot's key proxy's 502 when it cannot reach the provider.
+const UNREACHABLE_MARKERS: &[&str] = &[
+    "cannot connect to api",
+    "unable to connect",
+    crate::confine::proxy::UNREACHABLE,
+];
+
+/// OpenCode's retry that ends the turn when the provider still cannot be reached.
+const UNREACHABLE_RETRIES: u64 = 3;
+
+pub fn is_unreachable_text(text: &str) -> bool {
+    let t = text.to_lowercase();
+    UNREACHABLE_MARKERS.iter().any(|m| t.contains(m))
+}
+
 pub fn is_quota_text(text: &str) -> bool {
     let t = text.to_lowercase();
     QUOTA_MARKERS.iter().any(|m| t.contains(m))
@@ -72,6 +94,7 @@ pub fn classify(e: &NamedError) -> ErrorClass {
         "ProviderAuthError" => ErrorClass::ProviderAuth,
         "MessageAbortedError" => ErrorClass::Aborted,
         _ if is_quota_text(&text) => ErrorClass::Quota,
+        _ if is_unreachable_text(&text) => ErrorClass::Unreachable,
         _ if matches!(e.data["statusCode"].as_u64(), Some(401 | 403)) => ErrorClass::ProviderAuth,
         _ if AUTH_MARKERS.iter().any(|m| text.to_lowercase().contains(m)) => {
             ErrorClass::ProviderAuth
@@ -105,6 +128,10 @@ pub enum TurnFailure {
     Provider {
         message: String,
     },
+    /// OpenCode could not connect to the provider, retry after retry.
+    Unreachable {
+        message: String,
+    },
     /// The turn ended without any assistant message.
     NoReply,
     /// The OpenCode API itself failed (server gone, unexpected answer).
@@ -136,6 +163,10 @@ impl std::fmt::Display for TurnFailure {
             TurnFailure::Provider { message } => {
                 write!(f, "the provider failed on every attempt ({message})")
             }
+            TurnFailure::Unreachable { message } => write!(
+                f,
+                "the provider could not be reached ({message}): check its base URL in `opencode-config` and that the runner can reach it (a proxy: `HTTPS_PROXY`)"
+            ),
             TurnFailure::NoReply => f.write_str("the turn ended without an answer"),
             TurnFailure::Api { message } => write!(f, "the OpenCode API failed ({message})"),
         }
@@ -215,6 +246,10 @@ enum AttemptEnd {
     QuotaRetry {
         message: String,
     },
+    /// OpenCode's retries cannot reach the provider: the (sanitized) message.
+    UnreachableRetry {
+        message: String,
+    },
     TimedOut,
     Cancelled,
 }
@@ -256,6 +291,12 @@ pub async fn run_turn(
                 stop(client, &report.session.id).await;
                 report.errors.push(message.clone());
                 report.outcome = TurnOutcome::Failed(TurnFailure::Quota { message });
+                return report;
+            }
+            AttemptEnd::UnreachableRetry { message } => {
+                stop(client, &report.session.id).await;
+                report.errors.push(message.clone());
+                report.outcome = TurnOutcome::Failed(TurnFailure::Unreachable { message });
                 return report;
             }
             AttemptEnd::TimedOut => {
@@ -327,6 +368,10 @@ async fn after_error(
         }
         ErrorClass::ProviderAuth => {
             report.outcome = TurnOutcome::Failed(TurnFailure::ProviderAuth { message });
+            Next::Done
+        }
+        ErrorClass::Unreachable => {
+            report.outcome = TurnOutcome::Failed(TurnFailure::Unreachable { message });
             Next::Done
         }
         ErrorClass::ContextOverflow if report.replaced.is_none() => {
@@ -476,6 +521,9 @@ async fn wait_for_idle(
                     Seen::QuotaRetry { message } => {
                         return Ok(Wait::Ended(AttemptEnd::QuotaRetry { message }))
                     }
+                    Seen::UnreachableRetry { message } => {
+                        return Ok(Wait::Ended(AttemptEnd::UnreachableRetry { message }))
+                    }
                     Seen::Nothing => {}
                 }
             }
@@ -498,6 +546,10 @@ enum Seen {
     QuotaRetry {
         message: String,
     },
+    /// OpenCode has retried [`UNREACHABLE_RETRIES`] times and still cannot connect.
+    UnreachableRetry {
+        message: String,
+    },
     Nothing,
 }
 
@@ -516,11 +568,16 @@ fn on_event(ev: Event, observed: &mut Option<NamedError>) -> Seen {
             Seen::Nothing
         }
         Event::SessionStatus {
-            status: SessionStatus::Retry { message },
+            status: SessionStatus::Retry { message, attempt },
             ..
         } => {
             if is_quota_text(&message) {
                 return Seen::QuotaRetry {
+                    message: log::redact(&message),
+                };
+            }
+            if attempt >= UNREACHABLE_RETRIES && is_unreachable_text(&message) {
+                return Seen::UnreachableRetry {
                     message: log::redact(&message),
                 };
             }
@@ -649,6 +706,38 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn retry(message: &str, attempt: u64) -> Event {
+        Event::SessionStatus {
+            session_id: "ses_1".into(),
+            status: SessionStatus::Retry {
+                message: message.into(),
+                attempt,
+            },
+        }
+    }
+
+    #[test]
+    fn only_the_third_retry_that_cannot_connect_ends_the_attempt() {
+        let refused =
+            "Cannot connect to API: Unable to connect. Is the computer able to access the url?";
+        let mut observed = None;
+        for attempt in [1, 2] {
+            assert!(matches!(
+                on_event(retry(refused, attempt), &mut observed),
+                Seen::Nothing
+            ));
+        }
+        assert!(matches!(
+            on_event(retry(refused, 3), &mut observed),
+            Seen::UnreachableRetry { message } if message.contains("Unable to connect")
+        ));
+        // A rate limit is OpenCode's to retry, however often.
+        assert!(matches!(
+            on_event(retry("Rate limit reached", 5), &mut observed),
+            Seen::Nothing
+        ));
+    }
+
     fn err(name: &str, data: serde_json::Value) -> NamedError {
         NamedError {
             name: name.into(),
@@ -683,6 +772,11 @@ mod tests {
             json!({"message": "Rate limit reached for requests", "statusCode": 429, "isRetryable": true}),
         );
         assert_eq!(classify(&rate), ErrorClass::Provider);
+        let unreachable = err(
+            "APIError",
+            json!({"message": "Bad Gateway: the provider is unreachable", "statusCode": 502, "isRetryable": true}),
+        );
+        assert_eq!(classify(&unreachable), ErrorClass::Unreachable);
         let overflow = err(
             "ContextOverflowError",
             json!({"message": "Session too large to compact - context exceeds model limit even after stripping media"}),

@@ -376,6 +376,51 @@ async fn quota_exhaustion_is_terminal_at_once() {
     agent.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A provider address nothing listens on: OpenCode retries with backoff for over a minute per
+/// attempt, and fro-bot made three attempts (about 215 s). Its third retry ends the turn, naming
+/// what to check.
+#[tokio::test]
+async fn an_unreachable_provider_ends_the_turn_at_the_third_retry() {
+    let h = Harness::new().await;
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let mut options = h.options();
+    let config = options
+        .user_config
+        .as_mut()
+        .expect("the fake provider's config");
+    config["provider"]["fake"]["options"]["baseURL"] =
+        json!(format!("http://127.0.0.1:{closed}/v1"));
+    let mut agent = Agent::start(options).await.expect("OpenCode starts");
+    let s = agent.resolve_session("issue-8").await.unwrap();
+    let t0 = Instant::now();
+    let r = agent
+        .run_turn(
+            s.session.clone(),
+            "Do the thing",
+            &opts(None),
+            &Cancellation::new(),
+        )
+        .await;
+    let TurnOutcome::Failed(failure @ TurnFailure::Unreachable { .. }) = &r.outcome else {
+        panic!("{r:?}");
+    };
+    let said = failure.to_string();
+    eprintln!("UNREACHABLE | ended after {:?}: {said}", t0.elapsed());
+    assert!(
+        said.contains("could not be reached") && said.contains("base URL"),
+        "{said}"
+    );
+    assert_eq!(r.attempts, 1, "{r:?}");
+    // OpenCode's backoff before its third retry is about 6 s; the bound leaves room for a loaded
+    // machine and stays far below the 215 s it took.
+    assert!(t0.elapsed() < Duration::from_secs(40), "{:?}", t0.elapsed());
+    assert!(!agent.is_busy(Some(&s.session.id)).await.unwrap());
+    agent.shutdown(Duration::from_secs(5)).await;
+}
+
 #[tokio::test]
 async fn provider_auth_errors_are_terminal() {
     let h = Harness::new().await;
