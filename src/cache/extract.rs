@@ -164,10 +164,6 @@ pub struct ExtractReport {
     pub restored: Vec<PathBuf>,
     pub files: u64,
     pub bytes: u64,
-    /// Each restored file cache path with the SHA-256 of the bytes written to it, taken as they
-    /// were written (the restore needs the database's, and a second read of it costs as much as
-    /// the extraction's write).
-    pub sha256: Vec<(PathBuf, [u8; 32])>,
 }
 
 /// One requested cache path and, once a member for it appears, its staging directory.
@@ -424,11 +420,7 @@ fn extract_member<R: Read>(
         (EntryType::Regular | EntryType::Continuous, _, _) => {
             let dest = target.staged(&rel)?;
             let out = create_new(&dest, name)?;
-            let hashed = Hashing::new(out, expected == PathKind::File);
-            let (written, sha256) = write_file(reader, member, hashed, &dest)?;
-            if let Some(sha256) = sha256 {
-                report.sha256.push((target.path.clone(), sha256));
-            }
+            let written = write_file(reader, member, out, &dest)?;
             report.files += 1;
             report.bytes += written;
             Ok(())
@@ -595,49 +587,18 @@ fn create_new(dest: &Path, name: &str) -> Result<File, MemberError> {
     }
 }
 
-/// A file being written, and the SHA-256 of what was written to it when asked for.
-struct Hashing {
-    file: File,
-    hasher: Option<sha2::Sha256>,
-}
-
-impl Hashing {
-    fn new(file: File, hash: bool) -> Self {
-        use sha2::Digest;
-        Hashing {
-            file,
-            hasher: hash.then(sha2::Sha256::new),
-        }
-    }
-}
-
-impl io::Write for Hashing {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.file.write(buf)?;
-        if let Some(hasher) = &mut self.hasher {
-            sha2::Digest::update(hasher, &buf[..n]);
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.file.flush()
-    }
-}
-
 fn write_file<R: Read>(
     reader: &mut TarReader<R>,
     member: &MemberHeader,
-    out: Hashing,
+    out: File,
     dest: &Path,
-) -> Result<(u64, Option<[u8; 32]>), MemberError> {
+) -> Result<u64, MemberError> {
     use std::os::unix::fs::PermissionsExt;
     let mut out = io::BufWriter::with_capacity(super::WRITE_BUF, out);
     let written = reader.copy_data(&mut out)?;
-    let Hashing { file: out, hasher } = out
+    let out = out
         .into_inner()
         .map_err(|e| extraction(dest, "cannot write file", e.into_error()))?;
-    let sha256 = hasher.map(|h| sha2::Digest::finalize(h).into());
     // Permission bits only: never setuid/setgid/sticky from an archive.
     if let Some(mode) = member.mode {
         out.set_permissions(fs::Permissions::from_mode(mode & 0o777))
@@ -648,7 +609,7 @@ fn write_file<R: Read>(
         // Best effort: a wrong mtime does not make the restore wrong.
         let _ = out.set_modified(when);
     }
-    Ok((written, sha256))
+    Ok(written)
 }
 
 /// Replaces each target that the entry held by its staged version. Outer paths first, so a nested

@@ -106,9 +106,6 @@ pub enum RestoreOutcome {
         matched_key: String,
         /// Cache paths replaced by their archived version.
         restored: Vec<PathBuf>,
-        /// The restored file cache paths with the SHA-256 of what was written to each
-        /// (`ExtractReport::sha256`).
-        sha256: Vec<(PathBuf, [u8; 32])>,
         /// Size of the downloaded archive.
         size_bytes: u64,
     },
@@ -522,7 +519,6 @@ pub(crate) fn hit_or_unrestorable(
         Ok(report) => Ok(RestoreOutcome::Hit {
             matched_key,
             restored: report.restored,
-            sha256: report.sha256,
             size_bytes,
         }),
         Err(e) if e.is_entry_fault() => Ok(RestoreOutcome::Unrestorable {

@@ -29,8 +29,6 @@ pub enum StoreAttempt {
     Hit {
         etag: String,
         marker: StoreMarker,
-        /// Its SHA-256, taken as it was downloaded (`None`: not known, so hashed again).
-        sha256: Option<[u8; 32]>,
     },
     Miss,
     Failed {
@@ -119,12 +117,8 @@ pub async fn restore(
 
     match store.await {
         StoreAttempt::Disabled => {}
-        StoreAttempt::Hit {
-            etag,
-            marker,
-            sha256,
-        } => {
-            match validate(&inputs, RestoreSource::Storage, sha256, &mut report.notes).await {
+        StoreAttempt::Hit { etag, marker } => {
+            match validate(&inputs, RestoreSource::Storage, &mut report.notes).await {
                 Validation::Valid { sha256 } => {
                     report.restored_sha256 = sha256;
                     report.status = CacheStatus::Hit;
@@ -322,7 +316,6 @@ async fn attempt(
         Ok(RestoreOutcome::Hit {
             matched_key,
             restored,
-            sha256,
             ..
         }) => {
             // The entry's database is complete on its own; a WAL left beside it from an older
@@ -331,9 +324,7 @@ async fn attempt(
                 warn(notes, format!("cannot remove a stale WAL/SHM: {e}"));
             }
             drop_restored_storage(inputs.paths, &restored, notes);
-            let db = inputs.paths.db();
-            let written = sha256.iter().find(|(path, _)| *path == db).map(|(_, d)| *d);
-            match validate(inputs, RestoreSource::Cache, written, notes).await {
+            match validate(inputs, RestoreSource::Cache, notes).await {
                 Validation::Valid { sha256 } => Attempt::Restored {
                     key: matched_key,
                     sha256,
@@ -513,15 +504,14 @@ struct Examination {
 
 /// Checks what was just restored: a readable data dir, our storage version, a database that SQLite
 /// can read (checkpointing a restored WAL, or probing when there is none), then sanitizes it.
-/// Removes `auth.json`. `written` is the database's SHA-256 as the restore wrote it, when known.
+/// Removes `auth.json`.
 async fn validate(
     inputs: &RestoreInputs<'_>,
     source: RestoreSource,
-    written: Option<[u8; 32]>,
     notes: &mut Vec<String>,
 ) -> Validation {
     remove_restored_auth(inputs.paths, notes);
-    match check_restored(inputs, source, written, notes).await {
+    match check_restored(inputs, source, notes).await {
         Ok(sha256) => Validation::Valid { sha256 },
         Err(Rejection { reason, fault }) => Validation::Discard { reason, fault },
     }
@@ -531,7 +521,6 @@ async fn validate(
 async fn check_restored(
     inputs: &RestoreInputs<'_>,
     source: RestoreSource,
-    written: Option<[u8; 32]>,
     notes: &mut Vec<String>,
 ) -> Result<Option<[u8; 32]>, Rejection> {
     let paths = inputs.paths;
@@ -545,7 +534,7 @@ async fn check_restored(
             fault: Fault::Broken,
         });
     }
-    let examination = examine_database(db, inputs.now_ms, written).await?;
+    let examination = examine_database(db, inputs.now_ms).await?;
     check_readable(examination.checkpoint, examination.probe, notes)?;
     check_sanitized(examination.sanitized, notes)?;
     Ok(examination.sha256)
@@ -599,24 +588,14 @@ fn check_storage_version(paths: &StatePaths, notes: &mut Vec<String>) -> Result<
 
 /// Checkpoints a restored WAL (or probes when there is none) and, when SQLite could read the
 /// database, sanitizes it. SQLite blocks, so this runs on a blocking thread.
-async fn examine_database(
-    db: std::path::PathBuf,
-    now_ms: i64,
-    written: Option<[u8; 32]>,
-) -> Result<Examination, Rejection> {
-    // The digest (`RestoredCopy`, and what the marker must name) is the one the extraction or
-    // the download took as it wrote the file. Without one it is taken here, on the second core
-    // beside the checks. Only a sanitizer that has to change the file writes while it reads; a
-    // digest of a half-written file then names nothing, which costs a whole scrub and an upload,
-    // never a skipped one.
-    let hashing = match written {
-        Some(_) => None,
-        None => {
-            let db = db.clone();
-            Some(tokio::task::spawn_blocking(move || {
-                crate::phases::context::sha256_file(&db).ok()
-            }))
-        }
+async fn examine_database(db: std::path::PathBuf, now_ms: i64) -> Result<Examination, Rejection> {
+    // The digest (`RestoredCopy`, and what the marker must name) is taken on the second core
+    // beside the checks, which read the same file: at 200 MB each is ~0.1-0.2 s. Only a sanitizer
+    // that has to change the file writes while it reads; a digest of a half-written file then
+    // names nothing, which costs a whole scrub and an upload, never a skipped one.
+    let hashing = {
+        let db = db.clone();
+        tokio::task::spawn_blocking(move || crate::phases::context::sha256_file(&db).ok())
     };
     let outcome = tokio::task::spawn_blocking(move || {
         let cp = checkpoint::checkpoint(&db);
@@ -631,10 +610,7 @@ async fn examine_database(
         (cp, probe, sanitized)
     })
     .await;
-    let sha256 = match hashing {
-        Some(task) => task.await.ok().flatten(),
-        None => written,
-    };
+    let sha256 = hashing.await.ok().flatten();
     outcome
         .map(|(checkpoint, probe, sanitized)| Examination {
             checkpoint,
@@ -740,9 +716,6 @@ pub(crate) async fn store_attempt(ctx: Option<&StoreContext>, paths: &StatePaths
         store::StoreRestore::Hit { etag, sha256, .. } => StoreAttempt::Hit {
             etag,
             marker: store_marker(ctx, paths, &sha256).await,
-            sha256: hex::decode(&sha256)
-                .ok()
-                .and_then(|bytes| bytes.try_into().ok()),
         },
         store::StoreRestore::Miss => StoreAttempt::Miss,
         store::StoreRestore::Failed { error } => StoreAttempt::Failed {

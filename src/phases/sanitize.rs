@@ -60,15 +60,11 @@ fn run(db: &Path, now_ms: i64) -> rusqlite::Result<Checked> {
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
-    // `quick_check` reads the whole file and the search for future timestamps the whole of the
-    // big tables (no index covers them): each on its own core, on its own connection.
-    let (problems, future) = std::thread::scope(|s| {
-        let scan = s.spawn(|| scan_future(db, now_ms));
-        let problems = quick_check(&conn);
-        let future = scan.join().unwrap_or(FutureScan::Failed);
-        (problems, future)
-    });
-    let problems = problems?;
+    let problems: Vec<String> = {
+        let mut stmt = conn.prepare("PRAGMA quick_check(20)")?;
+        let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
     if problems.first().map(String::as_str) != Some("ok") {
         return Ok(Checked::Corrupt(format!(
             "quick_check: {}",
@@ -107,11 +103,7 @@ fn run(db: &Path, now_ms: i64) -> rusqlite::Result<Checked> {
             }
         }
     }
-    // Only a scan that read every table and found nothing spares the write.
-    let clamped = match future {
-        FutureScan::Clear => 0,
-        FutureScan::Found | FutureScan::Failed => clamp_future(&tx, now_ms)?,
-    };
+    let clamped = clamp_future(&tx, now_ms)?;
     if clamped > 0 {
         notes.push(format!(
             "clamped the timestamps in the future of {clamped} row(s) to the current time"
@@ -121,80 +113,23 @@ fn run(db: &Path, now_ms: i64) -> rusqlite::Result<Checked> {
     Ok(Checked::Ok(notes))
 }
 
-fn quick_check(conn: &Connection) -> rusqlite::Result<Vec<String>> {
-    let mut stmt = conn.prepare("PRAGMA quick_check(20)")?;
-    let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
-    rows.collect()
-}
-
-/// What the read-only search for timestamps after now found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FutureScan {
-    /// Every table with `time_*` columns was read: none holds one.
-    Clear,
-    Found,
-    /// It could not tell (an error, a busy or damaged file): the clamping runs as if it found one.
-    Failed,
-}
-
-/// Searches every table for a `time_*` value after `now_ms`, on a read-only connection of its own
-/// (beside `quick_check`); nothing is written.
-fn scan_future(db: &Path, now_ms: i64) -> FutureScan {
-    let scan = || -> rusqlite::Result<bool> {
-        let conn = Connection::open_with_flags(
-            db,
-            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        for table in time_columns(&conn)?.chunk_by(|a, b| a.0 == b.0) {
-            let any: Vec<String> = table.iter().map(|(_, c)| future(&quote(c))).collect();
-            let sql = format!(
-                "SELECT EXISTS (SELECT 1 FROM {} WHERE {})",
-                quote(&table[0].0),
-                any.join(" OR ")
-            );
-            if conn.query_row(&sql, [now_ms], |row| row.get::<_, bool>(0))? {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    };
-    match scan() {
-        Ok(false) => FutureScan::Clear,
-        Ok(true) => FutureScan::Found,
-        Err(e) => {
-            tracing::debug!("the search for future timestamps failed: {e}");
-            FutureScan::Failed
-        }
-    }
-}
-
-/// Every table's `time_*` columns, as (table, column), grouped by table.
-fn time_columns(conn: &Connection) -> rusqlite::Result<Vec<(String, String)>> {
-    let mut stmt = conn.prepare(
-        "SELECT m.name, c.name FROM sqlite_master m, pragma_table_info(m.name) c \
-         WHERE m.type = 'table' AND c.name LIKE 'time\\_%' ESCAPE '\\' ORDER BY m.name",
-    )?;
-    let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
-    rows.collect()
-}
-
-fn quote(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
-}
-
-/// The SQL condition "column `c` (quoted) holds a number after `?1`".
-fn future(c: &str) -> String {
-    format!("(typeof({c}) IN ('integer', 'real') AND {c} > ?1)")
-}
-
 /// Every `time_*` column of every table: values after `now_ms` become `now_ms`, so a planted row
 /// cannot sort first forever. One statement per table, not per column: each is a full scan (no
 /// index covers them), and the message and part tables are most of the file. Returns the rows
 /// changed.
 fn clamp_future(conn: &Connection, now_ms: i64) -> rusqlite::Result<usize> {
+    let columns: Vec<(String, String)> = {
+        let mut stmt = conn.prepare(
+            "SELECT m.name, c.name FROM sqlite_master m, pragma_table_info(m.name) c \
+             WHERE m.type = 'table' AND c.name LIKE 'time\\_%' ESCAPE '\\' ORDER BY m.name",
+        )?;
+        let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        rows.collect::<rusqlite::Result<_>>()?
+    };
+    let quote = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
     let mut total = 0;
-    for table in time_columns(conn)?.chunk_by(|a, b| a.0 == b.0) {
+    for table in columns.chunk_by(|a, b| a.0 == b.0) {
+        let future = |c: &str| format!("(typeof({c}) IN ('integer', 'real') AND {c} > ?1)");
         let sets: Vec<String> = table
             .iter()
             .map(|(_, c)| {
@@ -299,43 +234,6 @@ mod tests {
             SanitizeOutcome::Clean { notes: vec![] },
             "idempotent"
         );
-    }
-
-    #[test]
-    fn the_search_beside_quick_check_finds_a_future_timestamp_in_any_table_and_writes_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = planted(dir.path());
-        let conn = Connection::open(&db).unwrap();
-        conn.execute_batch("PRAGMA journal_mode=DELETE").unwrap();
-        // Only the project's is in the future (the session table sorts after it)...
-        conn.execute("UPDATE session SET time_updated = 100", [])
-            .unwrap();
-        assert_eq!(scan_future(&db, NOW), FutureScan::Found);
-        // ...then only a later table's.
-        conn.execute("UPDATE project SET time_updated = 1", [])
-            .unwrap();
-        conn.execute(
-            "UPDATE session SET time_updated = ?1 WHERE id = 'ses_ok'",
-            [NOW + 1],
-        )
-        .unwrap();
-        assert_eq!(scan_future(&db, NOW), FutureScan::Found);
-        assert_eq!(scan_future(&db, NOW + 1), FutureScan::Clear);
-        drop(conn);
-        // Reading is all it does.
-        let before = std::fs::read(&db).unwrap();
-        assert_eq!(scan_future(&db, NOW), FutureScan::Found);
-        assert_eq!(std::fs::read(&db).unwrap(), before);
-        // It cannot tell without a readable database: the clamping then runs.
-        assert_eq!(
-            scan_future(&dir.path().join("missing.db"), NOW),
-            FutureScan::Failed
-        );
-        let SanitizeOutcome::Clean { notes } = sanitize(&db, NOW) else {
-            panic!("expected clean");
-        };
-        assert!(notes.iter().any(|n| n.contains("clamped")), "{notes:?}");
-        assert_eq!(scan_future(&db, NOW), FutureScan::Clear);
     }
 
     #[test]

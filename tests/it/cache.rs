@@ -174,24 +174,10 @@ async fn round_trip(db_bytes: usize, transfer: TransferOptions) -> (CacheServer,
             matched_key,
             restored,
             size_bytes,
-            sha256,
         } => {
             assert_eq!(matched_key, "opencode-storage-k-1");
             assert_eq!(restored.len(), 3);
             assert_eq!(*size_bytes, receipt.size_bytes);
-            // Each file cache path's digest, taken as it was written (none for the tree).
-            let digests: BTreeMap<PathBuf, [u8; 32]> = sha256.iter().cloned().collect();
-            let expected: BTreeMap<PathBuf, [u8; 32]> = ["opencode.db", "fro-bot.json"]
-                .into_iter()
-                .map(|name| {
-                    use sha2::Digest;
-                    (
-                        layout.data.join(name),
-                        sha2::Sha256::digest(&before[name]).into(),
-                    )
-                })
-                .collect();
-            assert_eq!(digests, expected);
         }
         other => panic!("expected a hit: {other:?}"),
     }
