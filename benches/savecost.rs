@@ -185,7 +185,7 @@ fn bench_size(
     let sessions = opencode_db::generate(&db, mb * MB);
     // Memory a fro-bot saved: scrubbed whole, its marker naming it and saying so.
     fro_bot::scrub::scrub(&db, &fro_bot::scrub::Scope::Whole).expect("scrub");
-    write_marker(&layout.paths, "0", 1, None, None, Scrubbed::Whole).expect("marker");
+    write_marker(&layout.paths, "0", 1, None, None, Scrubbed::Whole, None).expect("marker");
     // The run: one new thread of ten turns.
     {
         let c = rusqlite::Connection::open(&db).expect("db");

@@ -362,10 +362,7 @@ impl Provenance {
 }
 
 pub(crate) fn sha256_file(path: &Path) -> std::io::Result<[u8; 32]> {
-    use sha2::{Digest, Sha256};
-    let mut hasher = Sha256::new();
-    std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
-    Ok(hasher.finalize().into())
+    crate::phases::paths::FileDigest::of(path).map(|d| d.sha256)
 }
 
 #[cfg(test)]
@@ -393,13 +390,13 @@ mod tests {
             Provenance::Unknown,
             "no marker"
         );
-        write_marker(&paths, "1", 1, None, None, Scrubbed::NotVouched).unwrap();
+        write_marker(&paths, "1", 1, None, None, Scrubbed::NotVouched, None).unwrap();
         assert_eq!(
             Provenance::of_restored(&paths, Some(&copy(&paths))),
             Provenance::Unknown,
             "a marker that does not record a scrub (an older one)"
         );
-        write_marker(&paths, "1", 1, None, None, Scrubbed::Whole).unwrap();
+        write_marker(&paths, "1", 1, None, None, Scrubbed::Whole, None).unwrap();
         assert_eq!(
             Provenance::of_restored(&paths, Some(&copy(&paths))),
             Provenance::Scrubbed

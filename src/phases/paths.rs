@@ -210,10 +210,31 @@ pub enum Scrubbed {
     NotVouched,
 }
 
+/// A file's SHA-256 and length, from one read of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileDigest {
+    pub sha256: [u8; 32],
+    pub size: u64,
+}
+
+impl FileDigest {
+    pub fn of(path: &Path) -> std::io::Result<Self> {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        let size = std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+        Ok(FileDigest {
+            sha256: hasher.finalize().into(),
+            size,
+        })
+    }
+}
+
 /// Writes the marker for the database as it is now (after its checkpoint), atomically. `sessions`
 /// is the session map to record; `None` keeps the map of the marker on disk (post, which did not
 /// see the run); so does `trust` for the trust records. Entries whose session is gone from the
-/// database are dropped. `scrubbed` is what it says of secrets in the database.
+/// database are dropped. `scrubbed` is what it says of secrets in the database. `digest` is the
+/// caller's digest of the database when nothing wrote it since (a full read saved); `None`
+/// hashes it here.
 pub fn write_marker(
     paths: &StatePaths,
     run_id: &str,
@@ -221,6 +242,7 @@ pub fn write_marker(
     sessions: Option<&crate::phases::session_map::Map>,
     trust: Option<&crate::trust::TrustMap>,
     scrubbed: Scrubbed,
+    digest: Option<FileDigest>,
 ) -> std::io::Result<Marker> {
     let on_disk = || match check_marker(&paths.marker()) {
         MarkerCheck::Compatible(old) => Some(old),
@@ -242,27 +264,17 @@ pub fn write_marker(
     if let Some(map) = trust.as_mut() {
         crate::phases::session_map::retain_existing_trust(&paths.db(), map);
     }
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let mut file = std::fs::File::open(paths.db())?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut size = 0u64;
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        size += n as u64;
-        hasher.update(&buf[..n]);
-    }
+    let digest = match digest {
+        Some(known) => known,
+        None => FileDigest::of(&paths.db())?,
+    };
     let marker = Marker {
         storage_version: STORAGE_VERSION,
         writer_version: format!("fro-bot {}", env!("CARGO_PKG_VERSION")),
         run_id: run_id.to_string(),
         saved_at: now_ms,
-        db_size: size,
-        db_sha256: hex::encode(hasher.finalize()),
+        db_size: digest.size,
+        db_sha256: hex::encode(digest.sha256),
         sessions,
         trust,
         scrubbed: match scrubbed {
@@ -342,6 +354,7 @@ mod tests {
             None,
             None,
             Scrubbed::NotVouched,
+            None,
         )
         .unwrap();
         assert_eq!(m.sessions, None, "no map given, none on disk");
@@ -368,7 +381,16 @@ mod tests {
                 crate::trust::SessionTrust::new("mona", "OWNER", false, false),
             ),
         ]);
-        let m = write_marker(&paths, "43", 1, Some(&map), Some(&trust), Scrubbed::Whole).unwrap();
+        let m = write_marker(
+            &paths,
+            "43",
+            1,
+            Some(&map),
+            Some(&trust),
+            Scrubbed::Whole,
+            None,
+        )
+        .unwrap();
         assert_eq!(m.sessions.as_ref(), Some(&map));
         let kept_trust = m.trust.clone().unwrap();
         assert_eq!(
@@ -376,7 +398,7 @@ mod tests {
             ["ses_1"],
             "records of deleted sessions are dropped"
         );
-        let kept = write_marker(&paths, "44", 2, None, None, Scrubbed::NotVouched).unwrap();
+        let kept = write_marker(&paths, "44", 2, None, None, Scrubbed::NotVouched, None).unwrap();
         assert_eq!(kept.sessions, Some(map));
         assert_eq!(kept.trust, Some(kept_trust));
         // A marker from before the map existed parses, without one.

@@ -461,6 +461,7 @@ fn adopt_merged(inputs: &PublishInputs<'_>, newer: &Newer) -> StorePublish {
         Some(&trust),
         // The store's newer copy went in after this run's scrub.
         Scrubbed::NotVouched,
+        None,
     ) {
         tracing::warn!("cannot rewrite the memory marker after the merge: {e}");
         let _ = std::fs::remove_file(inputs.paths.marker());

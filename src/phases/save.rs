@@ -10,8 +10,8 @@ use crate::checkpoint::{self, CheckpointOutcome};
 use crate::phases::cache_merge::{
     merge_newer_entries, merge_saved_meanwhile, CacheMergeInputs, CacheMergeReport, MAX_RESAVES,
 };
-use crate::phases::context::{sha256_file, RestoredCopy};
-use crate::phases::paths::{write_marker, Scrubbed, StatePaths};
+use crate::phases::context::RestoredCopy;
+use crate::phases::paths::{write_marker, FileDigest, Scrubbed, StatePaths};
 use crate::phases::publish::PublishReport;
 use crate::phases::session_map::Map;
 use crate::runner::{env, failpoint};
@@ -96,16 +96,23 @@ where
         scrub: Some(scrub.clone()),
         ..not_saved(result, checkpoint)
     };
-    if let Some(copy) = inputs.restored {
-        if sha256_file(&inputs.paths.db()).is_ok_and(|h| h == copy.sha256) {
-            let detail = format!(
-                "unchanged since restore: {} already holds it; nothing uploaded",
-                copy.holder()
-            );
-            let result = CacheSaveResult::unchanged(copy.cache_key.is_some(), detail);
-            return not_saved(result, Some(cp));
-        }
-    }
+    // The database as the scrub and checkpoint left it: read once, for this check and for the
+    // marker (unless a merge below replaces it).
+    let digest = match inputs.restored {
+        Some(copy) => match FileDigest::of(&inputs.paths.db()) {
+            Ok(digest) if digest.sha256 == copy.sha256 => {
+                let detail = format!(
+                    "unchanged since restore: {} already holds it; nothing uploaded",
+                    copy.holder()
+                );
+                let result = CacheSaveResult::unchanged(copy.cache_key.is_some(), detail);
+                return not_saved(result, Some(cp));
+            }
+            Ok(digest) => Some(digest),
+            Err(_) => None,
+        },
+        None => None,
+    };
     // The restore's merges are in this run's map and records already (`run::restore_memory`, so
     // a session this run wrote keeps its own lowered record): only the save's are joined here.
     let (earlier, cache_merge) = match &inputs.cache_merge {
@@ -116,10 +123,11 @@ where
         None => Default::default(),
     };
     let (sessions, trust) = marker_maps(&inputs, &cache_merge);
-    // Other runs' memory merged in after the scrub is not this save's to vouch for.
-    let scrubbed = match cache_merge.merged.is_empty() {
-        true => Scrubbed::Whole,
-        false => Scrubbed::NotVouched,
+    // A merged entry replaced the database (`cache_merge::merge_one`, by rename): its digest is
+    // taken again, and other runs' memory is not this save's to vouch for.
+    let (scrubbed, digest) = match cache_merge.merged.is_empty() {
+        true => (Scrubbed::Whole, digest),
+        false => (Scrubbed::NotVouched, None),
     };
     let marker = write_marker(
         inputs.paths,
@@ -128,6 +136,7 @@ where
         sessions.as_ref(),
         trust.as_ref(),
         scrubbed,
+        digest,
     );
     if let Err(e) = marker {
         // The marker is advisory (a missing one reads as compatible): save without it.
@@ -202,6 +211,7 @@ async fn resave_merged(
             sessions.as_ref(),
             trust.as_ref(),
             Scrubbed::NotVouched,
+            None,
         ) {
             tracing::warn!("cannot rewrite the memory marker: {e}");
         }

@@ -71,7 +71,7 @@ pub mod phases {
     use fro_bot::runner::Env;
     use fro_bot::save_result::{GateInputs, SaveOutcome, StateValue, StorePublish};
 
-    use super::killed_writer;
+    use super::{checkpoint, killed_writer};
     use crate::support::cache_server::CacheServer;
 
     pub const OPEN_GATE: GateInputs = GateInputs {
@@ -199,6 +199,59 @@ pub mod phases {
         assert_eq!(rows(&second.paths.db()), 300);
         assert!(!second.paths.auth_file().exists());
         assert!(second.paths.marker().exists());
+    }
+
+    /// The save reads the database once for "unchanged since restore" and the marker: the
+    /// marker must name the database as saved, not the one restored.
+    #[tokio::test]
+    async fn a_save_after_a_restore_writes_a_marker_naming_the_database_it_saved() {
+        use fro_bot::phases::context::RestoredCopy;
+        use fro_bot::phases::paths::{check_marker, MarkerCheck};
+        let server = CacheServer::start().await;
+        let backend = backend(&server);
+        let job = Job::new();
+        killed_writer(&job.paths.db(), 5);
+        checkpoint::checkpoint(&job.paths.db());
+        let restored = RestoredCopy {
+            sha256: fro_bot::phases::paths::FileDigest::of(&job.paths.db())
+                .unwrap()
+                .sha256,
+            cache_key: Some("k-main-0".into()),
+        };
+        killed_writer(&job.paths.db(), 7);
+        let report = save(
+            SaveInputs {
+                paths: &job.paths,
+                workspace: &job.workspace,
+                skip_cache: false,
+                gate: OPEN_GATE,
+                cache: Some(&backend),
+                save_key: "k-main-1",
+                run_id: "1",
+                now_ms: 1,
+                shadow_guard: None,
+                sessions: None,
+                trust: None,
+                restored: Some(&restored),
+                cache_merge: None,
+                scrub_scope: &fro_bot::scrub::Scope::Whole,
+            },
+            || async { StorePublish::Disabled.into() },
+        )
+        .await;
+        assert_eq!(
+            report.result.outcome,
+            SaveOutcome::Persisted,
+            "{:?}",
+            report.result
+        );
+        let saved = fro_bot::phases::paths::FileDigest::of(&job.paths.db()).unwrap();
+        assert_ne!(saved.sha256, restored.sha256, "the run changed memory");
+        let MarkerCheck::Compatible(marker) = check_marker(&job.paths.marker()) else {
+            panic!("no marker");
+        };
+        assert_eq!(marker.db_sha256, hex::encode(saved.sha256));
+        assert_eq!(marker.db_size, saved.size);
     }
 
     #[tokio::test]

@@ -107,6 +107,7 @@ fn run_with_session(base: &Path, session: &str) -> RunState {
         Some(&map),
         Some(&trust),
         fro_bot::phases::paths::Scrubbed::Whole,
+        None,
     )
     .unwrap();
     let files = FileCommands {
