@@ -6,7 +6,7 @@
 //!   status ends the turn at once instead;
 //! - context overflow (what is left after OpenCode's own compaction failed) archives the session and
 //!   starts a fresh one with the same title and the same prompt, once;
-//! - a provider OpenCode cannot connect to ends the turn at its third retry (about 6 s in), instead
+//! - a provider OpenCode cannot connect to ends the turn at its third retry (6-12 s in), instead
 //!   of the ~100 s of OpenCode's retries times fro-bot's attempts: an address that refuses or does
 //!   not resolve three times running is a configuration to fix, not a blip;
 //! - any other provider error is retried, up to 3 attempts in all, with a continuation prompt that
