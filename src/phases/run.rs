@@ -83,12 +83,12 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         }
     };
     // With no turn to take, nothing orders the restore after GitHub's round trips either.
-    let ((tracker, turn), (), early) = if thread_turn::needed(&ctx) {
+    let ((tracker, turn), early) = if thread_turn::needed(&ctx) {
         let (own, ()) = tokio::join!(own_turn, acknowledge);
-        (own, (), None)
+        (own, None)
     } else {
         let (own, (), restoring) = tokio::join!(own_turn, acknowledge, restoring(&ctx));
-        (own, (), Some(restoring))
+        (own, Some(restoring))
     };
     if let ThreadTurn::NotOurs { holder_id, waited } = &turn {
         return not_our_turn(&ctx, tracker, holder_id, *waited).await;
