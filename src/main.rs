@@ -38,6 +38,9 @@ enum Command {
     /// Print what this environment derives: memory paths, cache keys and version, identity, and
     /// the object-store keys. Reads the same variables as `run` and `post`; changes nothing.
     Inspect,
+    /// Kills OpenCode's process group if fro-bot dies without releasing it (internal).
+    #[command(hide = true)]
+    Watchdog,
 }
 
 /// Flags mirror the action's inputs (same names); `INPUT_*` variables are read too, flags win.
@@ -131,6 +134,9 @@ fn main() -> ExitCode {
         _ => Cli::parse().command,
     };
     let env = fro_bot::runner::Env::from_process();
+    if let Command::Watchdog = command {
+        return fro_bot::confine::watchdog::serve();
+    }
     if let Command::SessionTools = command {
         // stdout is the MCP protocol channel: nothing else may print there.
         return session_tools(&env);
@@ -175,7 +181,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::SessionTools => ExitCode::SUCCESS,
+        Command::SessionTools | Command::Watchdog => ExitCode::SUCCESS,
         Command::Inspect => match fro_bot::phases::inspect::describe(&env) {
             Ok(text) => {
                 print!("{text}");

@@ -12,6 +12,7 @@ pub mod home_guard;
 pub mod memory_group;
 pub mod proxy;
 pub mod strays;
+pub mod watchdog;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -153,7 +154,8 @@ impl AgentUser {
     /// Sets the child up to drop to this user: own process group, and (when switching) a pre-exec
     /// hook that clears supplementary groups, sets gid then uid, and sets `no_new_privs`. After
     /// the switch from root, no capability remains (`SECBIT_KEEP_CAPS` is never set). The parent
-    /// death signal is set last, as a credential change clears it.
+    /// death signal is set last, as a credential change clears it (an exec with the memory group
+    /// clears it again: [`watchdog`] covers OpenCode).
     pub fn confine(&self, cmd: &mut tokio::process::Command) {
         self.confine_opencode(cmd, None);
     }

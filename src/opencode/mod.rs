@@ -448,6 +448,7 @@ fn server_options(
         user: opts.user,
         memory_group,
         cancel: opts.cancel.clone(),
+        watchdog: opts.fro_bot_exe.clone(),
     }
 }
 

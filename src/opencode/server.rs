@@ -15,6 +15,7 @@ use rand::Rng;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::confine::watchdog::Watchdog;
 use crate::confine::AgentUser;
 use crate::runner::env;
 use crate::runner::log;
@@ -74,6 +75,9 @@ pub struct ServerOptions {
     pub memory_group: Option<u32>,
     /// A signal during the start stops it: the run has no turn left to take.
     pub cancel: Cancellation,
+    /// fro-bot's own binary, to run as the server's watchdog (`crate::confine::watchdog`); `None`
+    /// leaves only `kill_on_drop` and the parent-death signal.
+    pub watchdog: Option<PathBuf>,
 }
 
 /// Makes the config for a server at `url` with `password`.
@@ -99,6 +103,7 @@ pub enum Quiescence {
 
 pub struct Server {
     child: Option<Child>,
+    watchdog: Option<Watchdog>,
     url: String,
     port: u16,
     password: String,
@@ -147,7 +152,13 @@ impl Server {
     ) -> Result<Server, ServerError> {
         let url = format!("http://127.0.0.1:{port}");
         let log_file = open_log(opts).await?;
+        let mut watchdog = start_watchdog(opts);
         let mut child = spawn(opts, port, &url, password)?;
+        if let (Some(dog), Some(pid)) = (&mut watchdog, child.id()) {
+            if let Err(e) = dog.guard(pid) {
+                tracing::warn!("the OpenCode watchdog is gone ({e}): a kill of fro-bot may leave OpenCode running");
+            }
+        }
         let mut stdout_lines = copy_output(&mut child, log_file);
         let deadline = started + opts.startup_deadline;
         failpoint::pause("opencode:starting", &opts.cancel).await;
@@ -165,11 +176,14 @@ impl Server {
             }
         };
         if cancelled {
-            stop_unready(&mut child).await;
+            if let (true, Some(dog)) = (stop_unready(&mut child).await, watchdog) {
+                dog.release();
+            }
             return Err(ServerError::Cancelled);
         }
         Ok(Server {
             child: Some(child),
+            watchdog,
             url,
             port,
             password: password.to_string(),
@@ -247,6 +261,10 @@ impl Server {
                 }
             }
         }
+        // Reaped: the watchdog has nothing left to kill should fro-bot die now.
+        if let Some(dog) = self.watchdog.take() {
+            dog.release();
+        }
         loop {
             let refused = tokio::time::timeout(
                 Duration::from_millis(200),
@@ -270,15 +288,32 @@ impl Server {
 }
 
 /// A server that is not ready holds nothing worth a graceful stop: killed and reaped, so nothing
-/// of it writes the database after the start returns.
-async fn stop_unready(child: &mut Child) {
+/// of it writes the database after the start returns. Whether it was reaped.
+async fn stop_unready(child: &mut Child) -> bool {
     let _ = child.start_kill();
     if tokio::time::timeout(Duration::from_secs(2), child.wait())
         .await
         .is_err()
     {
         tracing::warn!("OpenCode did not exit within 2 s of SIGKILL");
+        return false;
     }
+    true
+}
+
+/// The server's watchdog, started before the server. Without one (no binary given, or it cannot
+/// start) the run goes on: only a SIGKILL of fro-bot would then leave OpenCode behind.
+fn start_watchdog(opts: &ServerOptions) -> Option<Watchdog> {
+    let exe = opts.watchdog.as_ref()?;
+    Watchdog::start(exe)
+        .inspect_err(|e| {
+            tracing::warn!(
+                "cannot start the OpenCode watchdog {} {}: {e}; a kill of fro-bot may leave OpenCode running",
+                exe.display(),
+                crate::confine::watchdog::SUBCOMMAND
+            )
+        })
+        .ok()
 }
 
 fn not_ready(opts: &ServerOptions) -> ServerError {
@@ -324,10 +359,9 @@ fn spawn(opts: &ServerOptions, port: u16, url: &str, password: &str) -> Result<C
     .stderr(Stdio::piped())
     // The child must never outlive fro-bot: killed when the handle drops.
     .kill_on_drop(true);
-    // ...and not even when fro-bot is killed outright (SIGKILL skips destructors): the kernel
-    // kills the child when the thread that spawned it dies (the parent-death signal, set by
-    // `confine` after the uid switch). Spawned from a runtime thread, which lives as long as
-    // the runtime.
+    // ...and not even when fro-bot is killed outright (SIGKILL skips destructors): its watchdog
+    // kills the child's group then (`crate::confine::watchdog`). Without the memory group the
+    // parent-death signal, set by `confine` after the uid switch, does so as well.
     opts.user.confine_opencode(&mut cmd, opts.memory_group);
     if let Some(auth) = &opts.auth_content {
         cmd.env(env::OPENCODE_AUTH_CONTENT, auth);
@@ -503,6 +537,7 @@ mod tests {
             user: AgentUser::Current { uid: 0 },
             memory_group: None,
             cancel: Cancellation::new(),
+            watchdog: None,
         }
     }
 

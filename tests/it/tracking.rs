@@ -8,7 +8,7 @@ use axum::http::Method;
 use serde_json::json;
 
 use crate::e2e::scenarios::{main_step, World};
-use crate::support::action::{comment_event, explain, Job};
+use crate::support::action::{comment_event, explain, until_nothing_runs_in, Job};
 use crate::support::fake_github::FakeGitHub;
 use crate::support::fake_llm::{LlmError, Reply};
 
@@ -462,6 +462,7 @@ async fn post_says_the_run_stopped_when_main_was_killed_before_it_answered() {
     world.github.seed_issue(5, "t", "b");
     world.llm.push(Reply::Stall);
     let job = job_on(&world, 1660, 5, 1661, "@fro-bot think hard");
+    let ws = job.workspace();
     let running = job.spawn(&["run"], &[]);
     let deadline = Instant::now() + Duration::from_secs(60);
     while world.llm.requests().is_empty() {
@@ -476,6 +477,9 @@ async fn post_says_the_run_stopped_when_main_was_killed_before_it_answered() {
     .await
     .unwrap();
     assert_eq!(main.code, 128 + libc::SIGKILL, "{}", explain(&main));
+    // OpenCode, mid-turn, dies with fro-bot (its watchdog).
+    let left = until_nothing_runs_in(&ws).await;
+    assert!(left.is_empty(), "left running after the SIGKILL: {left:?}");
     let working = world.github.created_comments();
     assert_eq!(working.len(), 1, "{working:?}");
     assert!(!working[0].1.contains("stopped"), "{}", working[0].1);

@@ -385,6 +385,9 @@ pub(crate) async fn after_a_sigkill_mid_turn_post_gives_back_what_main_took(laun
     let (mut job, main) = main_step(job).await;
     job.env.remove("FRO_BOT_FAILPOINT");
     assert_eq!(main.code, 128 + libc::SIGKILL, "{}", explain(&main));
+    // OpenCode dies with fro-bot: its watchdog, or the container's end.
+    let left = crate::support::action::until_nothing_runs_in(&ws).await;
+    assert!(left.is_empty(), "left running after the SIGKILL: {left:?}");
     let owner = |p: &std::path::Path| std::fs::metadata(p).unwrap().uid();
     assert_eq!(owner(&creds), 0, "hidden for the turn");
     assert_eq!(owner(&job.files()), 0, "the file commands' directory taken");

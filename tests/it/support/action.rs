@@ -524,3 +524,33 @@ fn bind_over(command: &mut Command, source: &Path, target: &str, cwd: Option<&st
         std::os::unix::process::CommandExt::pre_exec(command, in_namespace);
     }
 }
+
+/// Processes whose working directory is `dir` or under it (OpenCode runs in the workspace), as
+/// `pid cmdline` lines.
+pub fn processes_in(dir: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
+        })
+        .map(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            format!("{pid} {}", String::from_utf8_lossy(&cmd).replace('\0', " "))
+        })
+        .collect()
+}
+
+/// Waits up to 10 s for no process to run in `dir`; the ones left when it gives up.
+pub async fn until_nothing_runs_in(dir: &Path) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left = processes_in(dir);
+        if left.is_empty() || std::time::Instant::now() >= deadline {
+            return left;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
