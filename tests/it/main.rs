@@ -18,3 +18,4 @@ mod proxy;
 mod publish;
 mod structure;
 mod tracking;
+mod watchdog;
