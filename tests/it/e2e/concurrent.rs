@@ -1,39 +1,88 @@
 //! Concurrent runs (docs/design.md#concurrent-runs): runs on different threads overlap, every one
-//! is answered, and a follow-up on every thread resumes its own conversation — with the object
-//! store and without it. The real OpenCode, the scripted model, the cache test server and SeaweedFS.
+//! is answered, the memory they saved — what the next run restores — holds every thread's session
+//! with its first message, and follow-ups on a sample of the threads resume their own
+//! conversations end to end — with the object store and without it. The real OpenCode, the
+//! scripted model, the cache test server and SeaweedFS.
+
+use std::path::Path;
+use std::time::Duration;
 
 use super::scenarios::{main_step, with_s3, World};
-use crate::support::action::{comment_event, explain, StepResult};
+use crate::support::action::{comment_event, explain, Job, StepResult};
 use crate::support::fake_llm::{request_text, Reply};
+use fro_bot::cache::{Backend, RestoreOutcome, RestoreRequest};
+use fro_bot::object_store::sync::{fetch_marker, restore_session_db, StoreRestore};
+use fro_bot::phases::paths::{marker_naming, parse_marker, MarkerCheck, StatePaths};
+use fro_bot::phases::session_map::Map;
+use fro_bot::runner::Env;
 
 const FIRST_ISSUE: u64 = 20;
+
+/// Sixteen OpenCode servers starting in the same second on two cores outlast its 60 s startup
+/// deadline, so the first runs start this far apart. Each still overlaps the next several (a run
+/// takes far longer than the spacing), which is what matters: they restore before the others save.
+const FIRST_RUNS_APART: Duration = Duration::from_millis(2500);
+/// At most four follow-ups: four servers starting at once take about 20 CPU-seconds, some 10 s on
+/// two cores, far inside the 60 s deadline even on a busy machine. They still start apart, so the
+/// later ones restore while the earlier ones work.
+const FOLLOW_UPS_APART: Duration = Duration::from_millis(1000);
 
 fn word(i: u64) -> String {
     format!("zebra-{i}-okapi")
 }
 
-/// `n` runs, one per issue, all at once; then a follow-up on each, one after the other.
+fn question(i: u64) -> String {
+    format!("@fro-bot which word was it on thread {i}?")
+}
+
+/// `n` overlapping first runs, one per issue, each answered once and saved durably; then the
+/// saved memory the next run restores is read directly and holds every thread's session with its
+/// first message; then overlapping follow-ups on a sample of the threads (the first, the last and
+/// two between: all of them when `n` is 2) each hit the cache, resume their own session and show
+/// the model its first exchange. "Every thread resumes": the check on memory covers every thread,
+/// the sampled follow-ups prove end to end that such memory is resumed (each follow-up is a full
+/// run with its own OpenCode server, the cost this sampling saves).
 async fn overlapping_threads_all_resume(n: u64, prefix: Option<&str>) {
     let world = World::start().await;
+    let sessions = first_runs(&world, n, prefix).await;
+    every_thread_is_in_saved_memory(&world, prefix, &sessions).await;
+    let sample: std::collections::BTreeSet<u64> = [0, n / 3, 2 * n / 3, n - 1].into();
+    follow_ups(&world, &sample, prefix, &sessions).await;
+}
+
+/// Run `run`, for comment `comment` on thread `i`'s issue, with the store when `prefix` is given.
+fn thread_job(
+    world: &World,
+    run: u64,
+    comment: u64,
+    prefix: Option<&str>,
+    i: u64,
+    body: &str,
+) -> Job {
+    let mut job = world.job(run);
+    job.at_fixed_root();
+    if let Some(prefix) = prefix {
+        with_s3(&mut job, prefix);
+    }
+    job.event(
+        "issue_comment",
+        &comment_event(FIRST_ISSUE + i, comment, body),
+    );
+    job
+}
+
+/// The first run on each of `n` threads, all overlapping: each answered once and saved durably.
+/// Returns their session ids, by thread.
+async fn first_runs(world: &World, n: u64, prefix: Option<&str>) -> Vec<String> {
+    let mut runs = tokio::task::JoinSet::new();
     for i in 0..n {
         world
             .github
             .seed_issue(FIRST_ISSUE + i, &format!("Thread {i}"), "Body.");
-    }
-    let mut runs = tokio::task::JoinSet::new();
-    for i in 0..n {
-        let mut job = world.job(3000 + i);
-        job.at_fixed_root();
-        if let Some(prefix) = prefix {
-            with_s3(&mut job, prefix);
-        }
         let body = format!("@fro-bot remember the word {}", word(i));
-        job.event(
-            "issue_comment",
-            &comment_event(FIRST_ISSUE + i, 500 + i, &body),
-        );
+        let job = thread_job(world, 3000 + i, 500 + i, prefix, i, &body);
         runs.spawn(async move { (i, main_step(job).await.1) });
-        stagger().await;
+        tokio::time::sleep(FIRST_RUNS_APART).await;
     }
     let mut sessions = vec![String::new(); n as usize];
     let mut notes = Vec::new();
@@ -67,22 +116,122 @@ async fn overlapping_threads_all_resume(n: u64, prefix: Option<&str>) {
     for note in &notes {
         println!("  {note}");
     }
-    // The follow-ups overlap too; each asks in words of its own, to find its request.
-    let mut follow_ups = tokio::task::JoinSet::new();
-    for i in 0..n {
-        let mut job = world.job(4000 + i);
-        job.at_fixed_root();
-        if let Some(prefix) = prefix {
-            with_s3(&mut job, prefix);
-        }
-        job.event(
-            "issue_comment",
-            &comment_event(FIRST_ISSUE + i, 600 + i, &question(i)),
-        );
-        follow_ups.spawn(async move { (i, main_step(job).await.1) });
-        stagger().await;
+    sessions
+}
+
+/// After the overlapping saves and merges, the memory the next run restores holds every thread:
+/// the newest cache entry (what a run without the store restores) and, with the store, the
+/// store's copy (what a run with it restores first, merging the newest entry in). In each, the
+/// marker's session map leads each thread to its first run's session, which holds its message.
+async fn every_thread_is_in_saved_memory(world: &World, prefix: Option<&str>, sessions: &[String]) {
+    let (dir, map) = newest_cache_entry(world).await;
+    holds_every_thread(dir.path(), &map, sessions, "the newest cache entry");
+    if let Some(prefix) = prefix {
+        let (dir, map) = store_copy(prefix).await;
+        holds_every_thread(dir.path(), &map, sessions, "the store's copy");
     }
-    while let Some(joined) = follow_ups.join_next().await {
+}
+
+/// The entry the next run's lookup finds (primary key, then the restore prefixes; the version is
+/// over the data paths as the steps see them), extracted, and its marker's session map.
+async fn newest_cache_entry(world: &World) -> (tempfile::TempDir, Map) {
+    let mut job = Job::new(0);
+    job.at_fixed_root();
+    let paths = StatePaths::new(job.step_path(&job.data_dir()));
+    let backend = Backend::from_env(&Env::from_pairs(world.cache.env_pairs())).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key = "opencode-storage-octo-hello-main-Linux";
+    let request = RestoreRequest {
+        key,
+        restore_keys: &[format!("{key}-")],
+        paths: paths.restore_targets(),
+        workspace: &job.step_workspace(),
+        into: Some(dir.path()),
+    };
+    let found = backend.restore(&request).await.unwrap();
+    assert!(
+        matches!(found, RestoreOutcome::Hit { .. }),
+        "no entry to restore: {found:?}"
+    );
+    let marker = std::fs::read_to_string(dir.path().join("fro-bot.json")).unwrap();
+    let MarkerCheck::Compatible(marker) = parse_marker(&marker) else {
+        panic!("the newest entry's marker cannot be read: {marker}");
+    };
+    (
+        dir,
+        marker
+            .sessions
+            .expect("the entry's marker has a session map"),
+    )
+}
+
+/// The store's copy, downloaded as the next run does, and the session map of the marker beside it
+/// (which must name that copy, or the next run would not believe it).
+async fn store_copy(prefix: &str) -> (tempfile::TempDir, Map) {
+    let store = crate::support::s3::connect(&crate::support::s3::settings(prefix)).await;
+    let keys = fro_bot::object_store::StoreKeys::new(prefix, "octo", "hello").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let StoreRestore::Hit { sha256, .. } = restore_session_db(&store, &keys, dir.path()).await
+    else {
+        panic!("the store holds no copy");
+    };
+    let marker = fetch_marker(&store, &keys)
+        .await
+        .unwrap()
+        .expect("a marker beside the store's copy");
+    let marker = marker_naming(&marker, &sha256).unwrap();
+    (
+        dir,
+        marker
+            .sessions
+            .expect("the store's marker has a session map"),
+    )
+}
+
+/// Thread `i` (issue `FIRST_ISSUE + i`) leads to `sessions[i]`, whose user message asks to
+/// remember the thread's word.
+fn holds_every_thread(data: &Path, map: &Map, sessions: &[String], what: &str) {
+    let db = rusqlite::Connection::open(data.join("opencode.db")).unwrap();
+    for (i, id) in (0u64..).zip(sessions) {
+        let thread = format!("issue-{}", FIRST_ISSUE + i);
+        assert_eq!(
+            map.get(&thread),
+            Some(id),
+            "{what}: {thread} leads to its first run's session: {map:?}"
+        );
+        let asked = format!("remember the word {}", word(i));
+        let messages: i64 = db
+            .query_row(
+                "SELECT count(*) FROM session s JOIN message m ON m.session_id = s.id \
+                 JOIN part p ON p.message_id = m.id \
+                 WHERE s.id = ?1 AND json_extract(m.data, '$.role') = 'user' \
+                 AND instr(json_extract(p.data, '$.text'), ?2) > 0",
+                [id, &asked],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert!(
+            messages > 0,
+            "{what}: session {id} of {thread} was lost or lacks its message \"{asked}\""
+        );
+    }
+}
+
+/// A follow-up on each thread of `sample`, overlapping, each in words of its own (to find its
+/// request): a cache hit that resumes the thread's session, and the model sees its first exchange.
+async fn follow_ups(
+    world: &World,
+    sample: &std::collections::BTreeSet<u64>,
+    prefix: Option<&str>,
+    sessions: &[String],
+) {
+    let mut runs = tokio::task::JoinSet::new();
+    for &i in sample {
+        let job = thread_job(world, 4000 + i, 600 + i, prefix, i, &question(i));
+        runs.spawn(async move { (i, main_step(job).await.1) });
+        tokio::time::sleep(FOLLOW_UPS_APART).await;
+    }
+    while let Some(joined) = runs.join_next().await {
         let (i, r): (u64, StepResult) = joined.unwrap();
         assert_eq!(r.code, 0, "follow-up {i}: {}", explain(&r));
         assert_eq!(r.output("cache-status"), "hit", "{}", explain(&r));
@@ -94,7 +243,7 @@ async fn overlapping_threads_all_resume(n: u64, prefix: Option<&str>) {
         );
     }
     let requests = world.llm.requests();
-    for i in 0..n {
+    for &i in sample {
         // The request whose newest message is this question (others may quote it as prior work).
         let asked = requests
             .iter()
@@ -109,17 +258,6 @@ async fn overlapping_threads_all_resume(n: u64, prefix: Option<&str>) {
             "follow-up {i} sees its thread's first exchange"
         );
     }
-}
-
-/// Starts are spread a little: sixteen OpenCode servers starting in the same second on two cores
-/// outlast its 60 s startup deadline. Each run still overlaps the next several (a run takes far
-/// longer than the spacing), which is what matters: they restore before the others save.
-async fn stagger() {
-    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
-}
-
-fn question(i: u64) -> String {
-    format!("@fro-bot which word was it on thread {i}?")
 }
 
 #[tokio::test]
