@@ -35,7 +35,9 @@ impl Watchdog {
     pub fn start(exe: &Path) -> std::io::Result<Watchdog> {
         let (reader, writer) = pipe()?;
         let mut cmd = tokio::process::Command::new(exe);
+        // At `/`: it holds no directory of the run open (a workspace, a mount) while it waits.
         cmd.arg(SUBCOMMAND)
+            .current_dir("/")
             .env_clear()
             .stdin(reader)
             .stdout(Stdio::null())
