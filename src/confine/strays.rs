@@ -75,11 +75,13 @@ pub enum Sweep {
     Remaining { pids: Vec<i32> },
 }
 
-/// A process's name (`comm`), unless its program is one of `ours`. Without root its program may
+/// A process's name (`comm`), unless its program is one of `ours` or it is gone. Without root its program may
 /// not be readable (fro-bot's own processes are not dumpable): then its name decides (the kernel
 /// keeps the first 15 bytes of the program's file name).
 fn agents_process(pid: i32, ours: &[std::path::PathBuf]) -> Option<String> {
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    // Gone since the scan: it ended on its own (a program of fro-bot's exiting), nothing the agent
+    // left that needed killing.
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
     let comm = comm.trim_end_matches('\n');
     let is_ours = match std::fs::read_link(format!("/proc/{pid}/exe")) {
         Ok(exe) => ours.contains(&exe),
@@ -148,6 +150,16 @@ pub fn sweep(uid: u32, budget: Duration, ours: &[std::path::PathBuf]) -> Sweep {
 mod tests {
     use super::*;
     use std::os::unix::process::CommandExt;
+
+    #[test]
+    fn a_process_gone_since_the_scan_is_not_reported_as_the_agents() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        assert_eq!(agents_process(pid, &[]), None);
+        let me = std::process::id() as i32;
+        assert!(agents_process(me, &[]).is_some(), "a live process is named");
+    }
 
     #[test]
     fn a_double_forked_setsid_child_is_found_and_killed() {

@@ -56,12 +56,14 @@ impl Watchdog {
         self.write(&format!("{GROUP}{pgid}\n"))
     }
 
-    /// fro-bot stopped the group's leader itself: nothing is killed when the pipe ends.
-    pub fn release(mut self) {
+    /// fro-bot stopped the group's leader itself: nothing is killed when the pipe ends. Waits (1 s
+    /// at most) for the watchdog to exit: in a local run as root it has the agent's uid, and the
+    /// stray sweep that follows must not find it.
+    pub async fn release(mut self) {
         // A watchdog that is gone cannot kill anything: nothing to report.
         let _ = self.write(&format!("{RELEASE}\n"));
         self.pipe = None;
-        let _ = self.child.try_wait();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), self.child.wait()).await;
     }
 
     fn write(&mut self, line: &str) -> std::io::Result<()> {

@@ -177,7 +177,7 @@ impl Server {
         };
         if cancelled {
             if let (true, Some(dog)) = (stop_unready(&mut child).await, watchdog) {
-                dog.release();
+                dog.release().await;
             }
             return Err(ServerError::Cancelled);
         }
@@ -263,7 +263,7 @@ impl Server {
         }
         // Reaped: the watchdog has nothing left to kill should fro-bot die now.
         if let Some(dog) = self.watchdog.take() {
-            dog.release();
+            dog.release().await;
         }
         loop {
             let refused = tokio::time::timeout(

@@ -52,7 +52,7 @@ async fn a_released_guard_leaves_the_group_alone() {
     let mut dog = Watchdog::start(exe()).unwrap();
     let mut leader = group_leader();
     dog.guard(leader.id()).unwrap();
-    dog.release();
+    dog.release().await;
     // The unreleased kill above comes within tens of milliseconds.
     assert!(
         !exits_within(&mut leader, Duration::from_secs(1)),
