@@ -185,6 +185,8 @@ pub struct Settings {
     pub agent_env: Vec<String>,
     /// What becomes of what the agent proposes (`changes`, `protected-paths`, ...).
     pub safe_outputs: safe_outputs::SafeOutputSettings,
+    /// What the agent may reach (`agent-network`, `allowed-domains`, `agent-ports`).
+    pub network: crate::egress::NetworkSettings,
 }
 
 /// Whether `auth-json` must be given (the action) or may default to `{}` (a local run).
@@ -266,6 +268,7 @@ impl Settings {
             s3,
             agent_env: parse_agent_env(optional(env, &input::AGENT_ENV))?,
             safe_outputs: safe_outputs::parse(env)?,
+            network: parse_network(env)?,
         })
     }
 }
@@ -338,6 +341,28 @@ fn parse_response_mode(env: &Env) -> Result<ResponseMode, ConfigError> {
 fn parse_comment_mode(env: &Env) -> Result<CommentMode, ConfigError> {
     let choices = [("run", CommentMode::Run), ("sticky", CommentMode::Sticky)];
     parse_choice(env, &input::COMMENT_MODE, choices)
+}
+
+fn parse_network(env: &Env) -> Result<crate::egress::NetworkSettings, ConfigError> {
+    use crate::egress::{parse_ports, AgentNetwork, Allowlist};
+    let spec = &input::AGENT_NETWORK;
+    let value = with_default(env, spec)?;
+    let mode = AgentNetwork::CHOICES
+        .iter()
+        .find(|(word, _)| value.eq_ignore_ascii_case(word))
+        .map(|(_, m)| *m)
+        .ok_or_else(|| invalid(spec, value, "expected 'allowlist', 'none' or 'open'"))?;
+    let raw = optional(env, &input::ALLOWED_DOMAINS).unwrap_or("");
+    let allowed =
+        Allowlist::parse(raw).map_err(|e| invalid(&input::ALLOWED_DOMAINS, raw, e.to_string()))?;
+    let raw = optional(env, &input::AGENT_PORTS).unwrap_or("");
+    let agent_ports =
+        parse_ports(raw).map_err(|e| invalid(&input::AGENT_PORTS, raw, e.to_string()))?;
+    Ok(crate::egress::NetworkSettings {
+        mode,
+        allowed,
+        agent_ports,
+    })
 }
 
 fn parse_model(value: &str) -> Result<ModelRef, ConfigError> {
@@ -701,6 +726,12 @@ mod tests {
             Parser::CommentMode => (Some("thread"), "Sticky"),
             Parser::Changes => (Some("push"), "OFF"),
             Parser::List => (None, "a, b"),
+            Parser::AgentNetwork => (Some("closed"), "None"),
+            Parser::Hosts => (
+                Some("http://x.example"),
+                "a.example, *.b.example, node, ::1",
+            ),
+            Parser::Ports => (Some("80,http"), "3000, 5432"),
         }
     }
 

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod confine;
+pub mod egress;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -177,6 +177,28 @@ pub fn agent_vars(env: &Env) -> Vec<(String, String)> {
     out
 }
 
+/// The agent's network settings when fro-bot enforces its network (docs/security.md#the-agents-network):
+/// the certificates as the job set them, and every proxy variable naming `egress`, fro-bot's
+/// egress proxy, with only `127.0.0.1` (fro-bot's provider proxy, OpenCode's own server) kept
+/// off it; with no egress proxy (`agent-network: none`), no proxy variable at all. The job's own
+/// proxy is not the agent's: the egress proxy sends what it allows on through it.
+pub fn agent_vars_behind(env: &Env, egress: Option<&str>) -> Vec<(String, String)> {
+    let mut out = set_in(env, names::TRUST.iter());
+    if let Some(url) = egress {
+        out.extend(
+            names::PROXY
+                .iter()
+                .map(|&n| (n.to_string(), url.to_string())),
+        );
+        out.extend(
+            names::NO_PROXY
+                .iter()
+                .map(|&n| (n.to_string(), LOOPBACK[0].to_string())),
+        );
+    }
+    out
+}
+
 /// What fro-bot's own `git` (which runs with a cleared environment) needs to reach GitHub: the
 /// proxy settings of this process, and the certificates it trusts ([`git_trust`]).
 pub fn git_vars() -> Vec<(String, String)> {

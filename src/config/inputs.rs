@@ -89,6 +89,12 @@ pub enum Parser {
     Changes,
     /// Names or path patterns, comma- or newline-separated.
     List,
+    /// `allowlist`, `none` or `open`, any case.
+    AgentNetwork,
+    /// Host names, `*.suffix` patterns, addresses and named sets, each with an optional `:port`.
+    Hosts,
+    /// TCP port numbers.
+    Ports,
 }
 
 impl Parser {
@@ -109,6 +115,9 @@ impl Parser {
             Parser::CommentMode => "run|sticky",
             Parser::Changes => "pull-request|off",
             Parser::List => "LIST",
+            Parser::AgentNetwork => "allowlist|none|open",
+            Parser::Hosts => "HOSTS",
+            Parser::Ports => "PORTS",
         }
     }
 }
@@ -241,6 +250,22 @@ pub const AGENT_ENV: InputSpec = spec(
     "Names of job environment variables passed on to the agent (comma- or newline-separated). The agent otherwise sees only a fixed allowlist (PATH, locale, the non-secret GITHUB_* context, the proxy and certificate settings). INPUT_*, STATE_*, ACTIONS_*, AWS_*, GITHUB_TOKEN and the file-command paths are never passed.",
 )
 .not_local();
+pub const AGENT_NETWORK: InputSpec = spec(
+    "agent-network",
+    "What the agent may reach: allowlist (the model, fro-bot's tools and the hosts on allowed-domains, through fro-bot's egress proxy), none (the model and fro-bot's tools only; the agent's commands get no network) or open (nothing enforced, at the workflow's own risk). allowlist and none need Linux Landlock ABI 4 (Linux 6.7 or later; GitHub's ubuntu-24.04 runners have it).",
+)
+.default(Value("allowlist"))
+.parser(Parser::AgentNetwork);
+pub const ALLOWED_DOMAINS: InputSpec = spec(
+    "allowed-domains",
+    "Hosts the agent may reach under agent-network: allowlist (comma-, space- or newline-separated): exact names, *.suffix patterns, addresses and the named sets node, python, rust, go, java, ruby, debian and ubuntu (their registry and download hosts). Ports 443 and 80; host:port allows that port instead. Loopback, private and metadata addresses are reached only through an exact name or address listed here.",
+)
+.parser(Parser::Hosts);
+pub const AGENT_PORTS: InputSpec = spec(
+    "agent-ports",
+    "TCP ports the agent may bind and connect to directly, e.g. for a test server it starts (comma-separated). The kernel's rules know ports, not hosts: each port listed is reachable on any host.",
+)
+.parser(Parser::Ports);
 pub const MATRIX_CONTEXT: InputSpec = spec(
     "matrix-context",
     "The job's matrix, so matrix legs keep distinct cache keys and sessions. Leave the default.",
@@ -399,6 +424,9 @@ pub const INPUTS: &[InputSpec] = &[
     OPENCODE_VERSION,
     OPENCODE_CONFIG,
     AGENT_ENV,
+    AGENT_NETWORK,
+    ALLOWED_DOMAINS,
+    AGENT_PORTS,
     MATRIX_CONTEXT,
     MENTION,
     CONTEXT_AUTHORS,

@@ -85,12 +85,13 @@ pub fn parse_opt_in(raw: &str) -> (Vec<String>, Vec<String>) {
 }
 
 /// The child's whole environment: allowed names and `opt_in` from `base`, the network settings
-/// (`crate::net::agent_vars`: the proxy, with the loopback kept off it), then `extra` (which
-/// wins), then OpenCode's offline switches.
+/// (`network`: `crate::net::agent_vars` or `agent_vars_behind`, which replace whatever `base`
+/// sets of them), then `extra` (which wins), then OpenCode's offline switches.
 pub fn agent_env(
     base: &Env,
     opt_in: &[String],
     extra: &[(String, String)],
+    network: &[(String, String)],
 ) -> Vec<(String, String)> {
     let allowed = |k: &str| {
         !is_forbidden(k)
@@ -98,8 +99,13 @@ pub fn agent_env(
                 || ALLOWED_PREFIXES.iter().any(|p| k.starts_with(p))
                 || opt_in.iter().any(|n| n == k))
     };
-    let network = crate::net::agent_vars(base);
-    let given = |k: &str| extra.iter().chain(&network).any(|(e, _)| e == k);
+    // Every proxy variable is the network's to set: under enforcement the job's own are not the
+    // agent's.
+    let given = |k: &str| {
+        extra.iter().chain(network).any(|(e, _)| e == k)
+            || names::PROXY.contains(&k)
+            || names::NO_PROXY.contains(&k)
+    };
     let mut out: Vec<(String, String)> = base
         .iter()
         .filter(|(k, _)| allowed(k) && !given(k))
@@ -157,6 +163,7 @@ mod tests {
                 ("HOME".into(), "/github/home".into()),
                 ("GH_TOKEN".into(), "given".into()),
             ],
+            &crate::net::agent_vars(&base),
         );
         let get = |k: &str| -> Vec<&str> {
             env.iter()

@@ -36,6 +36,7 @@ pub const OPENCODE_ONLY: &[&str] = &[
     env::OPENCODE_CONFIG_CONTENT,
     env::GIT_CONFIG_GLOBAL,
     env::GIT_CONFIG_NOSYSTEM,
+    env::FRO_BOT_AGENT_NETWORK,
 ];
 
 /// The Linux limit on a `#!` line, with its newline.
@@ -70,12 +71,24 @@ pub fn invoked_as_shell(args: &[OsString]) -> Option<(OsString, Vec<OsString>)> 
     Some((std::ffi::OsStr::from_bytes(real).to_os_string(), rest))
 }
 
-/// The wrapper: every gid becomes the real one, OpenCode's variables go, then the real shell
+/// The wrapper: every gid becomes the real one, the agent's commands get their narrower network
+/// ([`crate::confine::network::narrow_commands`]), OpenCode's variables go, then the real shell
 /// replaces this process. Returns only on failure, having run nothing.
 pub fn exec_agent_shell(real: &OsString, rest: &[OsString]) -> std::io::Error {
     use std::os::unix::process::CommandExt;
     if let Err(e) = drop_memory_group() {
         return e;
+    }
+    if let Some(spec) = std::env::var_os(env::FRO_BOT_AGENT_NETWORK) {
+        let narrowed = spec
+            .to_str()
+            .ok_or_else(|| std::io::Error::other("the agent's network setting is not UTF-8"))
+            .and_then(|s| {
+                crate::confine::network::narrow_commands(s).map_err(std::io::Error::other)
+            });
+        if let Err(e) = narrowed {
+            return e;
+        }
     }
     let mut cmd = std::process::Command::new(real);
     cmd.args(rest);

@@ -9,8 +9,11 @@ pub mod git_guard;
 pub mod gitcreds;
 pub mod handover;
 pub mod home_guard;
+pub mod landlock;
 pub mod memory_group;
+pub mod network;
 pub mod proxy;
+pub mod seccomp;
 pub mod strays;
 pub mod watchdog;
 
@@ -157,13 +160,19 @@ impl AgentUser {
     /// death signal is set last, as a credential change clears it (an exec with the memory group
     /// clears it again: [`watchdog`] covers OpenCode).
     pub fn confine(&self, cmd: &mut tokio::process::Command) {
-        self.confine_opencode(cmd, None);
+        self.confine_opencode(cmd, None, None);
     }
 
     /// [`Self::confine`], with the effective (and saved) gid `memory_group` when given: OpenCode's
     /// way into the memory dir, which its shell wrapper drops ([`memory_group`]). Its real gid
-    /// stays the agent's.
-    pub fn confine_opencode(&self, cmd: &mut tokio::process::Command, memory_group: Option<u32>) {
+    /// stays the agent's. `network`: the agent's Landlock domain and system-call filter
+    /// ([`network`]), entered after `no_new_privs`, so everything OpenCode starts inherits it.
+    pub fn confine_opencode(
+        &self,
+        cmd: &mut tokio::process::Command,
+        memory_group: Option<u32>,
+        network: Option<network::Enforcement>,
+    ) {
         cmd.process_group(0);
         let ids = match *self {
             AgentUser::Switched { uid, gid, .. } => Some((uid, gid, memory_group.unwrap_or(gid))),
@@ -191,6 +200,10 @@ impl AgentUser {
                 }
                 if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // A failure here fails the spawn: the agent never runs unenforced by accident.
+                if let Some(network) = &network {
+                    network.apply()?;
                 }
                 #[cfg(target_os = "linux")]
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);

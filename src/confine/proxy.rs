@@ -292,6 +292,11 @@ impl Proxy {
         Ok(Proxy { addr, task })
     }
 
+    /// Its port: the agent's Landlock domain lets OpenCode connect to it (`crate::confine::network`).
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
     /// The `baseURL` OpenCode gets for `provider`.
     pub fn base_url(&self, provider: &str) -> String {
         format!("http://{}/p/{provider}", self.addr)

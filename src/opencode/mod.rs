@@ -187,6 +187,8 @@ pub struct AgentOptions {
     pub now_ms: fn() -> i64,
     /// The run's: a signal while OpenCode starts stops the start (`ServerError::Cancelled`).
     pub cancel: Cancellation,
+    /// What the agent may reach on the network (`crate::egress`, `crate::confine::network`).
+    pub network: crate::egress::AgentReach,
 }
 
 /// A running OpenCode server and a client for this workspace.
@@ -359,6 +361,20 @@ impl Confined {
     }
 }
 
+/// When the agent's commands keep OpenCode's wider network (no fro-bot shell wrapper to narrow
+/// it, `crate::confine::network`): they can also reach fro-bot's provider proxy.
+fn commands_reach_note(opts: &AgentOptions, confined: &Confined) -> Option<String> {
+    let narrowed = confined
+        .binary
+        .as_ref()
+        .is_some_and(|b| b.memory_group().is_some());
+    (opts.network.mode != crate::egress::AgentNetwork::Open && !narrowed).then(|| {
+        "the agent's commands share OpenCode's network in this run (fro-bot is not its shell's \
+         interpreter): they can also reach fro-bot's provider proxy"
+            .to_string()
+    })
+}
+
 /// What the summary says about the provider keys.
 fn provider_notes(plan: &ProxyPlan) -> Vec<String> {
     let mut notes = Vec::new();
@@ -399,6 +415,8 @@ fn server_options(
     exe: Option<PathBuf>,
     trust_path: Option<PathBuf>,
 ) -> server::ServerOptions {
+    let network = opts.network.plan(proxy.port());
+    let network_env = opts.network.env(&opts.base_env, &network);
     let mut extra = opts.dirs.vars();
     if let Some(shell) = confined.binary.as_ref().and_then(|b| b.shell()) {
         extra.push(("SHELL".into(), shell.to_string_lossy().into_owned()));
@@ -440,7 +458,7 @@ fn server_options(
             .as_ref()
             .map_or_else(|| opts.opencode.clone(), |b| b.path().to_path_buf()),
         cwd: opts.workspace.clone(),
-        env: crate::confine::env::agent_env(&opts.base_env, &opts.opt_in_env, &extra),
+        env: crate::confine::env::agent_env(&opts.base_env, &opts.opt_in_env, &extra, &network_env),
         config: make_config,
         auth_content: config::auth_content(&plan.auth_passthrough),
         log_file: opts.log_file.clone(),
@@ -449,6 +467,7 @@ fn server_options(
         memory_group,
         cancel: opts.cancel.clone(),
         watchdog: opts.fro_bot_exe.clone(),
+        network: network.enforced().then_some(network),
     }
 }
 
@@ -492,6 +511,9 @@ impl Agent {
                  shell's interpreter (docs/security.md#who-it-runs-as)"
                     .into(),
             );
+        }
+        if let Some(note) = commands_reach_note(&opts, &confined) {
+            notes.push(note);
         }
         if let Some(files) = &opts.state {
             record_taken(files, &confined.taken());

@@ -52,6 +52,11 @@ pub enum ServerError {
     /// The run was cancelled while OpenCode started: it was killed before it was ready.
     #[error("the run was cancelled while OpenCode started; it was stopped")]
     Cancelled,
+    #[error("cannot enforce the agent's network")]
+    Network {
+        #[source]
+        source: crate::confine::network::NetworkError,
+    },
 }
 
 /// Everything the server process gets. `env` is the complete environment apart from what the server
@@ -78,6 +83,9 @@ pub struct ServerOptions {
     /// fro-bot's own binary, to run as the server's watchdog (`crate::confine::watchdog`); `None`
     /// leaves only `kill_on_drop` and the parent-death signal.
     pub watchdog: Option<PathBuf>,
+    /// The agent's network (`crate::confine::network`): its Landlock domain names the server's
+    /// port, so it is made for each port tried. `None`: nothing enforced.
+    pub network: Option<crate::confine::network::NetworkPlan>,
 }
 
 /// Makes the config for a server at `url` with `password`.
@@ -362,7 +370,14 @@ fn spawn(opts: &ServerOptions, port: u16, url: &str, password: &str) -> Result<C
     // ...and not even when fro-bot is killed outright (SIGKILL skips destructors): its watchdog
     // kills the child's group then (`crate::confine::watchdog`). Without the memory group the
     // parent-death signal, set by `confine` after the uid switch, does so as well.
-    opts.user.confine_opencode(&mut cmd, opts.memory_group);
+    let network = match &opts.network {
+        Some(plan) => plan
+            .for_server(port)
+            .map_err(|source| ServerError::Network { source })?,
+        None => None,
+    };
+    opts.user
+        .confine_opencode(&mut cmd, opts.memory_group, network);
     if let Some(auth) = &opts.auth_content {
         cmd.env(env::OPENCODE_AUTH_CONTENT, auth);
     }
@@ -538,6 +553,7 @@ mod tests {
             memory_group: None,
             cancel: Cancellation::new(),
             watchdog: None,
+            network: None,
         }
     }
 

@@ -130,6 +130,7 @@ pub(crate) async fn admit(
         restored_sessions: None,
         provenance: crate::phases::context::Provenance::Unknown,
         report: PersistenceReport::default(),
+        egress: None,
         cache_saved,
     };
     if let Some(reason) = check_dedup(&ctx).await {

@@ -73,6 +73,9 @@ pub(crate) async fn start_agent(
     private_home: Option<&Path>,
 ) -> Result<Agent, String> {
     let t = Instant::now();
+    // First: a kernel that cannot enforce the agent's network fails the run before anything starts.
+    let network = crate::phases::egress::prepare(ctx).await?;
+    ctx.egress = Some(network.clone());
     let RunContext {
         env,
         settings,
@@ -145,6 +148,7 @@ pub(crate) async fn start_agent(
         startup_deadline: Duration::from_secs(60),
         now_ms: opencode::system_now_ms,
         cancel: ctx.cancel.clone(),
+        network,
     })
     .await
     .map_err(|e| crate::opencode::client::error_chain(&e))?;

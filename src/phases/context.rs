@@ -101,6 +101,8 @@ pub(crate) struct RunContext {
     pub(crate) report: PersistenceReport,
     /// State `cacheSaved` and output `cache-save-result`.
     pub(crate) cache_saved: CacheSaved,
+    /// The agent's network for the turn (`phases::egress`), until its summary row is written.
+    pub(crate) egress: Option<crate::egress::AgentReach>,
 }
 
 impl RunContext {

@@ -11,6 +11,7 @@ pub mod cleanup;
 pub mod context;
 pub mod dedup;
 pub mod deliver;
+pub mod egress;
 pub mod fallback;
 pub mod finalize;
 pub mod git_guard;

@@ -142,6 +142,8 @@ pub struct PersistenceReport {
     /// the paragraph the answer ends with.
     pub delivery_rows: Vec<(String, String)>,
     pub delivery_answer: Option<String>,
+    /// The "Network" row: what the agent could reach and what it tried (`phases::egress`).
+    pub network: Option<String>,
 }
 
 impl Default for PersistenceReport {
@@ -158,6 +160,7 @@ impl Default for PersistenceReport {
             confinement: Vec::new(),
             delivery_rows: Vec::new(),
             delivery_answer: None,
+            network: None,
         }
     }
 }
@@ -200,6 +203,9 @@ impl PersistenceReport {
         }
         if let Some(s) = &self.scrub {
             rows.push(vec!["Secrets scrubbed".into(), s.describe()]);
+        }
+        if let Some(n) = &self.network {
+            rows.push(vec!["Network".into(), n.clone()]);
         }
         if !self.phases.is_empty() {
             let phases = self
@@ -290,6 +296,7 @@ mod tests {
             confinement: vec!["the agent runs as uid 1001".into()],
             delivery_rows: Vec::new(),
             delivery_answer: None,
+            network: Some("allowlist (`node`): allowed no request; refused none".into()),
         };
         report.record_phase("restore", Duration::from_millis(1500));
         let md = report.to_markdown("Session Persistence");
@@ -298,6 +305,7 @@ mod tests {
             "hit (source: storage)",
             "store-only (cache-rejected): write denied",
             "| Object-store publish | published |",
+            "| Network | allowlist (`node`): allowed no request; refused none |",
             "acquired (generation 7)",
             "checkpointed",
             "| Secrets scrubbed | 3 secret(s) replaced in 2 value(s), 1 credential row(s) removed |",

@@ -173,6 +173,7 @@ async fn take_turn(
     // The agent is stopped (and everything it left running killed) before .git is put back and
     // its change read.
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
+    crate::phases::egress::record(ctx);
     leftovers::put_back(ctx, guards, &agent_run);
     if !ctx.cancel.is_cancelled() {
         deliver_outputs(ctx, &outputs, &agent_run).await;

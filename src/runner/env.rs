@@ -91,6 +91,12 @@ pub const FRO_BOT_LOG: &str = "FRO_BOT_LOG";
 pub const FRO_BOT_FAILPOINT: &str = "FRO_BOT_FAILPOINT";
 /// Cancel tests: the named pause point, held until a signal (`runner::failpoint::pause`).
 pub const FRO_BOT_PAUSEPOINT: &str = "FRO_BOT_PAUSEPOINT";
+/// Tests only: makes the kernel's Landlock ABI look this old (never newer), to see the check
+/// that refuses to run the agent unenforced (`confine::landlock::support`).
+pub const FRO_BOT_LANDLOCK_ABI: &str = "FRO_BOT_LANDLOCK_ABI";
+/// Set by fro-bot in OpenCode's environment: the agent's commands' network, applied by the shell
+/// wrapper (`confine::network::narrow_commands`) and removed before the real shell runs.
+pub const FRO_BOT_AGENT_NETWORK: &str = "FRO_BOT_AGENT_NETWORK";
 /// The least time between two progress edits of the tracking comment, in ms (default 10 000;
 /// tests shorten it).
 pub const FRO_BOT_PROGRESS_EDIT_MS: &str = "FRO_BOT_PROGRESS_EDIT_MS";

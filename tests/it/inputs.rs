@@ -314,3 +314,40 @@ fn local_help_lists_the_local_inputs_with_their_descriptions() {
         }
     }
 }
+
+/// The README's table of `allowed-domains` sets, as (set, hosts), read from the table whose header
+/// is `| set | hosts |`.
+fn readme_sets(text: &str) -> Vec<(String, Vec<String>)> {
+    text.lines()
+        .skip_while(|l| l.trim() != "| set | hosts |")
+        .skip(2)
+        .take_while(|l| l.trim_start().starts_with('|'))
+        .map(|row| {
+            let cells: Vec<&str> = row.trim().trim_matches('|').split('|').collect();
+            let unquote = |s: &str| s.trim().trim_matches('`').to_string();
+            let hosts = cells
+                .get(1)
+                .map(|c| c.split(',').map(unquote).collect())
+                .unwrap_or_default();
+            (unquote(cells[0]), hosts)
+        })
+        .collect()
+}
+
+#[test]
+fn the_readmes_named_sets_are_the_codes() {
+    let ours: Vec<(String, Vec<String>)> = fro_bot::egress::allowlist::SETS
+        .iter()
+        .map(|(name, hosts)| {
+            (
+                name.to_string(),
+                hosts.iter().map(|h| h.to_string()).collect(),
+            )
+        })
+        .collect();
+    let readme = readme_sets(&repo_file("README.md"));
+    assert_eq!(readme, ours, "README.md's sets vs egress::allowlist::SETS");
+    // The check itself: a host the code lacks is caught.
+    let changed = repo_file("README.md").replacen("`pypi.org`", "`pypi.example`", 1);
+    assert_ne!(readme_sets(&changed), ours);
+}

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod agent_network;
 mod cache;
 mod container;
 mod e2e;

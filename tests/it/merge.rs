@@ -85,6 +85,7 @@ impl Repo {
             startup_deadline: Duration::from_secs(60),
             now_ms: fro_bot::opencode::system_now_ms,
             cancel: fro_bot::runner::Cancellation::new(),
+            network: fro_bot::egress::AgentReach::open(),
         };
         Agent::start(options).await.unwrap_or_else(|e| {
             let log = std::fs::read_to_string(&log).unwrap_or_default();

@@ -71,6 +71,13 @@ impl<'a> Reach<'a> {
     }
 }
 
+/// `allowed-domains` for the page at `url`: the agent's fetch goes through fro-bot's egress proxy,
+/// which sends it on through the runner's (the only one that resolves `web.test`).
+fn allow_page(job: &mut Job, url: &str) {
+    let authority = url.split("://").nth(1).unwrap().split('/').next().unwrap();
+    job.input("allowed-domains", authority.to_string());
+}
+
 /// A job of `world` whose every service (GitHub's API and git, the cache, S3, the provider) is
 /// reached as `reach` says, with S3 backup on under `prefix`.
 async fn job_behind(world: &World, reach: &mut Reach<'_>, run_id: u64, prefix: &str) -> Job {
@@ -104,6 +111,7 @@ async fn behind_an_egress_proxy_everything_external_goes_through_it_and_nothing_
         .seed_issue(5, "Read the page", "What does it say?");
     let prefix = crate::support::s3::unique_prefix("egress");
     let mut job = job_behind(&world, &mut reach, 3100, &prefix).await;
+    allow_page(&mut job, &page);
     // The checkout is the runner user's, as on a hosted runner, so the agent can change it.
     job.owned_by_runner_user(RUNNER_UID);
     world.github.seed_git_repo(&job.workspace());
@@ -230,6 +238,7 @@ async fn a_run_over_https_with_a_private_ca(trust: Trust, launch: Launch) {
         .seed_issue(5, "Read the page", "What does it say?");
     let prefix = crate::support::s3::unique_prefix("private-ca");
     let mut job = job_behind(&world, &mut reach, 3200, &prefix).await;
+    allow_page(&mut job, &page);
     job.set("https_proxy", proxy.url());
     job.owned_by_runner_user(RUNNER_UID);
     world.github.seed_git_repo(&job.workspace());

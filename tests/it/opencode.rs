@@ -74,6 +74,7 @@ impl Harness {
             startup_deadline: Duration::from_secs(60),
             now_ms: fro_bot::opencode::system_now_ms,
             cancel: fro_bot::runner::Cancellation::new(),
+            network: fro_bot::egress::AgentReach::open(),
         }
     }
 

@@ -1,0 +1,149 @@
+//! The agent's network (docs/security.md#the-agents-network): what it may reach, and the proxy
+//! that carries it. The kernel side — which ports the agent's processes may connect to at all,
+//! and which sockets they may open — is [`crate::confine::network`].
+
+pub mod address;
+pub mod allowlist;
+pub mod proxy;
+pub mod tally;
+pub mod upstream;
+
+pub use allowlist::{Allowlist, AllowlistError};
+pub use proxy::EgressProxy;
+
+/// `agent-network`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AgentNetwork {
+    /// The agent reaches the model, fro-bot's tools and the hosts on `allowed-domains` (through
+    /// the egress proxy), nothing else.
+    #[default]
+    Allowlist,
+    /// The model and fro-bot's tools only: the agent's commands get no IP socket at all.
+    None,
+    /// Nothing is enforced: today's behaviour, at the workflow's own risk.
+    Open,
+}
+
+impl AgentNetwork {
+    pub const CHOICES: [(&'static str, AgentNetwork); 3] = [
+        ("allowlist", AgentNetwork::Allowlist),
+        ("none", AgentNetwork::None),
+        ("open", AgentNetwork::Open),
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentNetwork::Allowlist => "allowlist",
+            AgentNetwork::None => "none",
+            AgentNetwork::Open => "open",
+        }
+    }
+}
+
+/// The network inputs of a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetworkSettings {
+    pub mode: AgentNetwork,
+    /// `allowed-domains`.
+    pub allowed: Allowlist,
+    /// `agent-ports`: TCP ports the agent may bind and connect to (on any host: the kernel's
+    /// rules know ports, not addresses).
+    pub agent_ports: Vec<u16>,
+}
+
+/// The agent's network for one turn, as `opencode::Agent` sets it up: the mode, the kernel's
+/// Landlock ABI (checked before the agent starts, `phases::egress`), and the egress proxy.
+#[derive(Debug, Clone)]
+pub struct AgentReach {
+    pub mode: AgentNetwork,
+    pub abi: i64,
+    pub proxy: Option<std::sync::Arc<EgressProxy>>,
+    pub agent_ports: Vec<u16>,
+}
+
+impl AgentReach {
+    /// Nothing enforced (tools and tests that run OpenCode outside a run).
+    pub fn open() -> AgentReach {
+        AgentReach {
+            mode: AgentNetwork::Open,
+            abi: 0,
+            proxy: None,
+            agent_ports: Vec::new(),
+        }
+    }
+
+    /// What the kernel enforces, once the provider proxy listens on `key_proxy_port`.
+    pub fn plan(&self, key_proxy_port: u16) -> crate::confine::network::NetworkPlan {
+        crate::confine::network::NetworkPlan {
+            mode: self.mode,
+            abi: self.abi,
+            key_proxy_port: Some(key_proxy_port),
+            egress_port: self.proxy.as_ref().map(|p| p.port()),
+            agent_ports: self.agent_ports.clone(),
+        }
+    }
+
+    /// The agent's network variables: the job's own when open, else the egress proxy's
+    /// (`crate::net::agent_vars_behind`) and the commands' domain for the shell wrapper.
+    pub fn env(
+        &self,
+        job: &crate::runner::Env,
+        plan: &crate::confine::network::NetworkPlan,
+    ) -> Vec<(String, String)> {
+        match self.mode {
+            AgentNetwork::Open => crate::net::agent_vars(job),
+            AgentNetwork::Allowlist | AgentNetwork::None => {
+                let url = self.proxy.as_ref().map(|p| p.url());
+                let mut vars = crate::net::agent_vars_behind(job, url.as_deref());
+                if let Some(spec) = plan.commands_spec() {
+                    vars.push((crate::runner::env::FRO_BOT_AGENT_NETWORK.into(), spec));
+                }
+                vars
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("'{word}' is not a TCP port (1-65535)")]
+pub struct PortError {
+    pub word: String,
+}
+
+/// `agent-ports`: comma-, space- or newline-separated port numbers.
+pub fn parse_ports(raw: &str) -> Result<Vec<u16>, PortError> {
+    let mut ports = Vec::new();
+    for word in raw
+        .split([',', '\n', ' ', '\t'])
+        .map(str::trim)
+        .filter(|w| !w.is_empty())
+    {
+        let port = word
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p != 0 && word.bytes().all(|b| b.is_ascii_digit()))
+            .ok_or_else(|| PortError {
+                word: word.to_string(),
+            })?;
+        if !ports.contains(&port) {
+            ports.push(port);
+        }
+    }
+    Ok(ports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_are_plain_numbers_in_range() {
+        assert_eq!(parse_ports("3000, 5432\n3000").unwrap(), [3000, 5432]);
+        for bad in ["0", "65536", "+80", "http", "-1"] {
+            assert_eq!(
+                parse_ports(bad).unwrap_err().to_string(),
+                format!("'{bad}' is not a TCP port (1-65535)")
+            );
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! The agent's network for the run (docs/security.md#the-agents-network): before the agent starts,
+//! check that the kernel can enforce `agent-network` and start the egress proxy; after the turn,
+//! the step summary's "Network" row.
+
+use std::sync::Arc;
+
+use crate::confine::landlock;
+use crate::egress::upstream::Upstream;
+use crate::egress::{AgentNetwork, AgentReach, EgressProxy};
+use crate::phases::context::RunContext;
+use crate::runner::env;
+
+/// What the agent may reach this turn. `Err`: the one line that fails the run before the agent
+/// starts (the kernel cannot enforce the setting, or the proxy cannot listen).
+pub(crate) async fn prepare(ctx: &RunContext) -> Result<AgentReach, String> {
+    let settings = &ctx.settings.network;
+    if settings.mode == AgentNetwork::Open {
+        return Ok(AgentReach::open());
+    }
+    let lowered = ctx
+        .env
+        .get(env::FRO_BOT_LANDLOCK_ABI)
+        .and_then(|v| v.parse().ok());
+    let support = landlock::support(lowered);
+    let abi = match support {
+        landlock::Support::Abi(v) if support.enforces_tcp() => v,
+        landlock::Support::Abi(_) | landlock::Support::Missing { .. } => {
+            return Err(format!(
+                "agent-network: {} cannot be enforced: {}, and its TCP rules need ABI {} \
+                 (Linux 6.7 or later). Run on a newer kernel, or set `agent-network: open` to run \
+                 the agent without network enforcement, at the workflow's own risk",
+                settings.mode.as_str(),
+                support.describe(),
+                landlock::MIN_ABI
+            ))
+        }
+    };
+    let proxy = match settings.mode {
+        AgentNetwork::Allowlist => Some(Arc::new(
+            EgressProxy::start(settings.allowed.clone(), Upstream::from_env(&ctx.env))
+                .await
+                .map_err(|e| format!("cannot start the agent's egress proxy: {e}"))?,
+        )),
+        AgentNetwork::None | AgentNetwork::Open => None,
+    };
+    Ok(AgentReach {
+        mode: settings.mode,
+        abi,
+        proxy,
+        agent_ports: settings.agent_ports.clone(),
+    })
+}
+
+/// After the turn: the "Network" row, from the proxy's counts. The proxy stops once the agent's
+/// handle on it is gone too.
+pub(crate) fn record(ctx: &mut RunContext) {
+    let Some(reach) = ctx.egress.take() else {
+        return;
+    };
+    let ports = match reach.agent_ports.as_slice() {
+        [] => String::new(),
+        ports => format!(
+            "; agent-ports {} (on any host)",
+            ports
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let row = match (reach.mode, &reach.proxy) {
+        (AgentNetwork::Allowlist, Some(proxy)) => {
+            let listed = ctx.settings.network.allowed.written();
+            let listed = match listed {
+                [] => "nothing listed".to_string(),
+                l => format!("`{}`", l.join("`, `")),
+            };
+            format!("allowlist ({listed}{ports}): {}", proxy.counts().describe())
+        }
+        (AgentNetwork::None, _) | (AgentNetwork::Allowlist, None) => format!(
+            "none: the model and fro-bot's tools only; the agent's commands had no network{ports}"
+        ),
+        (AgentNetwork::Open, _) => {
+            "open (`agent-network: open`): nothing was enforced or counted".to_string()
+        }
+    };
+    ctx.report.network = Some(row);
+}
