@@ -3,6 +3,13 @@
 //! must carry. Needs the image `scripts/test` builds; without Docker or the image these fail.
 
 crate::e2e::launched_scenarios!(crate::support::container::Launch::container());
+// From the image only: the binary runs the same code, and the runner's seccomp profile is the
+// container's (docs/security.md#the-agents-network).
+crate::e2e::launched_scenarios!(crate::support::container::Launch::container();
+    egress::the_agent_reaches_the_listed_host_and_nothing_else,
+    egress::under_none_the_model_answers_and_the_agents_commands_have_no_network,
+    egress::a_kernel_without_landlock_tcp_rules_fails_the_run_before_the_agent_starts,
+);
 
 mod image {
     use std::process::{Command, Stdio};

@@ -1653,6 +1653,39 @@ mod local {
         )
     }
 
+    /// A laptop kernel without Landlock's TCP rules gets the action's one line, before anything
+    /// starts.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_local_run_on_a_kernel_without_landlock_tcp_rules_fails_with_the_fix() {
+        let llm = FakeLlm::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        fresh_checkout(&repo, "local\n");
+        let (code, out, err) = local_with(
+            &repo,
+            &llm,
+            &["--prompt", "hello"],
+            &[("FRO_BOT_LANDLOCK_ABI", "2".into())],
+        );
+        assert_ne!(code, 0, "{out}\n{err}");
+        let text = format!("{out}{err}");
+        assert!(
+            text.contains(
+                "agent-network: allowlist cannot be enforced: the kernel's Landlock ABI is 2"
+            ) && text.contains("`agent-network: open`"),
+            "{text}"
+        );
+        assert!(llm.requests().is_empty(), "the agent never started");
+        llm.push(Reply::text("Unenforced."));
+        let (code, out, err) = local_with(
+            &repo,
+            &llm,
+            &["--prompt", "hello", "--agent-network", "open"],
+            &[("FRO_BOT_LANDLOCK_ABI", "2".into())],
+        );
+        assert_eq!(code, 0, "the fix it names works: {out}\n{err}");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn two_local_runs_continue_one_thread_and_another_thread_starts_fresh() {
         let llm = FakeLlm::start().await;
@@ -1762,4 +1795,5 @@ pub(crate) mod changes;
 pub(crate) mod enterprise;
 
 pub(crate) mod cancel;
+pub(crate) mod egress;
 pub(crate) mod leftovers;

@@ -222,9 +222,11 @@ async fn local_run_edits_and_resumes(uid: u32) -> String {
             .output()
             .unwrap()
     };
+    // The agent's network is enforced locally too (`agent-network: allowlist`, nothing listed).
     llm.push(Reply::tool(
         "bash",
-        json!({"command": "echo edited > README.md", "description": "edit"}),
+        json!({"command": "echo edited > README.md; curl -sS --max-time 5 http://unlisted.example/ 2>&1; \
+            (echo x >/dev/udp/127.0.0.1/9) 2>&1 | head -n1", "description": "edit"}),
     ));
     llm.push(Reply::text("Edited the readme."));
     let text = |o: &std::process::Output| {
@@ -244,6 +246,18 @@ async fn local_run_edits_and_resumes(uid: u32) -> String {
     assert_eq!(
         std::fs::read_to_string(repo.join("README.md")).unwrap(),
         "edited\n"
+    );
+    let tool = crate::support::fake_llm::request_text(&llm.requests()[1]);
+    for refused in [
+        "403 fro-bot: host not on allowed-domains: unlisted.example:80",
+        "socket: Operation not permitted",
+    ] {
+        assert!(tool.contains(refused), "{refused}: {}", text(&first));
+    }
+    assert!(
+        text(&first).contains("| Network | allowlist (nothing listed): allowed no request; refused 1: `unlisted.example:80` |"),
+        "{}",
+        text(&first)
     );
     llm.push(Reply::text("Still here."));
     let second = tokio::task::spawn_blocking(move || run("again"))
