@@ -391,3 +391,87 @@ EOF"#
         )
     );
 }
+
+/// The agent's tools read the proxy variables the agent's environment holds
+/// (`egress::AgentReach::env`): each one's request reaches the proxy, which refuses it.
+#[tokio::test]
+async fn git_npm_pip_and_cargo_go_through_the_proxy() {
+    let proxy = EgressProxy::start(Allowlist::default(), Upstream::default())
+        .await
+        .unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().to_string_lossy().into_owned();
+    let tools: [(&str, &[&str]); 4] = [
+        ("git", &["ls-remote", "http://unlisted.example/x.git"]),
+        (
+            "npm",
+            &[
+                "view",
+                "left-pad",
+                "--registry",
+                "http://unlisted.example/",
+                "--fetch-retries=0",
+            ],
+        ),
+        (
+            "python3",
+            &[
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                // With no retry pip does not print why the index failed.
+                "--retries",
+                "1",
+                "--index-url",
+                "https://unlisted.example/simple",
+                "-d",
+                &dir,
+                "left-pad",
+            ],
+        ),
+        (
+            "cargo",
+            &[
+                "install",
+                "--index",
+                "sparse+http://unlisted.example/",
+                "--root",
+                &dir,
+                "left-pad",
+            ],
+        ),
+    ];
+    for (tool, args) in tools {
+        let mut cmd = tokio::process::Command::new(tool);
+        cmd.args(args)
+            .current_dir(&dir)
+            .env("HOME", &dir)
+            .env("CARGO_HOME", format!("{dir}/cargo"))
+            .env("npm_config_cache", format!("{dir}/npm"))
+            .env_remove("PIP_INDEX_URL")
+            .env_remove("npm_config_registry");
+        for (k, v) in fro_bot::net::agent_vars_behind(
+            &fro_bot::runner::Env::from_pairs::<&str, &str>([]),
+            Some(&proxy.url()),
+        ) {
+            cmd.env(k, v);
+        }
+        let before = proxy.counts().refused_total;
+        let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+            .await
+            .unwrap_or_else(|_| panic!("{tool} hung"))
+            .unwrap_or_else(|e| panic!("{tool} is a prerequisite of the suite: {e}"));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{tool}: {text}");
+        assert!(text.contains("403"), "{tool} shows the refusal: {text}");
+        assert!(
+            proxy.counts().refused_total > before,
+            "{tool} asked the proxy: {text}"
+        );
+    }
+}
