@@ -12,7 +12,8 @@
 //! Needs `FRO_BOT_TEST_OPENCODE` (run `scripts/bench-run`). Knobs: FRO_BOT_BENCH_DB_MB (default
 //! 10), FRO_BOT_BENCH_RUNS (default 3), FRO_BOT_BENCH_VERBOSE (print each timed step's output
 //! and OpenCode's log), FRO_BOT_BENCH_KEEP_DB=<path> (keep a copy of the grown database),
-//! FRO_BOT_BENCH_GITHUB_MS (how long each fake GitHub answer waits; default 0).
+//! FRO_BOT_BENCH_GITHUB_MS (how long each fake GitHub answer waits; default 0),
+//! FRO_BOT_BENCH_NETWORK (`agent-network`; default the action's, `allowlist`).
 
 #[path = "../tests/it/support/mod.rs"]
 mod support;
@@ -103,6 +104,10 @@ async fn run() {
     job.input("github-token", support::fake_github::TOKEN);
     job.input("opencode-config", llm.opencode_config().to_string());
     job.input("timeout", "120000");
+    // `open` measures the run without the agent's network enforced, for a before/after.
+    if let Ok(mode) = std::env::var("FRO_BOT_BENCH_NETWORK") {
+        job.input("agent-network", mode);
+    }
 
     // Run 1: real schema and a real session with a tool call, the template for the growth. The
     // cache is read-only so main does not save; post saves the grown database under main's key.

@@ -15,7 +15,35 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::landlock::{self, NetRules};
 use super::seccomp::{Filter, FilterError};
-use crate::egress::AgentNetwork;
+
+/// `agent-network`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AgentNetwork {
+    /// The agent reaches the model, fro-bot's tools and the hosts on `allowed-domains` (through
+    /// the egress proxy), nothing else.
+    #[default]
+    Allowlist,
+    /// The model and fro-bot's tools only: the agent's commands get no IP socket at all.
+    None,
+    /// Nothing is enforced: today's behaviour, at the workflow's own risk.
+    Open,
+}
+
+impl AgentNetwork {
+    pub const CHOICES: [(&'static str, AgentNetwork); 3] = [
+        ("allowlist", AgentNetwork::Allowlist),
+        ("none", AgentNetwork::None),
+        ("open", AgentNetwork::Open),
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentNetwork::Allowlist => "allowlist",
+            AgentNetwork::None => "none",
+            AgentNetwork::Open => "open",
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetworkError {

@@ -36,8 +36,6 @@ const MAX_CONNECTIONS: usize = 256;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
-/// Copy buffers for a tunnel, each way: large enough that a download is not held back by them.
-const TUNNEL_BUFFER: usize = 256 * 1024;
 /// Refusals logged one by one; the summary counts the rest.
 const LOGGED_REFUSALS: u64 = 50;
 
@@ -395,15 +393,10 @@ async fn open_tunnel(
     allowed: Allowed,
     stop: CancellationToken,
 ) -> Result<Response<ProxyBody>, Refusal> {
-    let (mut server, _) = dial(shared, host, port, allowed, true).await?;
+    let (server, _) = dial(shared, host, port, allowed, true).await?;
     tokio::spawn(async move {
-        let Ok(upgraded) = hyper::upgrade::on(req).await else {
-            return;
-        };
-        let mut client = TokioIo::new(upgraded);
-        tokio::select! {
-            _ = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut server, TUNNEL_BUFFER, TUNNEL_BUFFER) => {}
-            () = stop.cancelled() => {}
+        if let Ok(client) = hyper::upgrade::on(req).await {
+            super::splice::carry(client, server, stop).await;
         }
     });
     Ok(Response::new(full(String::new())))
