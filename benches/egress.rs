@@ -84,10 +84,16 @@ async fn tunnel_bench() {
         .await
         .expect("proxy");
     let url = format!("http://localhost:{port}/");
-    let (mut direct, mut tunnel) = (Vec::new(), Vec::new());
+    // A reference where installed: socat, a plain TCP forwarder (no HTTP, no checks), shows what
+    // one more hop costs on this machine.
+    let forwarder = socat(port);
+    let (mut direct, mut tunnel, mut forwarded) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..runs {
         direct.push(download(&url, None).await);
         tunnel.push(download(&url, Some(&proxy.url())).await);
+        if let Some((_, p)) = &forwarder {
+            forwarded.push(download(&format!("http://localhost:{p}/"), None).await);
+        }
     }
     let rate = |d: Duration| mb as f64 / d.as_secs_f64();
     let (d, t) = (median(direct), median(tunnel));
@@ -104,10 +110,39 @@ async fn tunnel_bench() {
         t.as_secs_f64(),
         rate(t)
     );
+    if !forwarded.is_empty() {
+        let f = median(forwarded);
+        println!(
+            "| curl through socat, a plain TCP forwarder (reference) | {:.3} s | {:.0} |",
+            f.as_secs_f64(),
+            rate(f)
+        );
+        println!("ratio socat/direct rate: {:.2}", rate(f) / rate(d));
+    }
+    if let Some((mut child, _)) = forwarder {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
     println!(
         "ratio tunnel/direct rate: {:.2} (target ≥ 0.90)",
         rate(t) / rate(d)
     );
+}
+
+/// `socat` forwarding a free port to `port`, when installed.
+fn socat(port: u16) -> Option<(std::process::Child, u16)> {
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port();
+    let child = std::process::Command::new("socat")
+        .arg(format!("TCP-LISTEN:{free},bind=127.0.0.1,reuseaddr,fork"))
+        .arg(format!("TCP:127.0.0.1:{port}"))
+        .spawn()
+        .ok()?;
+    std::thread::sleep(Duration::from_millis(300));
+    Some((child, free))
 }
 
 async fn spawn_once(
