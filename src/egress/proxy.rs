@@ -225,7 +225,8 @@ async fn handle(
 ) -> Response<ProxyBody> {
     let (host, port, tunnel) = match target(&req) {
         Ok(t) => t,
-        Err(refusal) => return refuse(shared, "?", 0, &refusal),
+        // Counted under a name no host has.
+        Err(refusal) => return refuse(shared, "malformed-request", 0, &refusal),
     };
     let allowed = match shared.allowlist.allows(&host, port) {
         Some(a) => a,
