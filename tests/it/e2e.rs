@@ -622,12 +622,19 @@ pub(crate) mod scenarios {
         job.event("issue_comment", &comment_event(5, 1, "just chatting"));
         let (_job, r) = main_step(job).await;
         assert_eq!(r.code, 0, "{}", explain(&r));
-        assert!(r.summary.contains("Skipped"), "{}", r.summary);
+        // The reason, not only the word: a comment skipped for anything else would say so.
+        assert!(
+            r.summary
+                .contains("Skipped: The comment does not mention `@fro-bot`."),
+            "{}",
+            r.summary
+        );
         assert_eq!(
             r.state.get("cacheSaved").map(String::as_str),
             Some("skipped")
         );
         assert!(world.cache.calls().is_empty());
+        assert!(world.llm.requests().is_empty(), "the model was asked");
     }
 
     fn state_paths(job: &Job) -> fro_bot::phases::paths::StatePaths {
