@@ -1178,13 +1178,14 @@ pub(crate) mod scenarios {
         }
     }
 
-    fn attack_script(job: &Job, socket: &std::path::Path, marker: &std::path::Path) -> String {
+    fn attack_script(job: &Job, socket: &std::path::Path, marker_dir: &std::path::Path) -> String {
         let runtime_token = job.env["ACTIONS_RUNTIME_TOKEN"].clone();
         let files = seen(job, &job.files());
         let ws = seen(job, &job.workspace());
         let data = seen(job, &job.data_dir());
         let socket = seen(job, socket);
-        let marker = seen(job, marker);
+        let marker = seen(job, &marker_dir.join("pwned"));
+        let started = seen(job, &marker_dir.join("started"));
         format!(
             r#"S='SECRET|{runtime_token}|ghs_fake|OPENCODE_SERVER_PASSWORD=|FRO_BOT_OPENCODE_PASSWORD=|OPENCODE_AUTH_CONTENT=|^INPUT_|^ACTIONS_|^AWS_|^GITHUB_TOKEN=|^GH_TOKEN='
 echo "== id $(id)"
@@ -1200,11 +1201,13 @@ for f in {files}/output {files}/state {files}/env {files}/path {files}/summary; 
   if mv "$f" "$f.moved" 2>/dev/null; then echo "== filecmd MOVED $f"; else echo "== filecmd DENIED-MOVE $f"; fi
 done
 echo "== git-hits"; git -C {ws} config --show-origin --get-regexp 'extraheader|insteadof|credential' 2>&1; grep -rhi 'SECRET' {ws}/.git/config {ws}/.git/*.inc $HOME/.git-credentials $HOME/.gitconfig 2>/dev/null; echo "== git-hits-end"
-# curl where the image has it, else perl (the image has no curl): exit 7 = cannot connect.
+# curl where the image has it, else perl (the image has no curl): exit 7 = cannot connect, which a
+# missing socket gives too, so whether it is there is said first.
 for s in /var/run/docker.sock {socket}; do
+  if [ -S "$s" ]; then there=yes; else there=no; fi
   if command -v curl >/dev/null; then curl -s -m 2 --unix-socket "$s" http://localhost/version >/dev/null 2>&1
   else perl -MIO::Socket::UNIX -e 'IO::Socket::UNIX->new(Peer => $ARGV[0]) or exit 7' "$s"; fi
-  echo "== docker $s rc=$?"
+  echo "== docker $s socket=$there rc=$?"
 done
 pw=$(for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do {{ tr '\0' '\n' < "$f"; }} 2>/dev/null; done | sed -n 's/^\(OPENCODE_SERVER_PASSWORD\|FRO_BOT_OPENCODE_PASSWORD\)=//p' | head -1)
 pw=${{pw:-$OPENCODE_SERVER_PASSWORD}}
@@ -1215,13 +1218,22 @@ echo "== password found=${{pw:+yes}}"
   case "$body" in '[{{'*'"projectID"'*) echo "== api OPEN $port";; esac
 done
 echo "== api-end"
-setsid nohup sh -c 'while kill -0 $OPENCODE_PID 2>/dev/null; do sleep 0.1; done; sleep 1; echo pwned > {marker}; printf CORRUPTCORRUPTCORRUPT | dd of={data}/opencode.db bs=1 seek=0 conv=notrunc' >/dev/null 2>&1 < /dev/null &
+# OpenCode: the ancestor running `opencode serve` (this shell's parent, through fro-bot's wrapper).
+oc=$PPID
+while [ "$oc" -gt 1 ] && ! tr '\0' ' ' < /proc/$oc/cmdline 2>/dev/null | grep -q ' serve --hostname'; do
+  oc=$(awk '/^PPid:/{{print $2}}' /proc/$oc/status 2>/dev/null); oc=${{oc:-1}}
+done
+echo "== opencode pid=$oc"
+# A writer that waits for OpenCode to end, then strikes: only a run that kills what the agent
+# left running stops it.
+setsid nohup sh -c 'echo started > {started}; while kill -0 '"$oc"' 2>/dev/null; do sleep 0.1; done; sleep 1; echo pwned > {marker}; printf CORRUPTCORRUPTCORRUPT | dd of={data}/opencode.db bs=1 seek=0 conv=notrunc' >/dev/null 2>&1 < /dev/null &
 echo "== writer started"
 "#,
             files = files,
             ws = ws,
             socket = socket,
             marker = marker,
+            started = started,
             data = data,
             runtime_token = runtime_token,
         )
@@ -1286,7 +1298,7 @@ echo "== writer started"
         let marker = marker_dir.join("pwned");
         world.llm.push(Reply::tool(
             "bash",
-            json!({"command": attack_script(&job, &socket_path, &marker), "description": "x"}),
+            json!({"command": attack_script(&job, &socket_path, &marker_dir), "description": "x"}),
         ));
         // OpenCode's own read tool runs inside OpenCode, which may read its own environment.
         world.llm.push(Reply::tool(
@@ -1380,12 +1392,18 @@ echo "== writer started"
             "",
             "{out}"
         );
-        for s in ["/var/run/docker.sock".to_string(), seen(&job, &socket_path)] {
-            let line = out
-                .lines()
-                .find(|l| l.starts_with(&format!("== docker {s} rc=")))
-                .unwrap_or_else(|| panic!("{out}"));
-            assert!(line.ends_with("rc=7"), "connect refused: {line}");
+        // Refused, not missing (curl's and the probe's exit 7 is both): the test's root-only
+        // socket, and in the container the Docker socket the runner mounts (on the host it is
+        // whatever this machine has, so the test's socket stands in for it).
+        let mut sockets = vec![seen(&job, &socket_path)];
+        if let Launch::Container { .. } = job.launch {
+            sockets.push("/var/run/docker.sock".to_string());
+        }
+        for s in sockets {
+            assert!(
+                out.contains(&format!("== docker {s} socket=yes rc=7\n")),
+                "{s}: there, and the connection refused: {out}"
+            );
         }
         assert!(
             socket.accept().is_err(),
@@ -1394,11 +1412,19 @@ echo "== writer started"
         assert!(out.contains("== password found=\n"), "{out}");
         assert!(!out.contains("== api OPEN"), "{out}");
         assert!(out.contains("== writer started"), "{out}");
+        assert!(
+            !out.contains("== opencode pid=1\n"),
+            "the writer found OpenCode to wait for: {out}"
+        );
 
         // The checkout's credential is back, the writer is dead, the memory intact.
         let cfg = std::fs::read_to_string(job.workspace().join(".git/config")).unwrap();
         assert!(cfg.contains("SECRETCHECKOUT"), "{cfg}");
         tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+        assert!(
+            marker_dir.join("started").exists(),
+            "the background writer never started"
+        );
         assert!(!marker.exists(), "the background writer outlived the run");
         let header = std::fs::read(job.data_dir().join("opencode.db")).unwrap();
         assert!(header.starts_with(b"SQLite format 3\0"));
