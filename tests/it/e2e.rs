@@ -995,22 +995,32 @@ pub(crate) mod scenarios {
         let mut job = world.job(800);
         with_s3(&mut job, &prefix);
         job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
-        let running = tokio::task::spawn_blocking(move || {
-            let r = job.main_step();
-            (job, r)
-        });
-        // The answer goes out while the lease is still held; only then does the holder let go.
+        let mut running = job.spawn(&["run"], &[]);
+        let printed = read_as_it_comes(&mut running);
+        // The holder lets go only once the run says it waits for the lease (so the wait is taken
+        // whatever the machine's speed), and the answer went out before that.
         let deadline = Instant::now() + Duration::from_secs(120);
-        while world.github.created_comments().is_empty() {
-            assert!(Instant::now() < deadline, "never answered");
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let waiting = fro_bot::phases::publish::WAITING_FOR_LEASE;
+        while !printed.lock().unwrap().contains(waiting) {
+            assert!(
+                !running.exited(),
+                "the run ended without waiting for the lease:\n{}",
+                printed.lock().unwrap()
+            );
+            assert!(Instant::now() < deadline, "never waited for the lease");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            !world.github.created_comments().is_empty(),
+            "the answer waits for the lease: {}",
+            printed.lock().unwrap()
+        );
         assert!(matches!(
             held.release().await,
             fro_bot::lease::ReleaseOutcome::Released
         ));
-        let (_job, r) = running.await.unwrap();
+        let (_job, mut r) = finish(job, running).await;
+        r.stdout = printed.lock().unwrap().clone();
         assert_eq!(r.code, 0, "{}", explain(&r));
         assert!(
             world.github.created_comments()[0]
@@ -1030,6 +1040,23 @@ pub(crate) mod scenarios {
             "{}",
             r.summary
         );
+    }
+
+    /// The step's stdout, gathered as it comes (`job.finish` then returns it empty).
+    fn read_as_it_comes(running: &mut Running) -> std::sync::Arc<std::sync::Mutex<String>> {
+        use std::io::BufRead;
+        let stdout = running.take_stdout().expect("piped stdout");
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let gathered = seen.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let mut seen = gathered.lock().unwrap();
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+        });
+        seen
     }
 
     /// Starts the main step on a turn that stalls, and returns once the turn is under way.
