@@ -45,8 +45,9 @@ pub enum CacheError {
         operation: &'static str,
         detail: String,
     },
-    /// Connection-level failure (DNS, TLS, reset, timeout, body cut off).
-    #[error("{operation}: transport error")]
+    /// Connection-level failure (DNS, TLS, reset, timeout, body cut off), with what failed (a
+    /// certificate the runner does not trust says so: docs/troubleshooting.md).
+    #[error("{operation}: transport error{}", causes(source))]
     Transport {
         operation: &'static str,
         #[source]
@@ -99,6 +100,20 @@ pub enum CacheError {
         #[source]
         source: tokio::task::JoinError,
     },
+}
+
+/// `: cause: its cause…` under a transport error (`: client error (Connect): invalid peer
+/// certificate: UnknownIssuer`), empty when there is none. reqwest's own message is left out: it
+/// names the URL, signed for blob transfers.
+fn causes(e: &reqwest::Error) -> String {
+    let mut out = String::new();
+    let mut next = std::error::Error::source(e);
+    while let Some(cause) = next {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    out
 }
 
 impl CacheError {

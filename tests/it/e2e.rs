@@ -622,12 +622,19 @@ pub(crate) mod scenarios {
         job.event("issue_comment", &comment_event(5, 1, "just chatting"));
         let (_job, r) = main_step(job).await;
         assert_eq!(r.code, 0, "{}", explain(&r));
-        assert!(r.summary.contains("Skipped"), "{}", r.summary);
+        // The reason, not only the word: a comment skipped for anything else would say so.
+        assert!(
+            r.summary
+                .contains("Skipped: The comment does not mention `@fro-bot`."),
+            "{}",
+            r.summary
+        );
         assert_eq!(
             r.state.get("cacheSaved").map(String::as_str),
             Some("skipped")
         );
         assert!(world.cache.calls().is_empty());
+        assert!(world.llm.requests().is_empty(), "the model was asked");
     }
 
     fn state_paths(job: &Job) -> fro_bot::phases::paths::StatePaths {
@@ -988,22 +995,32 @@ pub(crate) mod scenarios {
         let mut job = world.job(800);
         with_s3(&mut job, &prefix);
         job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
-        let running = tokio::task::spawn_blocking(move || {
-            let r = job.main_step();
-            (job, r)
-        });
-        // The answer goes out while the lease is still held; only then does the holder let go.
+        let mut running = job.spawn(&["run"], &[]);
+        let printed = read_as_it_comes(&mut running);
+        // The holder lets go only once the run says it waits for the lease (so the wait is taken
+        // whatever the machine's speed), and the answer went out before that.
         let deadline = Instant::now() + Duration::from_secs(120);
-        while world.github.created_comments().is_empty() {
-            assert!(Instant::now() < deadline, "never answered");
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let waiting = fro_bot::phases::publish::WAITING_FOR_LEASE;
+        while !printed.lock().unwrap().contains(waiting) {
+            assert!(
+                !running.exited(),
+                "the run ended without waiting for the lease:\n{}",
+                printed.lock().unwrap()
+            );
+            assert!(Instant::now() < deadline, "never waited for the lease");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            !world.github.created_comments().is_empty(),
+            "the answer waits for the lease: {}",
+            printed.lock().unwrap()
+        );
         assert!(matches!(
             held.release().await,
             fro_bot::lease::ReleaseOutcome::Released
         ));
-        let (_job, r) = running.await.unwrap();
+        let (_job, mut r) = finish(job, running).await;
+        r.stdout = printed.lock().unwrap().clone();
         assert_eq!(r.code, 0, "{}", explain(&r));
         assert!(
             world.github.created_comments()[0]
@@ -1023,6 +1040,23 @@ pub(crate) mod scenarios {
             "{}",
             r.summary
         );
+    }
+
+    /// The step's stdout, gathered as it comes (`job.finish` then returns it empty).
+    fn read_as_it_comes(running: &mut Running) -> std::sync::Arc<std::sync::Mutex<String>> {
+        use std::io::BufRead;
+        let stdout = running.take_stdout().expect("piped stdout");
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let gathered = seen.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let mut seen = gathered.lock().unwrap();
+                seen.push_str(&line);
+                seen.push('\n');
+            }
+        });
+        seen
     }
 
     /// Starts the main step on a turn that stalls, and returns once the turn is under way.
@@ -1171,13 +1205,14 @@ pub(crate) mod scenarios {
         }
     }
 
-    fn attack_script(job: &Job, socket: &std::path::Path, marker: &std::path::Path) -> String {
+    fn attack_script(job: &Job, socket: &std::path::Path, marker_dir: &std::path::Path) -> String {
         let runtime_token = job.env["ACTIONS_RUNTIME_TOKEN"].clone();
         let files = seen(job, &job.files());
         let ws = seen(job, &job.workspace());
         let data = seen(job, &job.data_dir());
         let socket = seen(job, socket);
-        let marker = seen(job, marker);
+        let marker = seen(job, &marker_dir.join("pwned"));
+        let started = seen(job, &marker_dir.join("started"));
         format!(
             r#"S='SECRET|{runtime_token}|ghs_fake|OPENCODE_SERVER_PASSWORD=|FRO_BOT_OPENCODE_PASSWORD=|OPENCODE_AUTH_CONTENT=|^INPUT_|^ACTIONS_|^AWS_|^GITHUB_TOKEN=|^GH_TOKEN='
 echo "== id $(id)"
@@ -1193,11 +1228,13 @@ for f in {files}/output {files}/state {files}/env {files}/path {files}/summary; 
   if mv "$f" "$f.moved" 2>/dev/null; then echo "== filecmd MOVED $f"; else echo "== filecmd DENIED-MOVE $f"; fi
 done
 echo "== git-hits"; git -C {ws} config --show-origin --get-regexp 'extraheader|insteadof|credential' 2>&1; grep -rhi 'SECRET' {ws}/.git/config {ws}/.git/*.inc $HOME/.git-credentials $HOME/.gitconfig 2>/dev/null; echo "== git-hits-end"
-# curl where the image has it, else perl (the image has no curl): exit 7 = cannot connect.
+# curl where the image has it, else perl (the image has no curl): exit 7 = cannot connect, which a
+# missing socket gives too, so whether it is there is said first.
 for s in /var/run/docker.sock {socket}; do
+  if [ -S "$s" ]; then there=yes; else there=no; fi
   if command -v curl >/dev/null; then curl -s -m 2 --unix-socket "$s" http://localhost/version >/dev/null 2>&1
   else perl -MIO::Socket::UNIX -e 'IO::Socket::UNIX->new(Peer => $ARGV[0]) or exit 7' "$s"; fi
-  echo "== docker $s rc=$?"
+  echo "== docker $s socket=$there rc=$?"
 done
 pw=$(for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do {{ tr '\0' '\n' < "$f"; }} 2>/dev/null; done | sed -n 's/^\(OPENCODE_SERVER_PASSWORD\|FRO_BOT_OPENCODE_PASSWORD\)=//p' | head -1)
 pw=${{pw:-$OPENCODE_SERVER_PASSWORD}}
@@ -1208,13 +1245,22 @@ echo "== password found=${{pw:+yes}}"
   case "$body" in '[{{'*'"projectID"'*) echo "== api OPEN $port";; esac
 done
 echo "== api-end"
-setsid nohup sh -c 'while kill -0 $OPENCODE_PID 2>/dev/null; do sleep 0.1; done; sleep 1; echo pwned > {marker}; printf CORRUPTCORRUPTCORRUPT | dd of={data}/opencode.db bs=1 seek=0 conv=notrunc' >/dev/null 2>&1 < /dev/null &
+# OpenCode: the ancestor running `opencode serve` (this shell's parent, through fro-bot's wrapper).
+oc=$PPID
+while [ "$oc" -gt 1 ] && ! tr '\0' ' ' < /proc/$oc/cmdline 2>/dev/null | grep -q ' serve --hostname'; do
+  oc=$(awk '/^PPid:/{{print $2}}' /proc/$oc/status 2>/dev/null); oc=${{oc:-1}}
+done
+echo "== opencode pid=$oc"
+# A writer that waits for OpenCode to end, then strikes: only a run that kills what the agent
+# left running stops it.
+setsid nohup sh -c 'echo started > {started}; while kill -0 '"$oc"' 2>/dev/null; do sleep 0.1; done; sleep 1; echo pwned > {marker}; printf CORRUPTCORRUPTCORRUPT | dd of={data}/opencode.db bs=1 seek=0 conv=notrunc' >/dev/null 2>&1 < /dev/null &
 echo "== writer started"
 "#,
             files = files,
             ws = ws,
             socket = socket,
             marker = marker,
+            started = started,
             data = data,
             runtime_token = runtime_token,
         )
@@ -1279,7 +1325,7 @@ echo "== writer started"
         let marker = marker_dir.join("pwned");
         world.llm.push(Reply::tool(
             "bash",
-            json!({"command": attack_script(&job, &socket_path, &marker), "description": "x"}),
+            json!({"command": attack_script(&job, &socket_path, &marker_dir), "description": "x"}),
         ));
         // OpenCode's own read tool runs inside OpenCode, which may read its own environment.
         world.llm.push(Reply::tool(
@@ -1373,12 +1419,18 @@ echo "== writer started"
             "",
             "{out}"
         );
-        for s in ["/var/run/docker.sock".to_string(), seen(&job, &socket_path)] {
-            let line = out
-                .lines()
-                .find(|l| l.starts_with(&format!("== docker {s} rc=")))
-                .unwrap_or_else(|| panic!("{out}"));
-            assert!(line.ends_with("rc=7"), "connect refused: {line}");
+        // Refused, not missing (curl's and the probe's exit 7 is both): the test's root-only
+        // socket, and in the container the Docker socket the runner mounts (on the host it is
+        // whatever this machine has, so the test's socket stands in for it).
+        let mut sockets = vec![seen(&job, &socket_path)];
+        if let Launch::Container { .. } = job.launch {
+            sockets.push("/var/run/docker.sock".to_string());
+        }
+        for s in sockets {
+            assert!(
+                out.contains(&format!("== docker {s} socket=yes rc=7\n")),
+                "{s}: there, and the connection refused: {out}"
+            );
         }
         assert!(
             socket.accept().is_err(),
@@ -1387,11 +1439,19 @@ echo "== writer started"
         assert!(out.contains("== password found=\n"), "{out}");
         assert!(!out.contains("== api OPEN"), "{out}");
         assert!(out.contains("== writer started"), "{out}");
+        assert!(
+            !out.contains("== opencode pid=1\n"),
+            "the writer found OpenCode to wait for: {out}"
+        );
 
         // The checkout's credential is back, the writer is dead, the memory intact.
         let cfg = std::fs::read_to_string(job.workspace().join(".git/config")).unwrap();
         assert!(cfg.contains("SECRETCHECKOUT"), "{cfg}");
         tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+        assert!(
+            marker_dir.join("started").exists(),
+            "the background writer never started"
+        );
         assert!(!marker.exists(), "the background writer outlived the run");
         let header = std::fs::read(job.data_dir().join("opencode.db")).unwrap();
         assert!(header.starts_with(b"SQLite format 3\0"));

@@ -346,3 +346,101 @@ async fn a_private_ca_as_ssl_cert_file_is_trusted_by_fro_bot_and_opencode() {
 async fn a_private_ca_in_the_system_trust_store_is_trusted_by_fro_bot_and_opencode() {
     a_run_over_https_with_a_private_ca(Trust::SystemStore, Launch::Binary).await;
 }
+
+/// The same network with the private CA trusted nowhere: each certificate it signed is refused,
+/// by fro-bot's own client (`net::external`, here the Actions cache's save), its git fetch of the
+/// thread's branch (`net::git_trust`), and OpenCode's fetch, each failing as
+/// docs/troubleshooting.md ("A private CA") says: a client that stopped checking certificates
+/// fails this. The handshakes fail: the proxy tunnelled to each, and nothing reached the services
+/// behind the certificate. GitHub's API and the provider stay on HTTP (through the proxy), so the
+/// run gets to each of them in one run; S3 stays on HTTP too (its SDK's retries of the refused
+/// handshake would take some 20 s more), its client trusting what `net::external`'s does.
+#[tokio::test]
+async fn without_the_private_ca_fro_bot_and_opencode_refuse_its_certificates() {
+    let ca = TestCa::new();
+    let world = World::start().await;
+    let proxy = EgressProxy::start().await;
+    let mut reach = Reach::https(&ca);
+    let page = reach
+        .url(&web_page("page-behind-an-untrusted-ca").await, "web.test")
+        .await;
+    world
+        .github
+        .seed_issue(5, "Read the page", "What does it say?");
+    let cache = reach.url(&world.cache.local_origin(), "cache.test").await;
+    world.cache.set_origin(&cache);
+    let mut job = world.job(3300);
+    allow_page(&mut job, &page);
+    let api = named(&world.github.url, "github.test");
+    let git = reach.url(&world.github.url, "github.test").await;
+    job.set("GITHUB_API_URL", api.clone())
+        .set("GITHUB_GRAPHQL_URL", format!("{api}/graphql"))
+        .set("GITHUB_SERVER_URL", git);
+    let llm = named(&world.llm.base_url(), "llm.test");
+    job.input("opencode-config", llm_config_at(&world, &llm).to_string());
+    job.set("HTTPS_PROXY", proxy.url())
+        .set("HTTP_PROXY", proxy.url())
+        // The save's request is enough: each refused one is retried for some 9 s.
+        .set("ACTIONS_CACHE_MODE", "write-only");
+    job.owned_by_runner_user(RUNNER_UID);
+    world.github.seed_git_repo(&job.workspace());
+    // The thread has fro-bot's branch already: its git fetches it before the turn.
+    world
+        .github
+        .add_fro_bot_commit_on_branch("fro-bot/issue-5", "page.md", "old\n");
+    world.llm.push(Reply::tool(
+        "webfetch",
+        json!({"url": page, "format": "text"}),
+    ));
+    world.llm.push(Reply::text("The page could not be read."));
+    job.event(
+        "issue_comment",
+        &comment_event(5, 501, "@fro-bot what does the page say?"),
+    );
+    let (_job, r) = main_step(job).await;
+
+    // fro-bot's client: the cache's save.
+    let refused = "memory: not-persisted (cache-error): ReserveCache: transport error: client error (Connect): invalid peer certificate: UnknownIssuer";
+    assert!(r.stdout.contains(refused), "{refused}\n{}", explain(&r));
+    assert_eq!(r.output("cache-save-result"), "not-persisted");
+    // fro-bot's git.
+    assert!(
+        r.stdout
+            .contains("cannot check out fro-bot/issue-5: git fetch")
+            && r.stdout.contains("server certificate verification failed"),
+        "{}",
+        explain(&r)
+    );
+    // OpenCode's fetch: the tool's error reached the model, the page never did.
+    let fetched = request_text(&world.llm.requests()[1]);
+    assert!(
+        fetched.contains(&format!("Transport error (GET {page})"))
+            && !fetched.contains("page-behind-an-untrusted-ca"),
+        "OpenCode refused the page's certificate: {fetched}"
+    );
+    // Each got as far as the handshake: tunnelled, and nothing arrived behind it.
+    for host in ["cache.test", "github.test", "web.test"] {
+        let tunnels = proxy
+            .seen()
+            .iter()
+            .filter(|s| s.host == host && s.method == "CONNECT")
+            .count();
+        assert!(tunnels > 0, "no tunnel to {host}: {:?}", proxy.summary());
+    }
+    assert!(world.cache.calls().is_empty(), "{:?}", world.cache.calls());
+    assert!(
+        !world
+            .github
+            .requests()
+            .iter()
+            .any(|q| q.path.contains("/git-upload-pack") || q.path.ends_with("/info/refs")),
+        "git got past the handshake"
+    );
+    let comments = world.github.created_comments();
+    assert!(
+        comments
+            .iter()
+            .any(|(_, body)| body.contains("The page could not be read.")),
+        "{comments:?}"
+    );
+}

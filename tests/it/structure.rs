@@ -20,8 +20,12 @@ fn module_name(rel: &Path) -> String {
     parts.join("::")
 }
 
+/// Every module of `src/` and its shipping code ([`shipping`]). Unit tests may reach anywhere; the
+/// shape is about the code that ships, so a test-only module (`#[cfg(test)] mod tests;` and its
+/// file) is left out.
 fn modules(src: &Path) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
+    let mut test_only = BTreeSet::new();
     let mut stack = vec![src.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
@@ -30,11 +34,96 @@ fn modules(src: &Path) -> BTreeMap<String, String> {
                 stack.push(path);
             } else if path.extension().is_some_and(|e| e == "rs") {
                 let text = std::fs::read_to_string(&path).unwrap();
-                // Unit tests may reach anywhere; the shape is about the code that ships.
-                let code = text.split("#[cfg(test)]").next().unwrap_or("").to_string();
-                out.insert(module_name(path.strip_prefix(src).unwrap()), code);
+                let module = module_name(path.strip_prefix(src).unwrap());
+                for child in test_only_modules(&text) {
+                    test_only.insert(match module.as_str() {
+                        "" => child,
+                        m => format!("{m}::{child}"),
+                    });
+                }
+                out.insert(module, shipping(&text));
             }
         }
+    }
+    out.retain(|m, _| !test_only.contains(m));
+    out
+}
+
+/// `#[cfg(test)]`, as [`code_only`] leaves it.
+const CFG_TEST: &str = "#[cfg(test)]";
+
+/// `code` with every item under `#[cfg(test)]` blanked (newlines kept, so lines still count): a
+/// test module, and a test-only `fn`, `use` or `impl` anywhere in the file, shipping code before
+/// and after it kept.
+fn shipping(code: &str) -> String {
+    let clean = code_only(code);
+    let mut out = code.as_bytes().to_vec();
+    let mut from = 0;
+    while let Some(at) = clean[from..].find(CFG_TEST).map(|a| from + a) {
+        let end = item_end(&clean, at + CFG_TEST.len());
+        for b in &mut out[at..end] {
+            if *b != b'\n' {
+                *b = b' ';
+            }
+        }
+        from = end;
+    }
+    // Whole characters were blanked (the span runs from `#` to an ASCII `;` or `}`).
+    String::from_utf8(out).unwrap()
+}
+
+/// Where the item starting at `from` in `clean` (comments and literals blanked) ends: after its
+/// `;` or its body's closing `}`, further attributes included; at the enclosing block's `}` if
+/// that comes first.
+fn item_end(clean: &str, from: usize) -> usize {
+    let b = clean.as_bytes();
+    let mut i = from;
+    // Parentheses and brackets (`[u8; 4]`, attributes) hold no end.
+    let mut nested = 0usize;
+    while i < b.len() {
+        match b[i] {
+            b'(' | b'[' => nested += 1,
+            b')' | b']' => nested = nested.saturating_sub(1),
+            b';' if nested == 0 => return i + 1,
+            b'}' if nested == 0 => return i,
+            b'{' if nested == 0 => {
+                let mut depth = 0usize;
+                for (j, &c) in b.iter().enumerate().skip(i) {
+                    match c {
+                        b'{' => depth += 1,
+                        b'}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                return j + 1;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                return b.len();
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    b.len()
+}
+
+/// The modules `code` declares test-only, by name: `#[cfg(test)] mod tests;` (its file is a test).
+fn test_only_modules(code: &str) -> Vec<String> {
+    let clean = code_only(code);
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = clean[from..].find(CFG_TEST).map(|a| from + a) {
+        let start = at + CFG_TEST.len();
+        let end = item_end(&clean, start);
+        let item: Vec<&str> = clean[start..end].split_whitespace().collect();
+        if let ["mod", name] = item.as_slice() {
+            out.push(name.trim_end_matches(';').to_string());
+        } else if let ["pub" | "pub(crate)", "mod", name] = item.as_slice() {
+            out.push(name.trim_end_matches(';').to_string());
+        }
+        from = end;
     }
     out
 }
@@ -226,13 +315,10 @@ fn code_only(code: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Every function with a body in `code` before its test module: (name, first line, lines).
+/// Every function with a body in the shipping code of `code` ([`shipping`]): (name, first line,
+/// lines).
 fn function_lengths(code: &str) -> Vec<(String, usize, usize)> {
-    let clean = code_only(code);
-    let clean = match clean.find("#[cfg(test)]\nmod tests") {
-        Some(at) => &clean[..at],
-        None => &clean,
-    };
+    let clean = code_only(&shipping(code));
     let lines: Vec<&str> = clean.lines().collect();
     let mut out = Vec::new();
     for (n, line) in lines.iter().enumerate() {
@@ -276,26 +362,13 @@ fn function_lengths(code: &str) -> Vec<(String, usize, usize)> {
 #[test]
 fn no_function_in_src_is_longer_than_a_hundred_lines() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut stack = vec![src.clone()];
     let mut seen = 0;
     let mut long = Vec::new();
-    while let Some(dir) = stack.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
-            }
-            let code = std::fs::read_to_string(&path).unwrap();
-            for (name, line, len) in function_lengths(&code) {
-                seen += 1;
-                if len > MAX_FN_LINES {
-                    let rel = path.strip_prefix(&src).unwrap().display().to_string();
-                    long.push(format!("{rel}:{line} {name}: {len} lines"));
-                }
+    for (module, code) in modules(&src) {
+        for (name, line, len) in function_lengths(&code) {
+            seen += 1;
+            if len > MAX_FN_LINES {
+                long.push(format!("{module}:{line} {name}: {len} lines"));
             }
         }
     }
@@ -315,4 +388,21 @@ fn the_function_scan_measures_bodies_not_braces_in_text() {
         function_lengths(code),
         vec![("a".to_string(), 1, 6), ("b".to_string(), 7, 3)]
     );
+}
+
+/// Code after a test-only item ships, and is scanned: a `#[cfg(test)]` method in an `impl` ends
+/// neither the import scan nor the function scan; the test module itself is left out.
+#[test]
+fn the_scans_read_past_a_test_only_item_to_the_code_after_it() {
+    let code = "use crate::a::A;\nimpl A {\n    #[cfg(test)]\n    pub fn tied(&self) -> [u8; 2] {\n        crate::t::x()\n    }\n\n    pub fn later(&self) {\n        crate::b::y();\n    }\n}\n#[cfg(test)]\nuse crate::c;\nfn last() {\n    super::d::z();\n}\n#[cfg(test)]\nmod tests {\n    use crate::e;\n}\n#[cfg(test)]\nmod more;\n";
+    assert_eq!(
+        referenced_paths(&shipping(code)),
+        ["crate::a::A", "crate::b::y", "super::d::z"]
+    );
+    assert_eq!(
+        function_lengths(code),
+        vec![("later".to_string(), 8, 3), ("last".to_string(), 14, 3)]
+    );
+    assert_eq!(shipping(code).lines().count(), code.lines().count());
+    assert_eq!(test_only_modules(code), ["more"]);
 }

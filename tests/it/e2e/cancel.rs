@@ -13,7 +13,7 @@ use fro_bot::runner::cancel::SIGTERM_BUDGET;
 use fro_bot::runner::failpoint::PAUSED_AT;
 
 use super::scenarios::{post_step, with_s3, World};
-use crate::support::action::{comment_event, explain, Job, Launch, StepResult};
+use crate::support::action::{comment_event, explain, processes_in, Job, Launch, StepResult};
 use crate::support::cache_server::{GET_BLOB, LOOKUP, PUT_BLOB};
 use crate::support::fake_llm::Reply;
 
@@ -147,12 +147,40 @@ async fn assert_cancelled_before_the_turn(world: &World, s: Signalled) {
     assert!(post.summary.contains("Nothing to do"), "{}", post.summary);
 }
 
+/// OpenCode's server process (`opencode serve --hostname 127.0.0.1 …`) among `processes_in` lines.
+fn is_opencode(process: &str) -> bool {
+    process.contains(" serve --hostname ")
+}
+
+/// OpenCode is running (in the workspace, where `processes_in` finds it in the container too) when
+/// the signal comes, and nothing of the run is left once the step has ended.
 pub(crate) async fn sigterm_while_opencode_starts_stops_it_and_ends_within_the_budget(
     launch: Launch,
 ) {
     let world = World::start_with(launch).await;
     let job = held_at(&world, 1100, "opencode:starting");
-    let s = signal_when(job, libc::SIGTERM, paused_at("opencode:starting")).await;
+    let ws = job.workspace();
+    let at_signal = Mutex::new(Vec::new());
+    let paused = paused_at("opencode:starting");
+    let s = signal_when(job, libc::SIGTERM, |out| {
+        let ready = paused(out);
+        if ready {
+            *at_signal.lock().unwrap() = processes_in(&ws);
+        }
+        ready
+    })
+    .await;
+    let at_signal = at_signal.into_inner().unwrap();
+    assert!(
+        at_signal.iter().any(|p| is_opencode(p)),
+        "OpenCode runs in the workspace when the signal comes: {at_signal:?}"
+    );
+    let left = processes_in(&ws);
+    assert!(
+        left.is_empty(),
+        "left running after the step ended: {left:?}\n{}",
+        explain(&s.result)
+    );
     assert!(
         s.result.stdout.contains("cancelled while OpenCode started"),
         "{}",

@@ -272,6 +272,68 @@ async fn protected_over_limit_and_secret_changes_are_refused_and_nothing_is_writ
     assert!(world.github.created_pulls().is_empty());
 }
 
+/// Programs git would run from the checkout's `.git`, planted before the run so that putting `.git`
+/// back after the turn restores them (the agent's own plants are gone by the time the change is
+/// read): hooks, `core.fsmonitor`, `core.hooksPath`, a clean/smudge filter that would rewrite
+/// every file, and a `textconv`, through `info/attributes`. Each marks `.git/ran/<name>-<uid>` at
+/// `ws`, the checkout's path as the step sees it.
+fn plant_in_checkout(job: &Job) {
+    let git = job.workspace().join(".git");
+    let ws = job.step_workspace();
+    let ws = ws.display();
+    let ran = format!("{ws}/.git/ran");
+    let mark = |name: &str| format!("#!/bin/sh\ntouch \"{ran}/{name}-$(id -u)\"\n");
+    let mut programs = vec![
+        ("fsmon.sh".to_string(), mark("fsmonitor")),
+        (
+            "textconv.sh".to_string(),
+            format!("{}cat \"$1\"\n", mark("textconv")),
+        ),
+        (
+            "filter.sh".to_string(),
+            format!("{}sed 's/^/FILTERED /'\n", mark("filter")),
+        ),
+    ];
+    for hook in [
+        "pre-commit",
+        "post-checkout",
+        "post-index-change",
+        "reference-transaction",
+        "fsmonitor-watchman",
+    ] {
+        programs.push((format!("hooks/{hook}"), mark(hook)));
+    }
+    std::fs::create_dir_all(git.join("ran")).unwrap();
+    std::fs::create_dir_all(git.join("hooks")).unwrap();
+    for (name, body) in programs {
+        std::fs::write(git.join(&name), body).unwrap();
+        std::fs::set_permissions(
+            git.join(&name),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+    }
+    let mut config = std::fs::read_to_string(git.join("config")).unwrap();
+    config.push_str(&format!(
+        "[core]\n\tfsmonitor = {ws}/.git/fsmon.sh\n\thooksPath = {ws}/.git/hooks\n\
+         [filter \"evil\"]\n\tclean = {ws}/.git/filter.sh\n\tsmudge = {ws}/.git/filter.sh\n\
+         [diff \"evil\"]\n\ttextconv = {ws}/.git/textconv.sh\n"
+    ));
+    std::fs::write(git.join("config"), config).unwrap();
+    std::fs::create_dir_all(git.join("info")).unwrap();
+    std::fs::write(git.join("info/attributes"), "* filter=evil diff=evil\n").unwrap();
+    crate::support::action::chown_r(&git, RUNNER_UID);
+    std::fs::set_permissions(
+        git.join("ran"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+}
+
+/// The change is read with fro-bot's own git dir, never the workspace's: neither what the agent
+/// plants in `.git` during the turn (put back before the change is read) nor what `.git` holds
+/// when it is read ([`plant_in_checkout`]) runs as fro-bot. The agent's own git may run the
+/// checkout's programs; those marks carry the agent's uid.
 pub(crate) async fn hooks_and_config_the_agent_plants_in_git_never_run_while_fro_bot_reads_the_change(
     launch: Launch,
 ) {
@@ -279,9 +341,9 @@ pub(crate) async fn hooks_and_config_the_agent_plants_in_git_never_run_while_fro
     world.github.seed_issue(21, "Edit", "Edit a file.");
     let job = job(&world, 3200);
     world.github.seed_git_repo(&job.workspace());
-    // Marks go beside the planted programs, by the path the agent sees (the container's too).
+    plant_in_checkout(&job);
     let ran_dir = job.workspace().join(".git/ran");
-    let script = "set -e; mkdir -p .git/ran; ran=\"$PWD/.git/ran\"; mark=\"#!/bin/sh\ntouch $ran/\\$(basename \\$0)\n\"
+    let script = "set -e; ran=\"$PWD/.git/ran\"; mark=\"#!/bin/sh\ntouch $ran/\\$(basename \\$0)-\\$(id -u)\n\"
 for h in pre-commit post-checkout post-index-change reference-transaction fsmonitor-watchman; do
   printf \"$mark\" > .git/hooks/$h; chmod +x .git/hooks/$h; done
 printf \"$mark\" > .git/fsmon.sh; chmod +x .git/fsmon.sh
@@ -290,7 +352,6 @@ git config core.fsmonitor \"$PWD/.git/fsmon.sh\"
 git config include.path \"$PWD/.git/extra.cfg\"
 git config filter.evil.clean \"$PWD/.git/fsmon.sh\"
 echo '* filter=evil' > .git/info/attributes
-rm -f \"$ran\"/*
 echo changed > README.md";
     world.llm.push(bash(script));
     world.llm.push(Reply::text("Edited."));
@@ -298,15 +359,25 @@ echo changed > README.md";
     job.event("issue_comment", &comment_event(21, 701, "@fro-bot edit"));
     let (_job, r) = main_step(job).await;
     assert_delivered(&r, "fro-bot/issue-21");
+    assert!(
+        r.summary.contains("the agent changed .git/config"),
+        "the agent's plants were there to put back: {}",
+        r.summary
+    );
     assert_eq!(
         files(&world, "fro-bot/issue-21")[0].1,
         "changed\n",
         "no clean filter ran"
     );
-    let ran: Vec<_> = std::fs::read_dir(&ran_dir).unwrap().collect();
+    let agent = format!("-{RUNNER_UID}");
+    let ran: Vec<String> = std::fs::read_dir(&ran_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| !name.ends_with(&agent))
+        .collect();
     assert!(
         ran.is_empty(),
-        "planted programs ran during capture: {ran:?}"
+        "planted programs ran as fro-bot while it read the change: {ran:?}"
     );
 }
 

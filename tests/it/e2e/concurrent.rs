@@ -19,8 +19,8 @@ use fro_bot::runner::Env;
 const FIRST_ISSUE: u64 = 20;
 
 /// Sixteen OpenCode servers starting in the same second on two cores outlast its 60 s startup
-/// deadline, so the first runs start this far apart. Each still overlaps the next several (a run
-/// takes far longer than the spacing), which is what matters: they restore before the others save.
+/// deadline, so the first runs start this far apart. That they overlap (restore before the others
+/// save) is not left to the spacing: each run's turn is held until the next run's has begun.
 const FIRST_RUNS_APART: Duration = Duration::from_millis(2500);
 /// At most four follow-ups: four servers starting at once take about 20 CPU-seconds, some 10 s on
 /// two cores, far inside the 60 s deadline even on a busy machine. They still start apart, so the
@@ -74,6 +74,17 @@ fn thread_job(
 /// The first run on each of `n` threads, all overlapping: each answered once and saved durably.
 /// Returns their session ids, by thread.
 async fn first_runs(world: &World, n: u64, prefix: Option<&str>) -> Vec<String> {
+    // Each run's turn is answered only once the next run's has reached the model: the next run has
+    // restored before this one saves, so they overlap by construction, whatever the spacing.
+    world.llm.hold_while(move |request, all| {
+        let Some(i) = run_asking(&request_text(request), n) else {
+            return false;
+        };
+        i + 1 < n
+            && !all
+                .iter()
+                .any(|r| run_asking(&request_text(r), n) == Some(i + 1))
+    });
     let mut runs = tokio::task::JoinSet::new();
     for i in 0..n {
         world
@@ -85,7 +96,7 @@ async fn first_runs(world: &World, n: u64, prefix: Option<&str>) -> Vec<String> 
         tokio::time::sleep(FIRST_RUNS_APART).await;
     }
     let mut sessions = vec![String::new(); n as usize];
-    let mut notes = Vec::new();
+    let mut notes = vec![Vec::new(); n as usize];
     while let Some(joined) = runs.join_next().await {
         let (i, r): (u64, StepResult) = joined.unwrap();
         assert_eq!(r.code, 0, "run {i}: {}", explain(&r));
@@ -96,13 +107,15 @@ async fn first_runs(world: &World, n: u64, prefix: Option<&str>) -> Vec<String> 
             explain(&r)
         );
         sessions[i as usize] = r.output("session-id").to_string();
-        notes.extend(
-            r.summary
-                .lines()
-                .filter(|l| l.contains("Concurrent runs"))
-                .map(str::to_string),
-        );
+        notes[i as usize] = r
+            .summary
+            .lines()
+            .filter(|l| l.contains("Concurrent runs"))
+            .map(str::to_string)
+            .collect();
     }
+    world.llm.release_holds();
+    merged_where_they_overlapped(world, &notes);
     let answered = world.github.created_comments();
     for i in 0..n {
         let thread = format!("issue-{}", FIRST_ISSUE + i);
@@ -112,11 +125,100 @@ async fn first_runs(world: &World, n: u64, prefix: Option<&str>) -> Vec<String> 
             "{thread} answered once: {answered:?}"
         );
     }
+    let notes: Vec<&String> = notes.iter().flatten().collect();
     println!("{n} overlapping runs: {} concurrency note(s)", notes.len());
-    for note in &notes {
+    for note in notes {
         println!("  {note}");
     }
     sessions
+}
+
+/// The first run on thread `i`: its save key.
+fn first_key(i: u64) -> String {
+    format!(
+        "opencode-storage-octo-hello-main-Linux-{}-1-agent",
+        3000 + i
+    )
+}
+
+/// The runs overlapped and their memory was merged: some run's summary says it merged another's
+/// (`notes`, each run's "Concurrent runs" lines), which [`first_runs`]' hold makes certain (of two
+/// runs each restored before the other saved, the later to save merges). And each run that had to
+/// merge did: from the model's and the cache server's logs, run `j` had to when another run
+/// committed its entry after `j` restored (before `j`'s first request reached the model) and
+/// before `j` began its own save (reserved its key).
+fn merged_where_they_overlapped(world: &World, notes: &[Vec<String>]) {
+    use crate::support::cache_server::{CREATE, FINALIZE};
+    use std::time::Instant;
+    let n = notes.len() as u64;
+    let requests: Vec<(Instant, String)> = world
+        .llm
+        .request_times()
+        .into_iter()
+        .zip(world.llm.requests().iter().map(request_text))
+        .collect();
+    let calls = world.cache.timed_calls();
+    let first_call = |op: &str, key: &str| {
+        calls
+            .iter()
+            .find(|(_, c)| c.op == op && c.body.as_ref().is_some_and(|b| b["key"] == key))
+            .map(|(at, _)| *at)
+            .unwrap_or_else(|| panic!("no {op} of {key}"))
+    };
+    let turn: Vec<Instant> = (0..n)
+        .map(|i| {
+            requests
+                .iter()
+                .find(|(_, text)| run_asking(text, n) == Some(i))
+                .map(|(at, _)| *at)
+                .unwrap_or_else(|| panic!("run {i} never reached the model"))
+        })
+        .collect();
+    let committed: Vec<Instant> = (0..n)
+        .map(|i| first_call(FINALIZE, &first_key(i)))
+        .collect();
+    let saving: Vec<Instant> = (0..n).map(|i| first_call(CREATE, &first_key(i))).collect();
+    let zero = turn.iter().min().copied().unwrap_or_else(Instant::now);
+    let timeline: Vec<String> = (0..n as usize)
+        .map(|j| {
+            let at = |t: Instant| t.duration_since(zero).as_secs_f64();
+            format!(
+                "run {j}: turn {:.1}s, save {:.1}s, committed {:.1}s: {:?}",
+                at(turn[j]),
+                at(saving[j]),
+                at(committed[j]),
+                notes[j]
+            )
+        })
+        .collect();
+    let merged = |j: usize| notes[j].iter().any(|note| note.contains("merged"));
+    let mut had_to = 0;
+    for j in 0..n as usize {
+        let Some(i) = (0..n as usize)
+            .filter(|&i| i != j)
+            .find(|&i| turn[j] < committed[i] && committed[i] < saving[j])
+        else {
+            continue;
+        };
+        had_to += 1;
+        assert!(
+            merged(j),
+            "run {j} restored before run {i} saved and saved after it, yet merged nothing:\n{}",
+            timeline.join("\n")
+        );
+    }
+    assert!(
+        (0..n as usize).any(merged),
+        "no run merged another's memory: the runs did not overlap\n{}",
+        timeline.join("\n")
+    );
+    println!("{had_to} of {n} runs restored before another saved, and merged it");
+}
+
+/// Which first run a request is from: the highest thread whose word it holds (a run quotes only
+/// threads saved before it restored, which started before it).
+fn run_asking(text: &str, n: u64) -> Option<u64> {
+    (0..n).rev().find(|&i| text.contains(&word(i)))
 }
 
 /// After the overlapping saves and merges, the memory the next run restores holds every thread:

@@ -36,13 +36,35 @@ fn job(world: &World, run_id: u64) -> Job {
     job
 }
 
-/// What a later step of the job does with the checkout, as the runner's user.
+/// What a later step of the job does with the checkout, as the runner's user. Each command must
+/// run (a git that refused to start, on ownership or an unreadable config, would run no hook
+/// either and pass as "nothing ran"), and what they make is there; the agent's alias is gone with
+/// its config.
 fn later_step(job: &Job) {
     let ws = job.workspace();
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(&ws)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", job.home())
+            .uid(RUNNER_UID)
+            .gid(RUNNER_UID)
+            .output()
+            .unwrap()
+    };
+    let st = git(&["st"]);
+    assert!(
+        !st.status.success()
+            && String::from_utf8_lossy(&st.stderr).contains("'st' is not a git command"),
+        "the agent's alias is gone: {}{}",
+        String::from_utf8_lossy(&st.stdout),
+        String::from_utf8_lossy(&st.stderr)
+    );
     for args in [
-        vec!["status"],
-        vec!["st"],
-        vec![
+        &["status"][..],
+        &[
             "-c",
             "user.name=ci",
             "-c",
@@ -51,31 +73,35 @@ fn later_step(job: &Job) {
             "-qam",
             "ci",
         ],
-        vec!["checkout", "-q", "-b", "later"],
+        &["checkout", "-q", "-b", "later"],
     ] {
-        let _ = Command::new("git")
-            .args(&args)
-            .current_dir(&ws)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", job.home())
-            .uid(RUNNER_UID)
-            .gid(RUNNER_UID)
-            .output()
-            .unwrap();
+        let out = git(args);
+        assert!(
+            out.status.success(),
+            "a later step's git {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
+    let made = git(&["log", "-1", "--format=%s", "refs/heads/later"]);
+    assert_eq!(
+        String::from_utf8_lossy(&made.stdout).trim(),
+        "ci",
+        "the later step's commit, on its branch: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
 }
 
 use std::os::unix::process::CommandExt;
 
+/// The marks planted programs left. The directory is the agent's plant's own first step (and
+/// outside what is put back): without it the plant never ran, and "nothing ran" would mean nothing.
 fn ran(job: &Job) -> Vec<String> {
-    std::fs::read_dir(job.workspace().join(".git/ran"))
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default()
+    let marks = job.workspace().join(".git/ran");
+    std::fs::read_dir(&marks)
+        .unwrap_or_else(|e| panic!("{}: {e}: the agent's plant never ran", marks.display()))
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
 }
 
 /// A run on issue `n` whose agent plants [`PLANT`]; the checkout's `.git/config` before it.
@@ -171,18 +197,26 @@ fn rows(db: &std::path::Path, session: &str) -> Vec<(String, String)> {
 }
 
 /// From the agent's shell (plain `sh`: the image has no Python): list the memory dir, read and
-/// append to the database, open it through another process's `/proc/<pid>/fd` (OpenCode's, which
-/// holds it open; this job's database only: a test beside it may run an unconfined local agent as
-/// the same uid), and plant a link to it in the checkout for OpenCode's own tools. Each prints
-/// `SHELL-<WHAT>-DENIED` or `SHELL-<WHAT>` + `-OK` (split, so the command's own text never holds it).
+/// append to the database, open it through OpenCode's `/proc/<pid>/fd` (OpenCode, which holds it
+/// open, is the ancestor running `opencode serve`), and plant a link to it in the checkout for
+/// OpenCode's own tools. Each prints `SHELL-<WHAT>-DENIED` or `SHELL-<WHAT>` + `-OK` (split, so the
+/// command's own text never holds it), `PROC` only once tried: the fd table refused, or each of
+/// the database's descriptors refused (no OpenCode found, or none holding it, says so instead).
 const REWRITE: &str = r#"d="$XDG_DATA_HOME/opencode"; db="$d/opencode.db"
 ok() { echo "SHELL-$1""-OK"; }; no() { echo "SHELL-$1-DENIED"; }
 ls "$d" >/dev/null 2>&1 && ok LIST || no LIST
 head -c 16 "$db" >/dev/null 2>&1 && ok READ || no READ
 (printf EVIL >> "$db") 2>/dev/null && ok WRITE || no WRITE
-found=; for f in /proc/[0-9]*/fd/*; do
-  case "$(readlink "$f" 2>/dev/null)" in "$db"*) found=1; head -c 16 "$f" >/dev/null 2>&1 && ok PROC;; esac
-done; [ -n "$found" ] && echo "SHELL-PROC-SEEN"; no PROC
+oc=$PPID
+while [ "$oc" -gt 1 ] && ! tr '\0' ' ' < /proc/$oc/cmdline 2>/dev/null | grep -q ' serve --hostname'; do
+  oc=$(awk '/^PPid:/{print $2}' /proc/$oc/status 2>/dev/null); oc=${oc:-1}
+done
+if [ "$oc" -le 1 ]; then echo "SHELL-PROC-NO-OPENCODE"
+elif ! ls "/proc/$oc/fd" >/dev/null 2>&1; then no PROC
+else found=; for f in /proc/$oc/fd/*; do
+    case "$(readlink "$f" 2>/dev/null)" in "$db"*) found=1; if head -c 16 "$f" >/dev/null 2>&1; then ok PROC; else no PROC; fi;; esac
+  done; [ -n "$found" ] || echo "SHELL-PROC-NOT-HELD"
+fi
 echo "groups $(id -G)"
 ln -s "$db" memory.txt"#;
 

@@ -526,21 +526,49 @@ fn bind_over(command: &mut Command, source: &Path, target: &str, cwd: Option<&st
 }
 
 /// Processes whose working directory is `dir` or under it (OpenCode runs in the workspace), as
-/// `pid cmdline` lines.
+/// `pid cmdline` lines. Directories are compared by device and inode, walking up from each
+/// process's working directory, so a process in a container, which sees the workspace at
+/// `/github/workspace` (its path in another mount namespace), is found too.
 pub fn processes_in(dir: &Path) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(target) = std::fs::metadata(dir) else {
+        return Vec::new();
+    };
+    let target = (target.dev(), target.ino());
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
-        })
+        .filter(|&pid| works_under(pid, target))
         .map(|pid| {
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             format!("{pid} {}", String::from_utf8_lossy(&cmd).replace('\0', " "))
         })
         .collect()
+}
+
+/// Whether `pid`'s working directory is the directory `target` (device, inode) or under it: its
+/// cwd and each parent up to the process's own root, through `/proc/<pid>/cwd` (which the kernel
+/// resolves in the process's mount namespace).
+fn works_under(pid: u32, target: (u64, u64)) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let root = id(Path::new(&format!("/proc/{pid}/root")));
+    let mut at = PathBuf::from(format!("/proc/{pid}/cwd"));
+    for _ in 0..64 {
+        let Some(here) = id(&at) else {
+            return false;
+        };
+        if here == target {
+            return true;
+        }
+        if Some(here) == root {
+            return false;
+        }
+        at.push("..");
+    }
+    false
 }
 
 /// Waits up to 10 s for no process to run in `dir`; the ones left when it gives up.

@@ -133,6 +133,8 @@ pub(super) struct StateInner {
     truncations: VecDeque<Truncation>,
     pub(super) switches: Switches,
     calls: Vec<Call>,
+    /// When each of `calls` was answered.
+    call_times: Vec<std::time::Instant>,
     /// v1 chunks received per reserved entry: inclusive byte ranges.
     pub(super) chunks: HashMap<i64, Vec<(u64, u64)>>,
     /// How many of the next calls of an op never get an answer, and those that got none so far.
@@ -184,7 +186,9 @@ impl Shared {
         origin.unwrap_or_else(|| format!("http://{}", self.addr))
     }
     pub(super) fn log(&self, call: Call) {
-        self.lock().calls.push(call);
+        let mut st = self.lock();
+        st.calls.push(call);
+        st.call_times.push(std::time::Instant::now());
     }
     pub(super) fn take_fault(&self, op: &str) -> Option<Fault> {
         self.lock().faults.get_mut(op).and_then(VecDeque::pop_front)
@@ -368,6 +372,15 @@ impl CacheServer {
 
     pub fn calls(&self) -> Vec<Call> {
         self.shared.lock().calls.clone()
+    }
+    /// Every call with when it was answered (for the order of calls beside other services').
+    pub fn timed_calls(&self) -> Vec<(std::time::Instant, Call)> {
+        let st = self.shared.lock();
+        st.call_times
+            .iter()
+            .copied()
+            .zip(st.calls.clone())
+            .collect()
     }
     pub fn calls_of(&self, op: &str) -> Vec<Call> {
         self.calls().into_iter().filter(|c| c.op == op).collect()

@@ -332,6 +332,19 @@ impl Repo {
     /// Commits `path` = `contents` on `branch` as a person; creates the branch from the default
     /// branch when absent.
     fn commit_as_person(&self, branch: &str, path: &str, contents: &[u8]) -> String {
+        self.commit_on(branch, path, contents, &format!("Update {path}"), PERSON)
+    }
+
+    /// A commit of `path` = `contents` with `message` by `identity` on `branch` (made from the
+    /// default branch when absent).
+    fn commit_on(
+        &self,
+        branch: &str,
+        path: &str,
+        contents: &[u8],
+        message: &str,
+        identity: (&str, &str),
+    ) -> String {
         let name = format!("refs/heads/{branch}");
         let (head, old) = match self.branch(branch) {
             Some(h) => (h.clone(), h),
@@ -346,7 +359,7 @@ impl Repo {
             deletions: vec![],
         };
         let sha = self
-            .write_commit(&head, &format!("Update {path}"), &changes, PERSON)
+            .write_commit(&head, message, &changes, identity)
             .expect("a commit");
         self.update_ref(&name, &sha, &old)
             .expect("the branch moves");
@@ -1122,6 +1135,31 @@ impl FakeGitHub {
         let mut d = self.lock();
         let repo = d.git.repo().expect("seed_git_repo was called");
         let sha = repo.commit_as_person(branch, path, contents.as_ref());
+        sync_pulls(&mut d);
+        sha
+    }
+
+    /// A commit of fro-bot's on `branch` (made from the default branch when absent), as an earlier
+    /// run on the thread left it: by the bot, with the run trailer. Returns the new commit.
+    pub fn add_fro_bot_commit_on_branch(
+        &self,
+        branch: &str,
+        path: &str,
+        contents: impl AsRef<[u8]>,
+    ) -> String {
+        let mut d = self.lock();
+        let repo = d.git.repo().expect("seed_git_repo was called");
+        let message = format!(
+            "Update {path}\n\n{} https://github.com/octo/hello/actions/runs/1",
+            fro_bot::safe_outputs::branch::RUN_TRAILER
+        );
+        let sha = repo.commit_on(
+            branch,
+            path,
+            contents.as_ref(),
+            &message,
+            (BOT_NAME, BOT_EMAIL),
+        );
         sync_pulls(&mut d);
         sha
     }

@@ -94,7 +94,6 @@ impl LlmError {
     }
 }
 
-#[derive(Debug)]
 struct Script {
     queue: VecDeque<Reply>,
     default: Reply,
@@ -104,7 +103,17 @@ struct Script {
     title_requests: usize,
     /// When each recorded request arrived (for benchmarks' phase breakdowns).
     request_times: Vec<Instant>,
+    /// While set, an answer waits as long as this says so ([`FakeLlm::hold_while`]).
+    hold: Option<Hold>,
 }
+
+/// Whether the answer to a request (the first argument) must still wait, given every request so
+/// far (that one included).
+type Hold = Arc<dyn Fn(&Value, &[Value]) -> bool + Send + Sync>;
+
+/// The longest an answer is held: a condition that never comes (a run that failed) does not hang
+/// the others; the test then fails on what the condition was for.
+const HOLD_LIMIT: Duration = Duration::from_secs(60);
 
 #[derive(Clone)]
 pub struct FakeLlm {
@@ -123,6 +132,7 @@ impl FakeLlm {
             auth_headers: Vec::new(),
             title_requests: 0,
             request_times: Vec::new(),
+            hold: None,
         }));
         let app = Router::new()
             .route("/v1/chat/completions", post(chat))
@@ -155,6 +165,18 @@ impl FakeLlm {
 
     pub fn set_default(&self, reply: Reply) {
         self.script.lock().unwrap().default = reply;
+    }
+
+    /// From now on each answer (title requests' excepted) waits while `wait(request, requests so
+    /// far)` holds, checked every 50 ms for at most a minute: a test orders runs by what the model
+    /// has been asked (a run held in its turn until another has reached its own) instead of by
+    /// sleeps. [`FakeLlm::release_holds`] ends it.
+    pub fn hold_while(&self, wait: impl Fn(&Value, &[Value]) -> bool + Send + Sync + 'static) {
+        self.script.lock().unwrap().hold = Some(Arc::new(wait));
+    }
+
+    pub fn release_holds(&self) {
+        self.script.lock().unwrap().hold = None;
     }
 
     /// Every chat request body received so far (title-generator requests excluded), in order.
@@ -260,6 +282,19 @@ async fn chat(
             Some(s.queue.pop_front().unwrap_or_else(|| s.default.clone()))
         }
     };
+    if reply.is_some() {
+        let since = Instant::now();
+        while since.elapsed() < HOLD_LIMIT {
+            let held = {
+                let s = script.lock().unwrap();
+                s.hold.as_ref().is_some_and(|wait| wait(&body, &s.requests))
+            };
+            if !held {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     let reply = reply.unwrap_or_else(|| Reply::text("Fake session title"));
     respond(reply).await
 }
