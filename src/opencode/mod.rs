@@ -369,8 +369,8 @@ fn commands_reach_note(opts: &AgentOptions, confined: &Confined) -> Option<Strin
         .as_ref()
         .is_some_and(|b| b.memory_group().is_some());
     (opts.network.mode != crate::egress::AgentNetwork::Open && !narrowed).then(|| {
-        "the agent's commands share OpenCode's network in this run (fro-bot is not its shell's \
-         interpreter): they can also reach fro-bot's provider proxy"
+        "the agent's commands share OpenCode's network in this run (no fro-bot shell wrapper \
+         narrows it): they can also reach fro-bot's provider proxy"
             .to_string()
     })
 }
