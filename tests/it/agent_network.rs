@@ -14,26 +14,6 @@ use fro_bot::egress::upstream::Upstream;
 use fro_bot::egress::{AgentNetwork, Allowlist, EgressProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// A web server on 127.0.0.1 that answers every request with `body` and closes.
-async fn web(body: &'static str) -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf).await;
-                let reply = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(reply.as_bytes()).await;
-            });
-        }
-    });
-    port
-}
-
 /// curl through `proxy` (`-p`: a CONNECT tunnel even for http://); stdout and stderr together.
 async fn curl(proxy: &str, tunnel: bool, url: &str) -> String {
     let mut cmd = tokio::process::Command::new("curl");
@@ -57,7 +37,7 @@ async fn curl(proxy: &str, tunnel: bool, url: &str) -> String {
 
 #[tokio::test]
 async fn the_proxy_carries_listed_hosts_and_refuses_the_rest_with_the_reason() {
-    let port = web("hello-from-a-listed-host").await;
+    let port = crate::support::web::serve("hello-from-a-listed-host").await;
     let listed = Allowlist::parse(&format!("localhost:{port}")).unwrap();
     let proxy = EgressProxy::start(listed, Upstream::default())
         .await
@@ -89,7 +69,7 @@ async fn the_proxy_carries_listed_hosts_and_refuses_the_rest_with_the_reason() {
 
 #[tokio::test]
 async fn each_request_of_a_kept_alive_connection_is_checked_on_its_own() {
-    let port = web("first").await;
+    let port = crate::support::web::serve("first").await;
     let listed = Allowlist::parse(&format!("localhost:{port}")).unwrap();
     let proxy = EgressProxy::start(listed, Upstream::default())
         .await
@@ -141,7 +121,7 @@ async fn read_response(s: &mut tokio::net::TcpStream) -> String {
 
 #[tokio::test]
 async fn a_pattern_never_leads_to_a_private_address_and_an_exact_name_may() {
-    let port = web("internal").await;
+    let port = crate::support::web::serve("internal").await;
     // Every name resolves to this machine, as a rebinding or a hostile DNS answer would make it.
     let resolve: fro_bot::egress::proxy::Resolver = Arc::new(|_, port| {
         Box::pin(async move {
@@ -176,7 +156,7 @@ async fn a_pattern_never_leads_to_a_private_address_and_an_exact_name_may() {
 #[tokio::test]
 async fn allowed_traffic_goes_on_through_the_runners_proxy() {
     let runner_proxy = crate::support::egress::EgressProxy::start().await;
-    let port = web("behind-the-corporate-proxy").await;
+    let port = crate::support::web::serve("behind-the-corporate-proxy").await;
     let listed = Allowlist::parse(&format!("web.test:{port}")).unwrap();
     let env = fro_bot::runner::Env::from_pairs([
         ("HTTPS_PROXY", runner_proxy.url()),

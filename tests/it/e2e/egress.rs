@@ -12,27 +12,6 @@ use super::scenarios::{main_step, World};
 use crate::support::action::{comment_event, explain, Launch, StepResult};
 use crate::support::fake_llm::{request_text, Reply};
 
-/// A web server on 127.0.0.1 that answers every request with `body`.
-async fn web(body: &'static str) -> u16 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf).await;
-                let reply = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(reply.as_bytes()).await;
-            });
-        }
-    });
-    port
-}
-
 /// Every tool result the model was sent, in order.
 fn tool_results(world: &World) -> Vec<String> {
     let requests = world.llm.requests();
@@ -66,7 +45,7 @@ const NOW: &str = "now() { echo $(( $(date +%s%N) / 1000000 )); }";
 pub async fn the_agent_reaches_the_listed_host_and_nothing_else(launch: Launch) {
     let world = World::start_with(launch).await;
     world.github.seed_issue(7, "Fetch it", "x");
-    let listed = web("listed-page-body").await;
+    let listed = crate::support::web::serve("listed-page-body").await;
     let (_other, other) = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let p = l.local_addr().unwrap().port();

@@ -13,3 +13,4 @@ pub mod hostile;
 pub mod s3;
 pub mod services;
 pub mod tls;
+pub mod web;
