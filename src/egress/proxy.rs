@@ -33,6 +33,9 @@ pub const SPECIAL_ADDRESS: &str = "fro-bot: address not allowed";
 
 /// Connections served at once; more wait for a slot (a flood cannot exhaust fro-bot).
 const MAX_CONNECTIONS: usize = 256;
+/// Tunnels open at once (each holds two of the runtime's blocking threads, which fro-bot's own
+/// file work needs too); one more is refused.
+const MAX_TUNNELS: usize = 64;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(10);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -124,6 +127,7 @@ struct Shared {
     resolve: Resolver,
     tally: Arc<Tally>,
     logged: std::sync::atomic::AtomicU64,
+    tunnels: Arc<tokio::sync::Semaphore>,
 }
 
 /// The running proxy; stops (listener and every connection) when dropped.
@@ -160,6 +164,7 @@ impl EgressProxy {
             resolve,
             tally: tally.clone(),
             logged: Default::default(),
+            tunnels: Arc::new(tokio::sync::Semaphore::new(MAX_TUNNELS)),
         });
         let stop = CancellationToken::new();
         tokio::spawn(accept_loop(listener, shared, stop.clone()));
@@ -394,8 +399,14 @@ async fn open_tunnel(
     allowed: Allowed,
     stop: CancellationToken,
 ) -> Result<Response<ProxyBody>, Refusal> {
+    let slot = shared
+        .tunnels
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| Refusal::Unreachable(format!("{MAX_TUNNELS} tunnels are open already")))?;
     let (server, _) = dial(shared, host, port, allowed, true).await?;
     tokio::spawn(async move {
+        let _slot = slot;
         if let Ok(client) = hyper::upgrade::on(req).await {
             super::splice::carry(client, server, stop).await;
         }

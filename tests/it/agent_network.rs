@@ -455,3 +455,63 @@ async fn git_npm_pip_and_cargo_go_through_the_proxy() {
         );
     }
 }
+
+/// A flood of tunnels cannot take every blocking thread fro-bot has: past the cap one more is
+/// refused, and a closed one frees its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_past_the_cap_are_refused_and_a_closed_one_frees_its_slot() {
+    // A server that holds each connection until its client's side ends.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 64];
+                while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    let listed = Allowlist::parse(&format!("localhost:{port}")).unwrap();
+    let proxy = EgressProxy::start(listed, Upstream::default())
+        .await
+        .unwrap();
+    let open = |()| {
+        let proxy_port = proxy.port();
+        async move {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", proxy_port))
+                .await
+                .unwrap();
+            let target = format!("localhost:{port}");
+            s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+            let answer = read_response(&mut s).await;
+            (s, answer)
+        }
+    };
+    let mut tunnels = Vec::new();
+    for _ in 0..64 {
+        let (s, answer) = open(()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        tunnels.push(s);
+    }
+    let (_, refused) = open(()).await;
+    assert!(
+        refused.starts_with("HTTP/1.1 502") && refused.contains("64 tunnels are open already"),
+        "{refused}"
+    );
+    drop(tunnels.pop());
+    // The tunnel ends once both sides have (a half-close alone keeps it, as TCP does), and its
+    // slot comes back.
+    let mut answer = String::new();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (s, a) = open(()).await;
+        answer = a;
+        if answer.starts_with("HTTP/1.1 200") {
+            tunnels.push(s);
+            break;
+        }
+    }
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
