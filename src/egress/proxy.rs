@@ -338,15 +338,15 @@ async fn addresses(
     }
 }
 
-/// A connection to `host:port`: through the runner's proxy when it has one for this host (an
-/// address literal is still checked here), else to a checked address.
-async fn dial(
-    shared: &Shared,
+/// A connection to `host:port`, and the runner's proxy it goes through: that proxy when it has
+/// one for this host (an address literal is still checked here), else a checked address.
+async fn dial<'s>(
+    shared: &'s Shared,
     host: &str,
     port: u16,
     allowed: Allowed,
     tunnel: bool,
-) -> Result<(TcpStream, bool), Refusal> {
+) -> Result<(TcpStream, Option<&'s upstream::ProxyUrl>), Refusal> {
     let via = if tunnel {
         shared.upstream.for_tunnel(host)
     } else {
@@ -368,7 +368,7 @@ async fn dial(
             .await
         };
         return match stream {
-            Ok(Ok(s)) => Ok((s, true)),
+            Ok(Ok(s)) => Ok((s, Some(proxy))),
             Ok(Err(e)) => Err(Refusal::Unreachable(format!(
                 "through the runner's proxy: {e}"
             ))),
@@ -382,7 +382,7 @@ async fn dial(
         match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
-                return Ok((s, false));
+                return Ok((s, None));
             }
             Ok(Err(e)) => last = format!("{addr}: {e}"),
             Err(_) => last = format!("{addr}: no answer in time"),
@@ -434,17 +434,13 @@ async fn forward(
     port: u16,
     allowed: Allowed,
 ) -> Result<Response<ProxyBody>, Refusal> {
-    let (stream, via_proxy) = dial(shared, host, port, allowed, false).await?;
+    let (stream, via) = dial(shared, host, port, allowed, false).await?;
     let (mut parts, body) = req.into_parts();
     for name in HOP_BY_HOP {
         parts.headers.remove(*name);
     }
-    if via_proxy {
-        if let Some(auth) = shared
-            .upstream
-            .for_http(host)
-            .and_then(upstream::proxy_authorization)
-        {
+    if let Some(proxy) = via {
+        if let Some(auth) = upstream::proxy_authorization(proxy) {
             if let Ok(v) = hyper::header::HeaderValue::from_str(&auth) {
                 parts.headers.insert(hyper::header::PROXY_AUTHORIZATION, v);
             }
