@@ -1,8 +1,8 @@
 //! `.git` is put back after the turn (docs/security.md#what-it-leaves-behind). The agent owns the
 //! checkout for its turn, and a hook, `core.fsmonitor`, an `include.path` or an alias it writes into
 //! `.git` would run in a later step of the job, as the runner's user, with that step's secrets.
-//! Before the turn fro-bot snapshots, outside the agent's reach, the config, hooks and info of the
-//! checkout's git dir and of its worktrees and submodules (`snapshot`); after the turn they are
+//! Before the turn fro-bot snapshots, outside the agent's reach, the config, hooks, info and
+//! `commondir` of the checkout's git dir and of its worktrees and submodules (`snapshot`); after the turn they are
 //! restored exactly, files the agent added there removed (`restore`). A snapshot written to disk
 //! for the post step is believed only when its SHA-256 matches the one main put in its state.
 
@@ -107,8 +107,17 @@ fn git_dirs(workspace: &Path) -> Vec<String> {
     dirs
 }
 
-/// The roots guarded in each git dir.
-const GUARDED: &[&str] = &["config", "config.worktree", "hooks", "info"];
+/// The roots guarded in each git dir. `commondir` (and a worktree's `gitdir`) are there because git
+/// reads the config and hooks of the directory `commondir` names: one written by the agent would
+/// hand a later step's git a config of the agent's, with its `core.fsmonitor`.
+const GUARDED: &[&str] = &[
+    "config",
+    "config.worktree",
+    "hooks",
+    "info",
+    "commondir",
+    "gitdir",
+];
 
 /// Records the guarded paths, before the turn.
 pub fn snapshot(workspace: &Path) -> Result<GitSnapshot, GitGuardError> {
@@ -465,6 +474,67 @@ mod tests {
             restore(ws, &before).unwrap(),
             Reverted::default(),
             "idempotent"
+        );
+    }
+
+    /// git of `ws` as a later step runs it, with the marker file its fsmonitor would make.
+    fn later_status_runs_fsmonitor(ws: &Path) -> bool {
+        let mark = ws.join("fsmonitor-ran");
+        let _ = std::fs::remove_file(&mark);
+        let out = Command::new("git")
+            .args(["status", "--porcelain"])
+            .current_dir(ws)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        mark.exists()
+    }
+
+    #[test]
+    fn a_commondir_the_agent_writes_is_removed_so_no_config_of_its_own_is_read() {
+        let d = repo();
+        let ws = d.path();
+        let before = snapshot(ws).unwrap();
+        // A common dir of the agent's: the repository's refs and objects, its own config and hook.
+        let git = ws.join(".git");
+        let evil = git.join("evil");
+        std::fs::create_dir_all(evil.join("refs/heads")).unwrap();
+        std::fs::create_dir_all(evil.join("objects")).unwrap();
+        let monitor = git.join("fsmon.sh");
+        std::fs::write(
+            &monitor,
+            "#!/bin/sh\ntouch \"$(dirname \"$0\")/../fsmonitor-ran\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&monitor, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::write(
+            evil.join("config"),
+            format!(
+                "[core]\n\trepositoryformatversion = 0\n\tbare = false\n\tfsmonitor = {}\n",
+                monitor.display()
+            ),
+        )
+        .unwrap();
+        std::fs::write(git.join("commondir"), "evil\n").unwrap();
+        assert!(
+            later_status_runs_fsmonitor(ws),
+            "the plant works: git reads the config of the common dir"
+        );
+        let reverted = restore(ws, &before).unwrap();
+        assert!(
+            reverted.describe().unwrap().contains(".git/commondir"),
+            "{reverted:?}"
+        );
+        assert!(!git.join("commondir").exists());
+        assert!(
+            !later_status_runs_fsmonitor(ws),
+            "the agent's config is not read"
         );
     }
 

@@ -12,7 +12,8 @@ use crate::support::fake_llm::Reply;
 
 const RUNNER_UID: u32 = 1001;
 
-/// Plants every kind of hook and config a later `git` would run, each marking `.git/ran/<name>`.
+/// Plants every kind of hook and config a later `git` would run, each marking `.git/ran/<name>`,
+/// last a `commondir` naming a git dir of the agent's whose config has a `core.fsmonitor`.
 /// Paths are relative to the checkout, so what runs is the same wherever the checkout is seen
 /// (the container sees it at `/github/workspace`, a later step on the host at the job's path).
 const PLANT: &str = "set -e; mkdir -p .git/ran; chmod 777 .git/ran
@@ -27,6 +28,9 @@ printf '[core]\\n\\tfsmonitor = .git/fsmon.sh\\n' > .git/extra.cfg
 git config include.path extra.cfg
 git config alias.st '!.git/alias.sh'
 git config core.hooksPath .git/hooks
+mkdir -p .git/c/refs .git/c/objects; cp -r .git/refs/. .git/c/refs/; cp -r .git/objects/. .git/c/objects/
+printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = .git/fsmon.sh\\n' > .git/c/config
+echo c > .git/commondir
 echo changed > README.md";
 
 fn job(world: &World, run_id: u64) -> Job {
@@ -127,11 +131,17 @@ pub(crate) async fn what_the_agent_plants_in_git_is_put_back_and_a_later_steps_g
     assert_eq!(r.code, 0, "{}", explain(&r));
     assert!(
         r.summary
-            .contains("the agent changed .git/config: alias.st, core.hookspath, include.path"),
+            .contains(".git/config: alias.st, core.hookspath, include.path"),
         "{}",
         r.summary
     );
     assert!(r.summary.contains("added post-checkout"), "{}", r.summary);
+    assert!(
+        r.summary
+            .contains("the agent changed .git/commondir: added it"),
+        "{}",
+        r.summary
+    );
     assert_eq!(
         std::fs::read(job.workspace().join(".git/config")).unwrap(),
         config
