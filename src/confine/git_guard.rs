@@ -2,8 +2,8 @@
 //! checkout for its turn, and a hook, `core.fsmonitor`, an `include.path` or an alias it writes into
 //! `.git` would run in a later step of the job, as the runner's user, with that step's secrets.
 //! Before the turn fro-bot snapshots, outside the agent's reach, the config, hooks, info and
-//! `commondir` of the checkout's git dir and of its worktrees and submodules (`snapshot`); after the turn they are
-//! restored exactly, files the agent added there removed (`restore`). A snapshot written to disk
+//! `commondir` of the checkout's git dir and of its worktrees and submodules (`snapshot`); after
+//! the turn they are restored exactly, files the agent added there removed (`restore`). A snapshot written to disk
 //! for the post step is believed only when its SHA-256 matches the one main put in its state.
 
 use std::collections::BTreeMap;
