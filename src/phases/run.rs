@@ -56,6 +56,11 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     };
     // Admitted: from here on, a main step killed anywhere makes post retry the save.
     ctx.cache_saved.set(StateValue::NotPersisted);
+    crate::outbound::configure(crate::outbound::LinkPolicy::new(
+        &crate::github::endpoints::server_url(&ctx.env),
+        &ctx.repository,
+        ctx.settings.network.allowed.clone(),
+    ));
     failpoint::hit("run:admitted");
     // The 👀 reaction does not wait for the tracking comment or the thread's turn (each a round
     // trip to GitHub, the turn possibly a long wait), nor they for it.
@@ -603,7 +608,9 @@ fn record_save(ctx: &mut RunContext, saved: SaveReport) {
 
 /// What the user reads comes first (summary, `duration`); the niceties after it, each within what
 /// is left of a cancel budget (a lease left behind is post's to release).
-async fn finish(ctx: RunContext, agent_run: AgentRun) -> RunExit {
+async fn finish(mut ctx: RunContext, agent_run: AgentRun) -> RunExit {
+    // Every text in the agent's words has been posted by now.
+    ctx.report.links = crate::outbound::summary_row();
     let duration = ctx.started.elapsed();
     ctx.set_output(output::DURATION, &duration.as_secs().to_string());
     write_summary(&ctx.files, &ctx.plan, &agent_run, &ctx.report, duration);

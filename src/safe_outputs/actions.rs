@@ -24,9 +24,9 @@ impl ActionOutcome {
     }
 }
 
-/// Inert text for GitHub: redacted, mentions made inert, the response marker last.
+/// Inert text for GitHub: redacted, links and mentions made inert, the response marker last.
 pub fn safe_body(text: &str) -> String {
-    let text = crate::redact::neutralize_mentions(&crate::redact::redact(text), None);
+    let text = crate::outbound::prose(text, None);
     format!("{}\n\n{}", text.trim_end(), crate::github::response::MARKER)
 }
 
@@ -99,7 +99,7 @@ async fn act(gh: &GitHub, p: &Proposal) -> Option<Result<(), String>> {
             body,
             labels,
         } => {
-            let title = crate::redact::redact(title.trim());
+            let title = crate::outbound::links(&crate::redact::redact(title.trim()));
             gh.create_issue(&title, &safe_body(body), labels)
                 .await
                 .map(drop)

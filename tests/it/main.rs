@@ -14,6 +14,7 @@ mod merge;
 mod network;
 mod object_store;
 mod opencode;
+mod outbound;
 mod persistence;
 mod proxy;
 mod publish;

