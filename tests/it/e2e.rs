@@ -1857,3 +1857,4 @@ pub(crate) mod enterprise;
 pub(crate) mod cancel;
 pub(crate) mod egress;
 pub(crate) mod leftovers;
+pub(crate) mod links;
