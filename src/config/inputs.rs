@@ -258,7 +258,7 @@ pub const AGENT_NETWORK: InputSpec = spec(
 .parser(Parser::AgentNetwork);
 pub const ALLOWED_DOMAINS: InputSpec = spec(
     "allowed-domains",
-    "Hosts the agent may reach under agent-network: allowlist (comma-, space- or newline-separated): exact names, *.suffix patterns, addresses and the named sets node, python, rust, go, java, ruby, debian and ubuntu (their registry and download hosts). Ports 443 and 80; host:port allows that port instead. Loopback, private and metadata addresses are reached only through an exact name or address listed here.",
+    "Hosts the agent may reach under agent-network: allowlist (comma-, space- or newline-separated): exact names, *.suffix patterns, addresses and the named sets node, python, rust, go, java, ruby, debian and ubuntu (their registry and download hosts). Ports 443 and 80; host:port allows that port instead. Loopback, private and metadata addresses are reached only through an exact name or address listed here. Links and images in what fro-bot posts may point at these hosts too; others are shown as code.",
 )
 .parser(Parser::Hosts);
 pub const AGENT_PORTS: InputSpec = spec(
