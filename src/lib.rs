@@ -26,5 +26,6 @@ pub mod runner;
 pub mod safe_outputs;
 pub mod save_result;
 pub mod scrub;
+pub mod tools;
 pub mod trust;
 pub mod untrusted;

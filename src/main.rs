@@ -318,7 +318,7 @@ fn local_env(mut env: Env, args: &LocalArgs) -> Result<(Env, Mode), String> {
 /// The MCP server OpenCode starts for the agent. stdout is the protocol channel: nothing else may
 /// print there. Tool failures are tool results; only a broken stdin/stdout ends it with an error.
 fn session_tools(env: &fro_bot::runner::Env) -> ExitCode {
-    let config = fro_bot::opencode::session_tools::ToolsConfig::from_env(env);
+    let config = fro_bot::tools::ToolsConfig::from_env(env);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -329,7 +329,7 @@ fn session_tools(env: &fro_bot::runner::Env) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(fro_bot::opencode::session_tools::serve_stdio(config)) {
+    match runtime.block_on(fro_bot::tools::serve_stdio(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fro-bot session-tools: {e}");

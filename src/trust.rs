@@ -201,6 +201,13 @@ impl TrustView {
     }
 }
 
+/// Writes `view` where the session tools read it (`tools::sessions::TrustSource::File`): a
+/// root-owned (fro-bot's) file the agent's uid can read but not change. It lives as long as the
+/// returned handle.
+pub fn write_view_file(view: &TrustView) -> std::io::Result<tempfile::NamedTempFile> {
+    crate::confine::agent_readable_json("fro-bot-trust-", view)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

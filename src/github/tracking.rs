@@ -10,7 +10,14 @@ use super::api::{ApiError, GitHub, PostedComment};
 use super::event::TargetKind;
 use super::response::MARKER;
 use super::route::Thread;
-use crate::opencode::events::Todo;
+
+/// One item of the agent's todo list, as the comment shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Todo<'a> {
+    pub content: &'a str,
+    /// OpenCode's status: `pending`, `in_progress`, `completed` or `cancelled`.
+    pub status: &'a str,
+}
 
 /// Todo items shown; the rest are counted.
 pub const MAX_TODOS: usize = 20;
@@ -23,25 +30,25 @@ pub const STICKY_PAGES: u64 = 10;
 /// The body while the agent works: the run link, then its todo list and current step. Progress is
 /// agent-written, so every item is one redacted line in a code span, where GitHub renders no
 /// markdown or HTML and notifies no one (docs/security.md).
-pub fn render_working(run_url: Option<&str>, todos: &[Todo], step: Option<&str>) -> String {
+pub fn render_working(run_url: Option<&str>, todos: &[Todo<'_>], step: Option<&str>) -> String {
     let mut body = String::from("⏳ **Working on it…**");
     if let Some(url) = run_url {
         body.push_str(&format!(" Follow the run: {url}"));
     }
-    let shown: Vec<&Todo> = todos
+    let shown: Vec<&Todo<'_>> = todos
         .iter()
         .filter(|t| !t.content.trim().is_empty())
         .collect();
     if !shown.is_empty() {
         body.push_str("\n\n**Progress**\n");
         for todo in shown.iter().take(MAX_TODOS) {
-            let mark = match todo.status.as_str() {
+            let mark = match todo.status {
                 "completed" => "✅",
                 "in_progress" => "🔄",
                 "cancelled" => "🚫",
                 _ => "⬜",
             };
-            body.push_str(&format!("\n- {mark} {}", inert(&todo.content)));
+            body.push_str(&format!("\n- {mark} {}", inert(todo.content)));
         }
         if shown.len() > MAX_TODOS {
             body.push_str(&format!("\n- … and {} more", shown.len() - MAX_TODOS));
@@ -269,11 +276,8 @@ impl GitHub {
 mod tests {
     use super::*;
 
-    fn todo(content: &str, status: &str) -> Todo {
-        Todo {
-            content: content.into(),
-            status: status.into(),
-        }
+    fn todo<'a>(content: &'a str, status: &'a str) -> Todo<'a> {
+        Todo { content, status }
     }
 
     #[test]
@@ -312,9 +316,11 @@ mod tests {
             "<img src=x onerror=alert(1)> <script>alert(1)</script>",
             "token hostile-progress-secret-value and ghp_abcdefghijklmnopqrstuvwxyz0123456789",
         ];
+        let flood = "flood ".repeat(5_000);
+        let items: Vec<String> = (0..100).map(|i| format!("item {i}")).collect();
         let mut todos: Vec<Todo> = hostile.iter().map(|h| todo(h, "pending")).collect();
-        todos.push(todo(&"flood ".repeat(5_000), "in_progress"));
-        todos.extend((0..100).map(|i| todo(&format!("item {i}"), "pending")));
+        todos.push(todo(&flood, "in_progress"));
+        todos.extend(items.iter().map(|i| todo(i, "pending")));
         let body = render_working(None, &todos, Some("bash — </details> @mona `x`\nnext"));
 
         assert!(!body.contains("hostile-progress-secret-value"), "{body}");

@@ -26,10 +26,10 @@ pub struct SessionToolsEntry {
     pub url: String,
     pub password: String,
     pub workspace: PathBuf,
-    /// The trust view the tools apply (`session_tools::TrustSource`); `None`: all untrusted.
+    /// The trust view the tools apply (`tools::sessions::TrustSource`); `None`: all untrusted.
     pub trust_file: Option<PathBuf>,
-    /// The proposal tools' file and policy (`crate::safe_outputs::tools`).
-    pub proposals: Option<crate::safe_outputs::tools::ProposalTools>,
+    /// The proposal tools' file and policy (`crate::tools::proposals`).
+    pub proposals: Option<crate::tools::proposals::ProposalTools>,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -16,7 +16,6 @@ pub mod progress;
 pub mod prune;
 pub mod server;
 pub mod session;
-pub mod session_tools;
 pub mod turn;
 pub mod writeback;
 
@@ -176,7 +175,7 @@ pub struct AgentOptions {
     pub session_trust: Option<crate::trust::TrustView>,
     /// Where the proposal tools write and what they check against (`crate::safe_outputs`);
     /// `None`: the agent gets no proposal tools.
-    pub proposals: Option<crate::safe_outputs::tools::ProposalTools>,
+    pub proposals: Option<crate::tools::proposals::ProposalTools>,
     pub model: Option<ModelRef>,
     pub user_config: Option<Map<String, Value>>,
     /// `auth-json` (provider id → auth entry): API keys are served through the proxy; only
@@ -401,7 +400,7 @@ fn trust_file(opts: &AgentOptions) -> Result<TrustFile, AgentError> {
         return Ok(None);
     };
     let file =
-        session_tools::write_trust_file(view).map_err(|source| AgentError::TrustFile { source })?;
+        crate::trust::write_view_file(view).map_err(|source| AgentError::TrustFile { source })?;
     Ok(Some((view.clone(), file)))
 }
 
@@ -583,7 +582,7 @@ impl Agent {
         };
         view.sessions.insert(id.to_string(), trust.clone());
         // Replaced whole (a rename), so a tool reading meanwhile sees the old view or the new.
-        let fresh = session_tools::write_trust_file(view)?;
+        let fresh = crate::trust::write_view_file(view)?;
         fresh.persist(file.path()).map(drop).map_err(|e| e.error)
     }
 

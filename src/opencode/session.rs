@@ -4,7 +4,15 @@
 //! (a title also saves OpenCode's extra title-generator LLM call).
 
 use super::client::{ApiError, Client, Session};
-pub use crate::phases::session_map::Ownership;
+
+/// How resolution may find the session of one conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ownership<'a> {
+    /// Only this session (or none: a new one is created).
+    Mapped(Option<&'a str>),
+    /// By title, for legacy memory.
+    ByTitle,
+}
 
 pub fn title_for(logical_key: &str) -> String {
     format!("fro-bot: {logical_key}")

@@ -9,7 +9,7 @@ use crate::runner::log;
 use crate::safe_outputs::branch::{self, Target, TargetInputs};
 use crate::safe_outputs::capture::{self, Base};
 use crate::safe_outputs::proposals::{OutputPolicy, ProposalsDir};
-use crate::safe_outputs::tools::ProposalTools;
+use crate::tools::proposals::ProposalTools;
 
 /// What the run will do with the agent's file changes.
 #[derive(Debug)]

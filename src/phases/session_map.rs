@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+pub use crate::opencode::session::Ownership;
 use rusqlite::{Connection, OpenFlags};
 
 /// Logical key → session id.
@@ -28,15 +29,6 @@ impl Default for SessionMap {
     fn default() -> Self {
         SessionMap::Owned(Map::new())
     }
-}
-
-/// How resolution may find the session of one conversation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ownership<'a> {
-    /// Only this session (or none: a new one is created).
-    Mapped(Option<&'a str>),
-    /// By title, for legacy memory.
-    ByTitle,
 }
 
 impl SessionMap {

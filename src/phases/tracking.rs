@@ -214,7 +214,14 @@ impl Tracker {
             Next::Edit => {}
         }
         let (todos, step) = &snapshot;
-        let body = render_working(self.run_url.as_deref(), todos, step.as_deref());
+        let shown: Vec<crate::github::tracking::Todo<'_>> = todos
+            .iter()
+            .map(|t| crate::github::tracking::Todo {
+                content: &t.content,
+                status: &t.status,
+            })
+            .collect();
+        let body = render_working(self.run_url.as_deref(), &shown, step.as_deref());
         match self
             .edit("update the tracking comment", &body, PROGRESS_EDIT_TIMEOUT)
             .await

@@ -3,7 +3,7 @@
 //! The agent holds no GitHub credential in any run mode. What it wants done leaves the run only
 //! through fro-bot, which alone holds the token: its file changes (`capture`, checked by `checks`)
 //! become a signed commit on the thread's branch and a draft pull request (`deliver`, on a branch
-//! `branch` chose before the turn), and what it asks through its tools (`proposals`, `tools`) is
+//! `branch` chose before the turn), and what it asks through its tools (`proposals`, served by `crate::tools::proposals`) is
 //! checked against the run's policy and carried out (`actions`).
 
 pub mod actions;
@@ -13,4 +13,3 @@ pub mod checks;
 pub mod deliver;
 pub mod git;
 pub mod proposals;
-pub mod tools;

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use fro_bot::opencode::prep::{self, PromptInput};
-use fro_bot::opencode::session_tools::{self, ToolsConfig};
 use fro_bot::opencode::writeback::{RunSummary, SUMMARY_HEADER};
 use fro_bot::opencode::{
     Agent, AgentOptions, Isolation, Quiescence, Resolution, TurnFailure, TurnOptions, TurnOutcome,
 };
 use fro_bot::runner::{Cancellation, Env};
+use fro_bot::tools::{self as session_tools, ToolsConfig};
 
 use crate::support::fake_llm::{request_text, FakeLlm, LlmError, Reply};
 use crate::support::services::opencode_bin;
@@ -587,12 +587,14 @@ async fn writeback_is_searchable_through_the_session_tools() {
     // No LLM call: the writeback does not start a turn.
     assert!(h.llm.requests().is_empty());
     let tools = ToolsConfig {
-        url: Some(agent.server().url().into()),
-        password: Some(agent.server().password().into()),
-        workspace: h.workspace.clone(),
-        trust: fro_bot::opencode::session_tools::TrustSource::Fixed(
-            fro_bot::trust::TrustView::unknown(),
-        ),
+        sessions: fro_bot::tools::sessions::SessionTools {
+            url: Some(agent.server().url().into()),
+            password: Some(agent.server().password().into()),
+            workspace: h.workspace.clone(),
+            trust: fro_bot::tools::sessions::TrustSource::Fixed(
+                fro_bot::trust::TrustView::unknown(),
+            ),
+        },
         proposals: None,
     };
     let call = |name: &str, args: Value| {
@@ -686,14 +688,14 @@ async fn writeback_is_searchable_through_the_session_tools() {
             && quoted.contains(SUMMARY_HEADER),
         "{quoted}"
     );
-    use fro_bot::opencode::session_tools::TrustSource;
+    use fro_bot::tools::sessions::TrustSource;
     let withheld_view = fro_bot::trust::TrustView::new(
         fro_bot::trust::TrustLevel::Maintainer,
         true,
         Default::default(),
     );
     let mut withheld = tools.clone();
-    withheld.trust = TrustSource::Fixed(withheld_view.clone());
+    withheld.sessions.trust = TrustSource::Fixed(withheld_view.clone());
     let r = session_tools::handle_line(&withheld, &read).await.unwrap();
     assert_eq!(r["result"]["isError"], true, "{r}");
     assert!(text_of(&r).contains("not found"), "{r}");
@@ -716,8 +718,8 @@ async fn writeback_is_searchable_through_the_session_tools() {
         fro_bot::trust::SessionTrust::new("mona", "OWNER", false, false),
     );
     let mut trusted = withheld.clone();
-    trusted.trust = TrustSource::File(
-        session_tools::write_trust_file(&withheld_view)
+    trusted.sessions.trust = TrustSource::File(
+        fro_bot::trust::write_view_file(&withheld_view)
             .unwrap()
             .into_temp_path()
             .keep()
@@ -728,7 +730,7 @@ async fn writeback_is_searchable_through_the_session_tools() {
     let list = call("session_list", json!({}));
     let before = text_of(&session_tools::handle_line(&trusted, &list).await.unwrap());
     assert!(before.starts_with("No sessions found"), "{before}");
-    let TrustSource::File(path) = &trusted.trust else {
+    let TrustSource::File(path) = &trusted.sessions.trust else {
         unreachable!()
     };
     std::fs::write(path, serde_json::to_vec(&trusted_view).unwrap()).unwrap();

@@ -1,7 +1,6 @@
-//! `fro-bot session-tools`: an MCP server over stdio (JSON-RPC 2.0, one message per line) that
-//! OpenCode starts for the agent, giving it `session_list`, `session_read`, `session_search` and
-//! `session_info` over the running OpenCode server's HTTP API. Every tool failure is a
-//! `session store unavailable: ...` text result with `isError: true`, never a crash.
+//! The session tools: `session_list`, `session_read`, `session_search` and `session_info` over
+//! the running OpenCode server's HTTP API. Every failure is a `session store unavailable: ...`
+//! result, never a crash.
 //!
 //! Trust follows memory (docs/security.md#trust-follows-memory): results from a session below the
 //! run's trust are fenced and labelled as untrusted quotes, or, in runs that hold a token, left
@@ -10,46 +9,36 @@
 use std::path::PathBuf;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::client::{truncate, Client, Session};
-use super::prep::find_excerpts;
+use super::args::{arg_str, arg_usize, required};
+use super::{answered, failed};
+use crate::opencode::client::{truncate, Client, Session};
+use crate::opencode::prep::find_excerpts;
 use crate::runner::env::{
-    FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_OUTPUT_POLICY, FRO_BOT_PROPOSALS,
-    FRO_BOT_SESSION_TRUST, FRO_BOT_WORKSPACE,
+    FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_SESSION_TRUST, FRO_BOT_WORKSPACE,
 };
 use crate::runner::Env;
-use crate::safe_outputs::tools::{self as proposal_tools, ProposalTools};
 use crate::trust::{PriorUse, SessionTrust, TrustView};
 use crate::untrusted::{Fence, Label};
 
 pub const TRANSCRIPT_CAP: usize = 48_000;
-const PROTOCOL_VERSION: &str = "2024-11-05";
 
-#[derive(Debug, thiserror::Error)]
-pub enum SessionToolsError {
-    #[error("cannot read MCP requests from stdin")]
-    Read {
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot write MCP responses to stdout")]
-    Write {
-        #[source]
-        source: std::io::Error,
-    },
-}
+/// The tools' names, for the dispatcher.
+pub const NAMES: &[&str] = &[
+    "session_list",
+    "session_read",
+    "session_search",
+    "session_info",
+];
 
-/// Where the tools find the server.
+/// Where the tools find the server, and how they judge earlier sessions.
 #[derive(Debug, Clone)]
-pub struct ToolsConfig {
+pub struct SessionTools {
     pub url: Option<String>,
     pub password: Option<String>,
     pub workspace: PathBuf,
     /// How earlier sessions are judged.
     pub trust: TrustSource,
-    /// The proposal tools (`crate::safe_outputs::tools`); `None`: not offered.
-    pub proposals: Option<ProposalTools>,
 }
 
 /// Where the tools' trust view comes from.
@@ -77,12 +66,6 @@ impl TrustSource {
     }
 }
 
-/// Writes `view` where the session tools read it: a root-owned (fro-bot's) file the agent's uid
-/// can read but not change. It lives as long as the returned handle.
-pub fn write_trust_file(view: &TrustView) -> std::io::Result<tempfile::NamedTempFile> {
-    crate::confine::agent_readable_json("fro-bot-trust-", view)
-}
-
 /// The trust view named by `FRO_BOT_SESSION_TRUST`: unset, every session is an untrusted quote;
 /// set but unreadable, every session is left out (fail closed).
 fn trust_from_env(env: &Env) -> TrustSource {
@@ -92,14 +75,10 @@ fn trust_from_env(env: &Env) -> TrustSource {
     }
 }
 
-impl ToolsConfig {
+impl SessionTools {
     pub fn from_env(env: &Env) -> Self {
         Self {
             trust: trust_from_env(env),
-            proposals: env.get(FRO_BOT_PROPOSALS).map(|file| ProposalTools {
-                file: PathBuf::from(file),
-                policy: env.get(FRO_BOT_OUTPUT_POLICY).map(PathBuf::from),
-            }),
             url: env.get(FRO_BOT_OPENCODE_URL).map(str::to_string),
             password: env.get(FRO_BOT_OPENCODE_PASSWORD).map(str::to_string),
             workspace: env
@@ -124,174 +103,55 @@ impl ToolsConfig {
     }
 }
 
-/// Serves stdin/stdout of this process until stdin closes.
-pub async fn serve_stdio(config: ToolsConfig) -> Result<(), SessionToolsError> {
-    // tokio's `io-std` feature is not enabled: async files over duplicates of fds 0 and 1.
-    use std::os::fd::AsFd;
-    let dup = |fd: std::os::fd::BorrowedFd<'_>| {
-        fd.try_clone_to_owned()
-            .map(|owned| tokio::fs::File::from_std(std::fs::File::from(owned)))
-    };
-    let stdin =
-        dup(std::io::stdin().as_fd()).map_err(|source| SessionToolsError::Read { source })?;
-    let stdout =
-        dup(std::io::stdout().as_fd()).map_err(|source| SessionToolsError::Write { source })?;
-    serve(config, tokio::io::BufReader::new(stdin), stdout).await
-}
-
-pub async fn serve<R, W>(
-    config: ToolsConfig,
-    input: R,
-    mut output: W,
-) -> Result<(), SessionToolsError>
-where
-    R: AsyncBufRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut lines = input.lines();
-    while let Some(line) = lines
-        .next_line()
-        .await
-        .map_err(|source| SessionToolsError::Read { source })?
-    {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let Some(reply) = handle_line(&config, &line).await else {
-            continue;
-        };
-        let mut bytes = reply.to_string().into_bytes();
-        bytes.push(b'\n');
-        output
-            .write_all(&bytes)
-            .await
-            .map_err(|source| SessionToolsError::Write { source })?;
-        output
-            .flush()
-            .await
-            .map_err(|source| SessionToolsError::Write { source })?;
-    }
-    Ok(())
-}
-
-/// One JSON-RPC message in, at most one out (notifications get none).
-pub async fn handle_line(config: &ToolsConfig, line: &str) -> Option<Value> {
-    let msg: Value = match serde_json::from_str(line) {
-        Ok(v) => v,
-        Err(e) => return Some(rpc_error(Value::Null, -32700, &format!("parse error: {e}"))),
-    };
-    let id = msg.get("id").cloned();
-    let method = msg["method"].as_str().unwrap_or("");
-    let Some(id) = id else {
-        return None; // notification (notifications/initialized, cancelled, ...)
-    };
-    let result = match method {
-        "initialize" => json!({
-            "protocolVersion": msg["params"]["protocolVersion"].as_str().unwrap_or(PROTOCOL_VERSION),
-            "capabilities": {"tools": {}},
-            "serverInfo": {"name": "fro-bot-sessions", "version": env!("CARGO_PKG_VERSION")}
-        }),
-        "ping" => json!({}),
-        "tools/list" => {
-            let mut tools = tool_definitions();
-            if config.proposals.is_some() {
-                if let Value::Array(list) = &mut tools {
-                    list.extend(proposal_tools::definitions());
-                }
-            }
-            json!({ "tools": tools })
-        }
-        "tools/call" => {
-            let name = msg["params"]["name"].as_str().unwrap_or("");
-            let args = msg["params"]["arguments"].clone();
-            call_tool(config, name, &args).await
-        }
-        _ => {
-            return Some(rpc_error(
-                id,
-                -32601,
-                &format!("method not found: {method}"),
-            ))
-        }
-    };
-    Some(json!({"jsonrpc": "2.0", "id": id, "result": result}))
-}
-
-fn rpc_error(id: Value, code: i64, message: &str) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
-}
-
-fn tool_definitions() -> Value {
-    json!([
-        {"name": "session_list",
+pub fn definitions() -> Vec<Value> {
+    vec![
+        json!({"name": "session_list",
          "description": "List earlier OpenCode sessions of this repository (newest first), with id, title and times.",
          "inputSchema": {"type": "object", "properties": {
              "limit": {"type": "integer", "description": "Maximum sessions (default 20)"},
              "from_date": {"type": "string", "description": "Only sessions updated on/after this date (YYYY-MM-DD or RFC 3339)"},
-             "to_date": {"type": "string", "description": "Only sessions updated on/before this date (YYYY-MM-DD or RFC 3339)"}}}},
-        {"name": "session_read",
+             "to_date": {"type": "string", "description": "Only sessions updated on/before this date (YYYY-MM-DD or RFC 3339)"}}}}),
+        json!({"name": "session_read",
          "description": "Read a session's transcript (capped at 48,000 characters; newest messages kept).",
          "inputSchema": {"type": "object", "required": ["session_id"], "properties": {
              "session_id": {"type": "string"},
-             "limit": {"type": "integer", "description": "Only the newest N messages"}}}},
-        {"name": "session_search",
+             "limit": {"type": "integer", "description": "Only the newest N messages"}}}}),
+        json!({"name": "session_search",
          "description": "Search earlier sessions' messages for text; returns excerpts naming the session id.",
          "inputSchema": {"type": "object", "required": ["query"], "properties": {
              "query": {"type": "string"},
              "session_id": {"type": "string", "description": "Search only this session"},
              "case_sensitive": {"type": "boolean"},
-             "limit": {"type": "integer", "description": "Maximum excerpts (default 10)"}}}},
-        {"name": "session_info",
+             "limit": {"type": "integer", "description": "Maximum excerpts (default 10)"}}}}),
+        json!({"name": "session_info",
          "description": "Metadata of one session: title, directory, times, parent, message count, tokens and cost.",
          "inputSchema": {"type": "object", "required": ["session_id"], "properties": {
-             "session_id": {"type": "string"}}}}
-    ])
+             "session_id": {"type": "string"}}}}),
+    ]
 }
 
-async fn call_tool(config: &ToolsConfig, name: &str, args: &Value) -> Value {
-    if let Some(tools) = config
-        .proposals
-        .as_ref()
-        .filter(|_| proposal_tools::NAMES.contains(&name))
-    {
-        return match tools.call(name, args) {
-            Ok(text) => json!({"content": [{"type": "text", "text": text}], "isError": false}),
-            Err(e) => json!({"content": [{"type": "text", "text": e}], "isError": true}),
+impl SessionTools {
+    /// One session tool's result, as the MCP `tools/call` answer.
+    pub async fn call(&self, name: &str, args: &Value) -> Value {
+        let trust = self.trust.view();
+        let result = match self.client() {
+            Err(e) => Err(e),
+            Ok(client) => match name {
+                "session_list" => session_list(&client, &trust, args).await,
+                "session_read" => session_read(&client, &trust, args).await,
+                "session_search" => session_search(&client, &trust, args).await,
+                "session_info" => session_info(&client, &trust, args).await,
+                other => Err(format!("unknown tool {other:?}")),
+            },
         };
+        match result {
+            Ok(text) => answered(&text),
+            Err(e) => failed(&format!(
+                "session store unavailable: {}",
+                crate::runner::log::redact(&e)
+            )),
+        }
     }
-    let trust = config.trust.view();
-    let result = match config.client() {
-        Err(e) => Err(e),
-        Ok(client) => match name {
-            "session_list" => session_list(&client, &trust, args).await,
-            "session_read" => session_read(&client, &trust, args).await,
-            "session_search" => session_search(&client, &trust, args).await,
-            "session_info" => session_info(&client, &trust, args).await,
-            other => Err(format!("unknown tool {other:?}")),
-        },
-    };
-    match result {
-        Ok(text) => json!({"content": [{"type": "text", "text": text}], "isError": false}),
-        Err(e) => json!({"content": [{"type": "text",
-            "text": format!("session store unavailable: {}", crate::runner::log::redact(&e))}],
-            "isError": true}),
-    }
-}
-
-fn arg_usize(args: &Value, name: &str) -> Option<usize> {
-    match &args[name] {
-        Value::Number(n) => n.as_u64().map(|n| n as usize),
-        Value::String(s) => s.trim().parse().ok(),
-        _ => None,
-    }
-}
-
-fn arg_str<'a>(args: &'a Value, name: &str) -> Option<&'a str> {
-    args[name].as_str().map(str::trim).filter(|s| !s.is_empty())
-}
-
-fn required<'a>(args: &'a Value, name: &str) -> Result<&'a str, String> {
-    arg_str(args, name).ok_or_else(|| format!("missing required argument {name:?}"))
 }
 
 /// `YYYY-MM-DD` or an RFC 3339 timestamp → epoch ms. `end_of_day` for an inclusive upper bound.
@@ -551,11 +411,11 @@ fn find_exact(text: &str, query: &str, max: usize) -> Vec<String> {
     text.match_indices(query)
         .take(max)
         .map(|(i, m)| {
-            let mut a = i.saturating_sub(super::prep::EXCERPT_CONTEXT);
+            let mut a = i.saturating_sub(crate::opencode::prep::EXCERPT_CONTEXT);
             while !text.is_char_boundary(a) {
                 a -= 1;
             }
-            let mut b = (i + m.len() + super::prep::EXCERPT_CONTEXT).min(text.len());
+            let mut b = (i + m.len() + crate::opencode::prep::EXCERPT_CONTEXT).min(text.len());
             while !text.is_char_boundary(b) {
                 b += 1;
             }
@@ -569,7 +429,7 @@ async fn session_info(client: &Client, trust: &TrustView, args: &Value) -> Resul
     let judged = visible(trust, id)?;
     let s = client.get_session(id).await.map_err(|e| e.to_string())?;
     let msgs = client.messages(id, None).await.map_err(|e| e.to_string())?;
-    let mut tokens = super::client::Tokens::default();
+    let mut tokens = crate::opencode::client::Tokens::default();
     let mut cost = 0.0;
     for m in &msgs {
         if let Some(t) = &m.info.tokens {
@@ -602,89 +462,6 @@ async fn session_info(client: &Client, trust: &TrustView, args: &Value) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn unreachable_config() -> ToolsConfig {
-        ToolsConfig {
-            // Port 9 on loopback: nothing listens, connections are refused at once.
-            url: Some("http://127.0.0.1:9".into()),
-            password: None,
-            workspace: "/ws".into(),
-            trust: TrustSource::Fixed(TrustView::unknown()),
-            proposals: None,
-        }
-    }
-
-    #[tokio::test]
-    async fn protocol_round_trip_and_failures_are_tool_results() {
-        let input = concat!(
-            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
-            "\n",
-            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
-            "\n",
-            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
-            "\n",
-            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"session_search","arguments":{"query":"x"}}}"#,
-            "\n",
-            r#"{"jsonrpc":"2.0","id":4,"method":"ping"}"#,
-            "\n",
-            "not json\n",
-            r#"{"jsonrpc":"2.0","id":5,"method":"nope"}"#,
-            "\n",
-        );
-        let mut out = Vec::new();
-        serve(unreachable_config(), input.as_bytes(), &mut out)
-            .await
-            .unwrap();
-        let replies: Vec<Value> = String::from_utf8(out)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(replies.len(), 6, "the notification gets no reply");
-        assert_eq!(replies[0]["result"]["protocolVersion"], "2025-06-18");
-        assert!(replies[0]["result"]["capabilities"]["tools"].is_object());
-        let names: Vec<&str> = replies[1]["result"]["tools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["name"].as_str().unwrap())
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "session_list",
-                "session_read",
-                "session_search",
-                "session_info"
-            ]
-        );
-        assert_eq!(replies[2]["id"], 3);
-        assert_eq!(replies[2]["result"]["isError"], true);
-        assert!(replies[2]["result"]["content"][0]["text"]
-            .as_str()
-            .unwrap()
-            .starts_with("session store unavailable: "));
-        assert_eq!(replies[3]["result"], json!({}));
-        assert_eq!(replies[4]["error"]["code"], -32700);
-        assert_eq!(replies[5]["error"]["code"], -32601);
-    }
-
-    #[tokio::test]
-    async fn missing_url_and_arguments_are_reported_not_crashed() {
-        let cfg = ToolsConfig {
-            url: None,
-            password: None,
-            workspace: "/ws".into(),
-            trust: TrustSource::Fixed(TrustView::unknown()),
-            proposals: None,
-        };
-        let r = call_tool(&cfg, "session_list", &json!({})).await;
-        assert_eq!(r["isError"], true);
-        assert!(r["content"][0]["text"]
-            .as_str()
-            .unwrap()
-            .contains("FRO_BOT_OPENCODE_URL"));
-    }
 
     #[test]
     fn dates_round_trip() {

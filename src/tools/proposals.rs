@@ -1,12 +1,12 @@
 //! The agent's proposal tools, served beside the session tools by `fro-bot session-tools`
-//! (`opencode::session_tools`). Each checks its arguments, appends the proposal
+//! (`tools`). Each checks its arguments, appends the proposal
 //! (`proposals::append`) and tells the agent what happens next: nothing is done during the turn.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::proposals::{self, OutputPolicy, Proposal};
+use crate::safe_outputs::proposals::{self, OutputPolicy, Proposal};
 
 /// Where the tools write and what they check against.
 #[derive(Debug, Clone)]
