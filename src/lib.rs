@@ -22,6 +22,7 @@ pub mod opencode;
 pub mod outbound;
 pub mod phases;
 pub mod redact;
+pub mod review;
 pub mod runner;
 pub mod safe_outputs;
 pub mod save_result;
