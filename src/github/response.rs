@@ -64,7 +64,8 @@ pub fn render(answer: &str, footer: &RunFooter, requester: Option<&str>) -> Stri
     } else {
         answer
     };
-    let answer = crate::outbound::prose(answer, requester);
+    // The agent's part has been through `outbound::links` already (`phases::finalize`).
+    let answer = crate::redact::neutralize_mentions(&crate::redact::redact(answer), requester);
     let room = MAX_BODY_CHARS.saturating_sub(details.chars().count());
     let body = format!("{}{details}", super::context::truncate_chars(&answer, room));
     // Once more whole: a cut may not leave half a token shape behind unredacted, and the footer

@@ -7,7 +7,9 @@
 
 use std::ops::Range;
 
-use pulldown_cmark::{Event, LinkType, Options, Parser, Tag, TagEnd, TextMergeWithOffset};
+use pulldown_cmark::{
+    CodeBlockKind, Event, LinkType, Options, Parser, Tag, TagEnd, TextMergeWithOffset,
+};
 
 use super::bare;
 use super::html;
@@ -118,6 +120,10 @@ fn plan(text: &str, policy: &LinkPolicy) -> Pass {
     ctx.definitions(&parser, &mut pass);
     let mut open: Vec<Open> = Vec::new();
     let mut code_depth = 0usize;
+    let mut code: Vec<Range<usize>> = Vec::new();
+    // Code not every parser may read as code: a URL in it is defanged, not wrapped.
+    let mut soft: Vec<Range<usize>> = Vec::new();
+    let mut containers = 0usize;
     let mut html: Option<Range<usize>> = None;
     for (event, at) in TextMergeWithOffset::new(parser.into_offset_iter()) {
         let is_html = matches!(event, Event::Html(_) | Event::InlineHtml(_));
@@ -164,7 +170,35 @@ fn plan(text: &str, policy: &LinkPolicy) -> Pass {
                 at,
                 inner: None,
             }),
-            Event::Start(Tag::CodeBlock(_)) => code_depth += 1,
+            Event::Start(Tag::CodeBlock(kind)) => {
+                code_depth += 1;
+                // Only a fence at the start of a line outside any container is read the same
+                // way by every parser; other blocks (indented, in a list, quote or table) are
+                // swept like text.
+                let line_start = at.start == 0 || text.as_bytes()[at.start - 1] == b'\n';
+                if matches!(kind, CodeBlockKind::Fenced(_)) && line_start && containers == 0 {
+                    code.push(at);
+                } else {
+                    soft.push(at);
+                }
+            }
+            Event::Start(
+                Tag::BlockQuote(_)
+                | Tag::List(_)
+                | Tag::Item
+                | Tag::Table(_)
+                | Tag::FootnoteDefinition(_),
+            ) => containers += 1,
+            Event::End(
+                TagEnd::BlockQuote(_)
+                | TagEnd::List(_)
+                | TagEnd::Item
+                | TagEnd::Table
+                | TagEnd::FootnoteDefinition,
+            ) => containers = containers.saturating_sub(1),
+            // GitHub's parser can miss a span pulldown-cmark sees (after a backtick run without
+            // a partner; across a container's line markers): what is in one is defanged.
+            Event::Code(_) => soft.push(at),
             Event::End(TagEnd::CodeBlock) => code_depth = code_depth.saturating_sub(1),
             Event::Text(t) if code_depth == 0 && !in_autolink(&open) => {
                 ctx.bare(&t, at, &mut pass);
@@ -178,6 +212,7 @@ fn plan(text: &str, policy: &LinkPolicy) -> Pass {
     if let Some(group) = html {
         ctx.html(group, &mut pass);
     }
+    ctx.sweep(&code, &soft, &mut pass);
     pass.edits.sort_by_key(|(at, _)| (at.start, at.end));
     pass
 }
@@ -218,7 +253,7 @@ impl Ctx<'_> {
             s.truncate(i);
             s.push('…');
         }
-        format!("{f} {s} {f}", f = self.fence)
+        format!("{f} {} {f}", defang(&s), f = self.fence)
     }
 
     /// Reference definitions (`[label]: url`) the policy does not keep, shown as code.
@@ -286,14 +321,16 @@ impl Ctx<'_> {
         }
         pass.findings
             .extend(changed.iter().map(|(_, c)| Finding::from(c)));
-        if self.text.get(at.clone()) == Some(decoded) {
+        let source = &self.text[at.clone()];
+        if source == decoded {
             for (f, c) in changed {
                 let with = self.bare_shown(&decoded[f.at.clone()], &c);
                 pass.edit(at.start + f.at.start..at.start + f.at.end, with);
             }
             return;
         }
-        // Escapes or references in the source: the whole run is written out again, escaped.
+        // Escapes or references in the source: the whole run is written out again, escaped
+        // (once: the escaped form reads back as the same text, so a later pass leaves it).
         let mut with = String::new();
         let mut from = 0;
         for (f, c) in changed {
@@ -302,7 +339,51 @@ impl Ctx<'_> {
             from = f.at.end;
         }
         with.push_str(&escape(&decoded[from..]));
-        pass.edit(at, with);
+        if with != source {
+            pass.edit(at, with);
+        }
+    }
+
+    /// What the parser's events did not show: text it dropped (a table row's cells past the
+    /// header's count, which GitHub may read as no table at all) is scanned as written, outside
+    /// code and what this pass already rewrites. A tag holding a URL not kept, and a URL not
+    /// kept, are shown as code.
+    fn sweep(&self, code: &[Range<usize>], soft: &[Range<usize>], pass: &mut Pass) {
+        let overlaps = |r: &Range<usize>, c: &Range<usize>| c.start < r.end && r.start < c.end;
+        let taken = |r: &Range<usize>, pass: &Pass| {
+            code.iter()
+                .chain(pass.edits.iter().map(|(at, _)| at))
+                .any(|c| overlaps(r, c))
+        };
+        // In code that may be code, the text is only defanged: wrapping it would show backticks.
+        let shown = |r: &Range<usize>, inert: String| match soft.iter().any(|c| overlaps(r, c)) {
+            true => defang(&self.text[r.clone()]),
+            false => inert,
+        };
+        for tag in tags(self.text) {
+            if taken(&tag, pass) {
+                continue;
+            }
+            let changes = self.html_changes(&self.text[tag.clone()]);
+            if !changes.is_empty() {
+                pass.findings.extend(changes.iter().map(Finding::from));
+                let with = shown(&tag, self.code(&self.text[tag.clone()]));
+                pass.edit(tag, with);
+            }
+        }
+        for f in bare::find(self.text) {
+            if taken(&f.at, pass) {
+                continue;
+            }
+            if let Verdict::Change(c) = self.policy.judge(&f.url) {
+                pass.findings.push(Finding::from(&c));
+                let with = match c {
+                    Change::Inert { .. } => shown(&f.at, self.code(&self.text[f.at.clone()])),
+                    Change::Cut { .. } => self.bare_shown(&self.text[f.at.clone()], &c),
+                };
+                pass.edit(f.at, with);
+            }
+        }
     }
 
     fn bare_shown(&self, token: &str, change: &Change) -> String {
@@ -316,17 +397,7 @@ impl Ctx<'_> {
     /// read): every line of it shown as code.
     fn html(&self, group: Range<usize>, pass: &mut Pass) {
         let source = &self.text[group.clone()];
-        let mut changes = Vec::new();
-        for url in html::urls(source) {
-            match url {
-                html::Url::Unreadable => changes.push(Change::Inert { host: None }),
-                html::Url::Written(u) => match self.policy.judge(&u) {
-                    Verdict::Keep => {}
-                    // A URL in an attribute is not rewritten: too long is as bad as elsewhere.
-                    Verdict::Change(c) => changes.push(c),
-                },
-            }
-        }
+        let changes = self.html_changes(source);
         if changes.is_empty() {
             return;
         }
@@ -346,6 +417,66 @@ impl Ctx<'_> {
         }
     }
 }
+
+impl Ctx<'_> {
+    /// What the policy would change of the URLs in a fragment of raw HTML.
+    fn html_changes(&self, source: &str) -> Vec<Change> {
+        let mut changes = Vec::new();
+        for url in html::urls(source) {
+            match url {
+                html::Url::Unreadable => changes.push(Change::Inert { host: None }),
+                html::Url::Written(u) => match self.policy.judge(&u) {
+                    Verdict::Keep => {}
+                    // A URL in an attribute is not rewritten: too long is as bad as elsewhere.
+                    Verdict::Change(c) => changes.push(c),
+                },
+            }
+        }
+        changes
+    }
+}
+
+/// Where tags start and end in `text` as written: `<` and a letter, to the next `>` or the end
+/// of the line.
+fn tags(text: &str) -> Vec<Range<usize>> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i + 1 < b.len() {
+        if b[i] == b'<' && b[i + 1].is_ascii_alphabetic() {
+            let end = b[i..]
+                .iter()
+                .position(|c| *c == b'>' || *c == b'\n')
+                .map_or(b.len(), |p| i + p + usize::from(b[i + p] == b'>'));
+            out.push(i..end);
+            i = end.max(i + 1);
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+/// An invisible break (U+200B) after each `:` and `<`, inside `www.` and between `]` and `(`:
+/// the text reads the same, but no parser finds a scheme, a `www.` link, a tag or a link in it —
+/// so it stays inert even where GitHub's parser does not see the code span around it.
+fn defang(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut prev = '\0';
+    for c in text.chars() {
+        if (prev == ']' && c == '(') || (c == '.' && out.to_ascii_lowercase().ends_with("www")) {
+            out.push(ZWSP);
+        }
+        out.push(c);
+        if matches!(c, ':' | '<') {
+            out.push(ZWSP);
+        }
+        prev = c;
+    }
+    out
+}
+
+const ZWSP: char = '\u{200B}';
 
 /// A URL as a link destination: in angle brackets, so spaces and parentheses cannot end it.
 fn angle(url: &str) -> String {
@@ -393,6 +524,11 @@ fn apply(text: &str, edits: &[(Range<usize>, String)]) -> Option<String> {
             return None;
         }
         out.push_str(&text[from..at.start]);
+        // GitHub's autolinks run to whitespace, backticks included: an inserted code span right
+        // after a URL would be swallowed into it.
+        if with.starts_with('`') && out.chars().next_back().is_some_and(|c| !c.is_whitespace()) {
+            out.push(' ');
+        }
         out.push_str(with);
         from = at.end;
     }

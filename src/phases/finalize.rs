@@ -80,10 +80,17 @@ pub(crate) fn cancelled_body(
 ) -> String {
     let footer = run_footer(env, plan, agent_run, restored, started);
     let text = match (&agent_run.outcome, &agent_run.answer) {
-        (Some(TurnOutcome::Completed), Some(answer)) => answer.clone(),
+        (Some(TurnOutcome::Completed), Some(answer)) => agent_words(answer),
         _ => CANCELLED.to_string(),
     };
     github::response::render(&text, &footer, plan.author.as_deref())
+}
+
+/// The agent's answer with its links checked (`outbound::links`, after the redactor: an inert
+/// URL's invisible breaks must not split a secret before it is found). fro-bot's own text beside
+/// it — the delivery section, the footer — links to what fro-bot made, and is not rewritten.
+fn agent_words(answer: &str) -> String {
+    crate::outbound::links(&crate::redact::redact(answer))
 }
 
 /// What a cancelled run's comment says.
@@ -94,14 +101,15 @@ pub(crate) const CANCELLED: &str =
 /// so the person who asked is not left waiting in silence. `None`: a completed turn with nothing
 /// written.
 fn final_text(agent_run: &AgentRun) -> Option<String> {
+    let answer = agent_run.answer.as_deref().map(agent_words);
     if agent_run.outcome == Some(TurnOutcome::Completed) {
-        return agent_run.answer.clone();
+        return answer;
     }
     let stopped = format!(
         "I could not finish this one: the agent {}. The run log has the details; mention me again to retry.",
         agent_run.outcome_text()
     );
-    Some(match &agent_run.answer {
+    Some(match &answer {
         Some(partial) => format!("{partial}\n\n---\n\n{stopped}"),
         None => stopped,
     })
