@@ -25,5 +25,6 @@ pub mod runner;
 pub mod safe_outputs;
 pub mod save_result;
 pub mod scrub;
+pub mod threat;
 pub mod trust;
 pub mod untrusted;

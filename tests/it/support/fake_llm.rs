@@ -11,7 +11,9 @@
 //! 400 `context_length_exceeded`, 500 `server_error`.
 //!
 //! OpenCode's title-generator requests (sessions created without a title) are answered separately
-//! and never consume the queue.
+//! and never consume the queue. So are the threat check's (fro-bot's own request, not OpenCode's:
+//! `stream: false`, answered as one JSON completion): from their own queue ([`FakeLlm::push_verdict`]),
+//! a clear verdict by default, recorded apart ([`FakeLlm::judge_requests`]).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -101,6 +103,9 @@ struct Script {
     /// The `Authorization` header of each recorded request.
     auth_headers: Vec<Option<String>>,
     title_requests: usize,
+    /// The threat check's answers, and what it asked.
+    verdicts: VecDeque<Reply>,
+    judge_requests: Vec<Value>,
     /// When each recorded request arrived (for benchmarks' phase breakdowns).
     request_times: Vec<Instant>,
     /// While set, an answer waits as long as this says so ([`FakeLlm::hold_while`]).
@@ -131,6 +136,8 @@ impl FakeLlm {
             requests: Vec::new(),
             auth_headers: Vec::new(),
             title_requests: 0,
+            verdicts: VecDeque::new(),
+            judge_requests: Vec::new(),
             request_times: Vec::new(),
             hold: None,
         }));
@@ -194,6 +201,16 @@ impl FakeLlm {
         self.script.lock().unwrap().request_times.clone()
     }
 
+    /// The next answer to the threat check (else a clear verdict).
+    pub fn push_verdict(&self, reply: Reply) {
+        self.script.lock().unwrap().verdicts.push_back(reply);
+    }
+
+    /// Every threat-check request body received so far, in order.
+    pub fn judge_requests(&self) -> Vec<Value> {
+        self.script.lock().unwrap().judge_requests.clone()
+    }
+
     pub fn title_requests(&self) -> usize {
         self.script.lock().unwrap().title_requests
     }
@@ -245,6 +262,18 @@ fn collect_text(v: &Value, out: &mut String) {
     }
 }
 
+/// A clear verdict, as the threat check asks for it.
+pub const CLEAR_VERDICT: &str =
+    r#"{"prompt_injection": false, "secret_leak": false, "malicious_patch": false, "reasons": []}"#;
+
+/// The system prompt fro-bot's threat check starts with (`threat::judge::MARKER`).
+fn is_judge_request(body: &Value) -> bool {
+    body["messages"][0]["role"] == "system"
+        && body["messages"][0]["content"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(fro_bot::threat::judge::MARKER))
+}
+
 fn is_title_request(body: &Value) -> bool {
     body["messages"]
         .as_array()
@@ -265,6 +294,16 @@ async fn chat(
     body: String,
 ) -> Response<Body> {
     let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    if is_judge_request(&body) {
+        let reply = {
+            let mut s = script.lock().unwrap();
+            s.judge_requests.push(body.clone());
+            s.verdicts
+                .pop_front()
+                .unwrap_or_else(|| Reply::text(CLEAR_VERDICT))
+        };
+        return respond_whole(reply).await;
+    }
     let reply = {
         let mut s = script.lock().unwrap();
         if is_title_request(&body) {
@@ -358,6 +397,33 @@ async fn respond(mut reply: Reply) -> Response<Body> {
                     None,
                 )];
                 return sse(chunks, true);
+            }
+        }
+    }
+}
+
+/// A reply as one chat completion (`stream: false`).
+async fn respond_whole(mut reply: Reply) -> Response<Body> {
+    loop {
+        match reply {
+            Reply::Delayed(d, inner) => {
+                tokio::time::sleep(d).await;
+                reply = *inner;
+            }
+            Reply::Text(text) => {
+                let body = json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1,
+                    "model": "fake-model",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                        "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320}});
+                return Response::builder()
+                    .status(StatusCode::OK)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap();
+            }
+            other @ (Reply::Error(_) | Reply::ToolCall { .. } | Reply::Stall) => {
+                return respond(other).await
             }
         }
     }
