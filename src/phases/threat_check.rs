@@ -257,13 +257,8 @@ impl<'a> ThreatCheck<'a> {
         self.judged = Some(ask(self.ctx, self.agent_run, diff.unwrap_or(""), &actions).await);
     }
 
-    /// What the model check's result stops, under the mode (under `warn` nothing is stopped).
     fn blocking(&self) -> Option<Vec<String>> {
-        let concerns = self.judged.as_ref()?.concerns()?;
-        match self.mode {
-            ThreatMode::Block | ThreatMode::Strict => Some(concerns),
-            ThreatMode::Warn | ThreatMode::Off => None,
-        }
+        stops(self.mode, self.judged.as_ref())
     }
 
     /// What the model check found that `threat-check: warn` let through.
@@ -369,6 +364,15 @@ impl<'a> ThreatCheck<'a> {
                 .filter(|j| j.requests > 0)
                 .map(|j| (j.usage, j.cost.unwrap_or(0.0))),
         }
+    }
+}
+
+/// What the model check's result stops under `mode` (under `warn` nothing is: it warns).
+fn stops(mode: ThreatMode, judged: Option<&JudgeRun>) -> Option<Vec<String>> {
+    let concerns = judged?.concerns()?;
+    match mode {
+        ThreatMode::Block | ThreatMode::Strict => Some(concerns),
+        ThreatMode::Warn | ThreatMode::Off => None,
     }
 }
 
@@ -517,4 +521,78 @@ async fn ask(ctx: &RunContext, agent_run: &AgentRun, diff: &str, actions: &str) 
     }
     run.cost = model.cost(run.usage);
     run
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(result: JudgeResult) -> JudgeRun {
+        JudgeRun {
+            result,
+            ..JudgeRun::failed(Some("p/m".into()), "")
+        }
+    }
+
+    #[test]
+    fn block_and_strict_hold_what_is_flagged_unreadable_or_failed_and_warn_lets_it_through() {
+        let flagged = Verdict {
+            prompt_injection: false,
+            secret_leak: true,
+            malicious_patch: false,
+            reasons: vec!["a.sh line 2 posts the environment".into()],
+        };
+        let cases = [
+            JudgeResult::Flagged(flagged),
+            JudgeResult::Unreadable,
+            JudgeResult::Failed("the provider answered 502: bad gateway".into()),
+        ];
+        for result in cases {
+            let j = run(result.clone());
+            for mode in [ThreatMode::Block, ThreatMode::Strict] {
+                let held = stops(mode, Some(&j)).unwrap_or_else(|| panic!("{result:?}"));
+                assert!(!held.is_empty());
+            }
+            assert_eq!(stops(ThreatMode::Warn, Some(&j)), None, "{result:?}");
+        }
+        assert_eq!(
+            stops(ThreatMode::Block, Some(&run(JudgeResult::Clear))),
+            None
+        );
+        assert_eq!(
+            stops(ThreatMode::Block, None),
+            None,
+            "not asked: nothing to hold"
+        );
+        let failed = run(JudgeResult::Failed("x".into())).concerns().unwrap();
+        assert_eq!(failed, ["the model check could not run: x"]);
+        let flagged = run(JudgeResult::Flagged(Verdict {
+            prompt_injection: true,
+            secret_leak: false,
+            malicious_patch: true,
+            reasons: vec!["`x` @y".into()],
+        }));
+        assert_eq!(
+            flagged.concerns().unwrap(),
+            [
+                "the model check flagged it: prompt injection, malicious patch",
+                "`?x? @y`"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_summary_names_the_model_its_requests_tokens_cost_and_verdict() {
+        let mut j = run(JudgeResult::Clear);
+        j.requests = 2;
+        j.usage = Usage {
+            input: 300,
+            output: 20,
+        };
+        j.cost = None;
+        assert_eq!(
+            judge_text(&j),
+            "model check (p/m, 2 request(s), 300 in, 20 out / cost unknown): clear"
+        );
+    }
 }

@@ -294,6 +294,55 @@ mod tests {
         assert!(body.get("temperature").is_none());
     }
 
+    /// A one-shot HTTP server answering `status` with `body`; its URL.
+    async fn server(status: u16, body: &'static str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 65536];
+            let _ = s.read(&mut buf).await;
+            let reply = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            s.write_all(reply.as_bytes()).await.unwrap();
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn a_failing_provider_is_an_error_that_names_the_status_and_never_a_verdict() {
+        let http = reqwest::Client::new();
+        let base = server(
+            500,
+            "{\"error\":{\"message\":\"boom ghp_abcdefghijklmnopqrstuvwxyz0123456789\"}}",
+        )
+        .await;
+        let e = ask(&http, &base, Wire::OpenAiChat, &model(), ("s", "u"))
+            .await
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(text.starts_with("the provider answered 500: "), "{text}");
+        assert!(!text.contains("ghp_abc"), "redacted: {text}");
+        let base = server(200, "not json").await;
+        let e = ask(&http, &base, Wire::OpenAiChat, &model(), ("s", "u"))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ProviderError::Shape { .. }), "{e}");
+        let e = ask(
+            &http,
+            "http://127.0.0.1:1",
+            Wire::Anthropic,
+            &model(),
+            ("s", "u"),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(e, ProviderError::Transport { .. }), "{e}");
+    }
+
     #[test]
     fn answers_are_read_with_their_usage() {
         let a = read_answer(

@@ -10,7 +10,7 @@ use crate::support::action::{comment_event, explain, fresh_checkout, Job, Launch
 use crate::support::fake_github::TOKEN;
 use crate::support::fake_llm::{request_text, Reply};
 
-const RUNNER_UID: u32 = 1001;
+pub(crate) const RUNNER_UID: u32 = 1001;
 
 /// A tool of fro-bot's MCP server, as OpenCode names it for the model.
 pub(crate) fn tool(name: &str) -> String {
@@ -22,7 +22,7 @@ pub(crate) fn bash(command: &str) -> Reply {
 }
 
 /// A job whose checkout belongs to the runner's user and whose repository the fake GitHub serves.
-fn job(world: &World, run_id: u64) -> Job {
+pub(crate) fn job(world: &World, run_id: u64) -> Job {
     let mut job = world.job(run_id);
     job.set("GITHUB_SERVER_URL", world.github.url.clone());
     job.owned_by_runner_user(RUNNER_UID);

@@ -106,6 +106,7 @@ struct Script {
     /// The threat check's answers, and what it asked.
     verdicts: VecDeque<Reply>,
     judge_requests: Vec<Value>,
+    judge_auth: Vec<Option<String>>,
     /// When each recorded request arrived (for benchmarks' phase breakdowns).
     request_times: Vec<Instant>,
     /// While set, an answer waits as long as this says so ([`FakeLlm::hold_while`]).
@@ -138,6 +139,7 @@ impl FakeLlm {
             title_requests: 0,
             verdicts: VecDeque::new(),
             judge_requests: Vec::new(),
+            judge_auth: Vec::new(),
             request_times: Vec::new(),
             hold: None,
         }));
@@ -209,6 +211,11 @@ impl FakeLlm {
     /// Every threat-check request body received so far, in order.
     pub fn judge_requests(&self) -> Vec<Value> {
         self.script.lock().unwrap().judge_requests.clone()
+    }
+
+    /// The `Authorization` header of each request in [`judge_requests`](Self::judge_requests).
+    pub fn judge_auth_headers(&self) -> Vec<Option<String>> {
+        self.script.lock().unwrap().judge_auth.clone()
     }
 
     pub fn title_requests(&self) -> usize {
@@ -294,10 +301,15 @@ async fn chat(
     body: String,
 ) -> Response<Body> {
     let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     if is_judge_request(&body) {
         let reply = {
             let mut s = script.lock().unwrap();
             s.judge_requests.push(body.clone());
+            s.judge_auth.push(auth);
             s.verdicts
                 .pop_front()
                 .unwrap_or_else(|| Reply::text(CLEAR_VERDICT))
@@ -312,12 +324,7 @@ async fn chat(
         } else {
             s.requests.push(body.clone());
             s.request_times.push(Instant::now());
-            s.auth_headers.push(
-                headers
-                    .get(header::AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string),
-            );
+            s.auth_headers.push(auth);
             Some(s.queue.pop_front().unwrap_or_else(|| s.default.clone()))
         }
     };
