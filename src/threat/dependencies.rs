@@ -171,14 +171,14 @@ fn allowed(value: &str, prefixes: &[&str]) -> bool {
 
 /// Every `scheme://…` on a line.
 fn urls(line: &str) -> impl Iterator<Item = &str> {
-    line.match_indices("://").filter_map(move |(at, _)| {
+    line.match_indices("://").map(move |(at, _)| {
         let start = line[..at]
             .rfind(|c: char| !(c.is_ascii_alphanumeric() || "+.-".contains(c)))
             .map_or(0, |i| i + 1);
         let end = line[at..]
             .find(['"', '\'', ' ', ',', '}', ']', ')'])
             .map_or(line.len(), |i| at + i);
-        Some(&line[start..end])
+        &line[start..end]
     })
 }
 
