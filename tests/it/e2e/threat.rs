@@ -242,12 +242,3 @@ pub(crate) async fn the_model_check_holds_what_it_flags_or_cannot_read_and_warn_
         "the model check's tokens join the turn's: {tokens}"
     );
 }
-
-// TEMP: binary twin while developing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn temp_binary_model_check() {
-    the_model_check_holds_what_it_flags_or_cannot_read_and_warn_delivers_it_with_the_warning(
-        Launch::Binary,
-    )
-    .await;
-}
