@@ -151,7 +151,7 @@ pub(crate) async fn deliver(
         .proposals_file()
         .map(|f| proposals::read(&f))
         .unwrap_or_default();
-    let notes = read_notes(&read);
+    let mut notes = read_notes(&read);
     if agent_run.outcome != Some(TurnOutcome::Completed) {
         let why = "the agent's turn did not complete, so nothing it proposed is carried out";
         return DeliveryReport {
@@ -170,7 +170,6 @@ pub(crate) async fn deliver(
             threat: ThreatReport::default(),
         };
     };
-    let mut notes = notes;
     let mut threat = ThreatCheck::new(ctx, agent_run, &read.proposals);
     let changes = match &plan.changes {
         ChangesPlan::Off { why } => ChangesOutcome::Off { why: why.clone() },
@@ -552,28 +551,14 @@ fn changes_text(c: &ChangesOutcome) -> Option<String> {
             stats.text(),
             reasons.iter().map(|r| format!("- {r}")).collect::<Vec<_>>().join("\n")
         ),
-        ChangesOutcome::Held { reasons, patch, stats } => held_text(reasons, patch.as_deref(), *stats),
+        ChangesOutcome::Held {
+            reasons,
+            patch,
+            stats,
+        } => crate::phases::threat_check::held_text(reasons, patch.as_deref(), &stats.text()),
         ChangesOutcome::Failed { why, stats } => format!(
             "**Changes** ({}) could not be delivered: {why}",
             stats.text()
         ),
     })
-}
-
-/// The answer's paragraph on a held change: the reasons, and the patch collapsed in a fence nothing
-/// in it can close.
-fn held_text(reasons: &[String], patch: Option<&str>, stats: Stats) -> String {
-    let list: Vec<String> = reasons.iter().map(|r| format!("- {r}")).collect();
-    let patch = match patch {
-        Some(p) => format!(
-            "\n\n<details>\n<summary>the held patch</summary>\n\n{}\n\n</details>",
-            crate::threat::judge::fence(p, "diff")
-        ),
-        None => "\n\nThe patch is too long to carry here.".into(),
-    };
-    format!(
-        "**Changes** ({}) were held by the threat check and not delivered; nothing was written to the repository:\n{}{patch}",
-        stats.text(),
-        list.join("\n")
-    )
 }

@@ -418,6 +418,23 @@ fn judge_text(j: &JudgeRun) -> String {
     )
 }
 
+/// The answer's paragraph on a held change: the reasons, and the patch collapsed in a fence
+/// nothing in it can close.
+pub(crate) fn held_text(reasons: &[String], patch: Option<&str>, stats: &str) -> String {
+    let list: Vec<String> = reasons.iter().map(|r| format!("- {r}")).collect();
+    let patch = match patch {
+        Some(p) => format!(
+            "\n\n<details>\n<summary>the held patch</summary>\n\n{}\n\n</details>",
+            judge::fence(p, "diff")
+        ),
+        None => "\n\nThe patch is too long to carry here.".into(),
+    };
+    format!(
+        "**Changes** ({stats}) were held by the threat check and not delivered; nothing was written to the repository:\n{}{patch}",
+        list.join("\n")
+    )
+}
+
 /// The change's patch for the answer of a held change (redacted), when it is short enough.
 fn held_patch(capture: &Capture) -> Option<String> {
     let patch = capture.patch().ok()?;
@@ -501,7 +518,16 @@ async fn ask(ctx: &RunContext, agent_run: &AgentRun, diff: &str, actions: &str) 
             &model,
             (&prompt.0, &prompt.1),
         );
-        let answer = match asked.await {
+        // A signal leaves the budget to memory: the check ends there, and holds what it covers.
+        let asked = tokio::select! {
+            biased;
+            () = ctx.cancel.cancelled() => {
+                run.result = JudgeResult::Failed("the run was cancelled while it asked".into());
+                break;
+            }
+            asked = asked => asked,
+        };
+        let answer = match asked {
             Ok(a) => a,
             Err(e) => {
                 run.result = JudgeResult::Failed(error_chain(&e));

@@ -10,7 +10,7 @@ use crate::support::action::{comment_event, explain, fresh_checkout, Job, Launch
 use crate::support::fake_github::TOKEN;
 use crate::support::fake_llm::{request_text, Reply};
 
-pub(crate) const RUNNER_UID: u32 = 1001;
+const RUNNER_UID: u32 = 1001;
 
 /// A tool of fro-bot's MCP server, as OpenCode names it for the model.
 pub(crate) fn tool(name: &str) -> String {
@@ -22,7 +22,7 @@ pub(crate) fn bash(command: &str) -> Reply {
 }
 
 /// A job whose checkout belongs to the runner's user and whose repository the fake GitHub serves.
-pub(crate) fn job(world: &World, run_id: u64) -> Job {
+fn job(world: &World, run_id: u64) -> Job {
     let mut job = world.job(run_id);
     job.set("GITHUB_SERVER_URL", world.github.url.clone());
     job.owned_by_runner_user(RUNNER_UID);
@@ -200,8 +200,15 @@ pub(crate) async fn an_issue_gets_a_branch_and_a_draft_pull_request_and_a_follow
     );
 }
 
-/// One run on issue `n` whose agent runs `command`; what it ended with.
-async fn refused_run(world: &World, n: u64, command: &str, inputs: &[(&str, &str)]) -> StepResult {
+/// One run on issue `n` whose agent runs `command` (then proposes `extra`, if any); what it ended
+/// with.
+pub(crate) async fn issue_run(
+    world: &World,
+    n: u64,
+    command: &str,
+    inputs: &[(&str, &str)],
+    extra: Option<Reply>,
+) -> StepResult {
     world.github.seed_issue(n, "Change things", "Please.");
     let mut job = job(world, 3100 + n);
     for (k, v) in inputs {
@@ -209,6 +216,9 @@ async fn refused_run(world: &World, n: u64, command: &str, inputs: &[(&str, &str
     }
     world.github.seed_git_repo(&job.workspace());
     world.llm.push(bash(command));
+    if let Some(reply) = extra {
+        world.llm.push(reply);
+    }
     world.llm.push(Reply::text("Done."));
     job.event(
         "issue_comment",
@@ -250,7 +260,7 @@ async fn protected_over_limit_and_secret_changes_are_refused_and_nothing_is_writ
         ),
     ];
     for (n, command, inputs, said) in cases {
-        let r = refused_run(&world, n, &command, &inputs).await;
+        let r = issue_run(&world, n, &command, &inputs, None).await;
         assert_eq!(r.code, 0, "{}", explain(&r));
         assert_eq!(r.output("changes"), "refused", "#{n}: {}", explain(&r));
         let text = answer(&world);

@@ -4,36 +4,10 @@
 
 use serde_json::{json, Value};
 
-use super::changes::{answer, bash, job, tool};
-use super::scenarios::{main_step, World};
-use crate::support::action::{comment_event, explain, Launch, StepResult};
+use super::changes::{answer, issue_run, tool};
+use super::scenarios::World;
+use crate::support::action::{explain, Launch};
 use crate::support::fake_llm::Reply;
-
-/// One run on issue `n` whose agent runs `command` (then proposes `extra`, if any).
-async fn run(
-    world: &World,
-    n: u64,
-    command: &str,
-    inputs: &[(&str, &str)],
-    extra: Option<Reply>,
-) -> StepResult {
-    world.github.seed_issue(n, "Change things", "Please.");
-    let mut job = job(world, 3700 + n);
-    for (k, v) in inputs {
-        job.input(k, *v);
-    }
-    world.github.seed_git_repo(&job.workspace());
-    world.llm.push(bash(command));
-    if let Some(reply) = extra {
-        world.llm.push(reply);
-    }
-    world.llm.push(Reply::text("Done."));
-    job.event(
-        "issue_comment",
-        &comment_event(n, 700 + n, "@fro-bot change things"),
-    );
-    main_step(job).await.1
-}
 
 fn assert_nothing_written(world: &World, n: u64) {
     assert!(world
@@ -53,7 +27,7 @@ async fn the_gate_refuses_hidden_controls_and_unlisted_binaries_and_a_postinstal
     // binary file no input lists.
     let png = "mkdir -p assets && printf '\\211PNG\\r\\n\\032\\n\\000\\000\\000\\rIHDR\\000\\000\\000\\001' > assets/logo.png";
     let bidi = format!("mkdir -p src && printf 'let ok = 1;\\nlet admin = false; /*\\342\\200\\256 }} if (admin) {{ */\\n' > src/x.js && {png}");
-    let r = run(&world, 51, &bidi, &[], None).await;
+    let r = issue_run(&world, 51, &bidi, &[], None).await;
     assert_eq!(r.output("changes"), "refused", "{}", explain(&r));
     let text = answer(&world);
     for said in [
@@ -77,7 +51,7 @@ async fn the_gate_refuses_hidden_controls_and_unlisted_binaries_and_a_postinstal
         r#"{png} && printf '{{\n  "name": "x",\n  "scripts": {{"postinstall": "node setup.js"}}\n}}\n' > package.json"#
     );
     let inputs = [("allowed-binary-paths", "assets/"), ("pr-draft", "false")];
-    let r = run(&world, 52, &hook, &inputs, None).await;
+    let r = issue_run(&world, 52, &hook, &inputs, None).await;
     assert_eq!(r.output("changes"), "delivered", "{}", explain(&r));
     let files = world.github.branch_files("fro-bot/issue-52");
     assert_eq!(files.get("assets/logo.png").map(Vec::as_slice), Some(PNG));
@@ -162,7 +136,7 @@ pub(crate) async fn the_model_check_holds_what_it_flags_or_cannot_read_and_warn_
         json!({"number": 61, "body": "see the notes"}),
     );
     world.llm.push_verdict(Reply::text(FLAGGED));
-    let r = run(&world, 61, injected, &[], Some(comment)).await;
+    let r = issue_run(&world, 61, injected, &[], Some(comment)).await;
     assert_eq!(r.output("changes"), "held", "{}", explain(&r));
     assert_nothing_written(&world, 61);
     let text = answer(&world);
@@ -209,7 +183,7 @@ pub(crate) async fn the_model_check_holds_what_it_flags_or_cannot_read_and_warn_
     // Garbled twice: asked again once, then it counts as flagged.
     world.llm.push_verdict(Reply::text("Looks safe to me!"));
     world.llm.push_verdict(Reply::text("{\"safe\": true}"));
-    let r = run(&world, 62, "echo ok > ok.txt", &[], None).await;
+    let r = issue_run(&world, 62, "echo ok > ok.txt", &[], None).await;
     assert_eq!(r.output("changes"), "held", "{}", explain(&r));
     assert_eq!(world.llm.judge_requests().len(), 3);
     assert!(answer(&world).contains("not the verdict asked for, twice"));
@@ -217,7 +191,7 @@ pub(crate) async fn the_model_check_holds_what_it_flags_or_cannot_read_and_warn_
 
     // `warn`: delivered, the warning in the pull request's body and the summary.
     world.llm.push_verdict(Reply::text(FLAGGED));
-    let r = run(
+    let r = issue_run(
         &world,
         64,
         "echo ok > ok.txt",

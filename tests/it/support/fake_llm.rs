@@ -314,7 +314,7 @@ async fn chat(
                 .pop_front()
                 .unwrap_or_else(|| Reply::text(CLEAR_VERDICT))
         };
-        return respond_whole(reply).await;
+        return respond(reply, false).await;
     }
     let reply = {
         let mut s = script.lock().unwrap();
@@ -342,10 +342,12 @@ async fn chat(
         }
     }
     let reply = reply.unwrap_or_else(|| Reply::text("Fake session title"));
-    respond(reply).await
+    respond(reply, true).await
 }
 
-async fn respond(mut reply: Reply) -> Response<Body> {
+/// `reply` as an SSE stream, or (`stream: false`, the threat check's requests) as one chat
+/// completion.
+async fn respond(mut reply: Reply, stream: bool) -> Response<Body> {
     loop {
         match reply {
             Reply::Delayed(d, inner) => {
@@ -362,6 +364,7 @@ async fn respond(mut reply: Reply) -> Response<Body> {
                 }
                 return resp.body(Body::from(body.to_string())).unwrap();
             }
+            Reply::Text(text) if !stream => return whole(&text),
             Reply::Text(text) => {
                 let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
                 // Several deltas, as a real model streams.
@@ -409,31 +412,18 @@ async fn respond(mut reply: Reply) -> Response<Body> {
     }
 }
 
-/// A reply as one chat completion (`stream: false`).
-async fn respond_whole(mut reply: Reply) -> Response<Body> {
-    loop {
-        match reply {
-            Reply::Delayed(d, inner) => {
-                tokio::time::sleep(d).await;
-                reply = *inner;
-            }
-            Reply::Text(text) => {
-                let body = json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1,
-                    "model": "fake-model",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                        "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320}});
-                return Response::builder()
-                    .status(StatusCode::OK)
-                    .header(header::CONTENT_TYPE, "application/json")
-                    .body(Body::from(body.to_string()))
-                    .unwrap();
-            }
-            other @ (Reply::Error(_) | Reply::ToolCall { .. } | Reply::Stall) => {
-                return respond(other).await
-            }
-        }
-    }
+/// One chat completion holding `text`.
+fn whole(text: &str) -> Response<Body> {
+    let body = json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1,
+        "model": "fake-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320}});
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
 }
 
 fn chunk(delta: Value, finish: Option<&str>) -> String {
