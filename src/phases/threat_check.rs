@@ -136,8 +136,26 @@ pub(crate) struct ThreatReport {
     pub(crate) usage: Option<(Usage, f64)>,
 }
 
+/// Whether a proposal posts the agent's text (what brings in the model check without a change).
 fn is_text_action(p: &Proposal) -> bool {
-    matches!(p, Proposal::Comment { .. } | Proposal::CreateIssue { .. })
+    match p {
+        Proposal::Comment { .. } | Proposal::CreateIssue { .. } => true,
+        Proposal::DescribeChange { .. }
+        | Proposal::DiscardChanges { .. }
+        | Proposal::AddLabels { .. }
+        | Proposal::RemoveLabels { .. } => false,
+    }
+}
+
+/// Whether a proposal is an action (carried out after the change), not about the change.
+fn is_action(p: &Proposal) -> bool {
+    match p {
+        Proposal::DescribeChange { .. } | Proposal::DiscardChanges { .. } => false,
+        Proposal::Comment { .. }
+        | Proposal::CreateIssue { .. }
+        | Proposal::AddLabels { .. }
+        | Proposal::RemoveLabels { .. } => true,
+    }
 }
 
 impl<'a> ThreatCheck<'a> {
@@ -208,12 +226,7 @@ impl<'a> ThreatCheck<'a> {
         Some(
             self.proposals
                 .iter()
-                .filter(|p| {
-                    !matches!(
-                        p,
-                        Proposal::DescribeChange { .. } | Proposal::DiscardChanges { .. }
-                    )
-                })
+                .filter(|p| is_action(p))
                 .map(|p| ActionOutcome::Refused {
                     what: actions::describe(p),
                     why: why.clone(),
