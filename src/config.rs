@@ -727,6 +727,7 @@ mod tests {
             Parser::Changes => (Some("push"), "OFF"),
             Parser::List => (None, "a, b"),
             Parser::AgentNetwork => (Some("closed"), "None"),
+            Parser::ThreatCheck => (Some("loud"), "Warn"),
             Parser::Hosts => (
                 Some("http://x.example"),
                 "a.example, *.b.example, node, ::1",

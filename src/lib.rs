@@ -27,6 +27,7 @@ pub mod runner;
 pub mod safe_outputs;
 pub mod save_result;
 pub mod scrub;
+pub mod threat;
 pub mod tools;
 pub mod trust;
 pub mod untrusted;

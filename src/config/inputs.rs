@@ -91,6 +91,8 @@ pub enum Parser {
     List,
     /// `allowlist`, `none` or `open`, any case.
     AgentNetwork,
+    /// `block`, `warn`, `strict` or `off`, any case.
+    ThreatCheck,
     /// Host names, `*.suffix` patterns, addresses and named sets, each with an optional `:port`.
     Hosts,
     /// TCP port numbers.
@@ -116,6 +118,7 @@ impl Parser {
             Parser::Changes => "pull-request|off",
             Parser::List => "LIST",
             Parser::AgentNetwork => "allowlist|none|open",
+            Parser::ThreatCheck => "block|warn|strict|off",
             Parser::Hosts => "HOSTS",
             Parser::Ports => "PORTS",
         }
@@ -369,6 +372,19 @@ pub const MAX_CHANGE_BYTES: InputSpec = spec(
 .default(Value("4194304"))
 .parser(Parser::Count)
 .not_local();
+pub const ALLOWED_BINARY_PATHS: InputSpec = spec(
+    "allowed-binary-paths",
+    "Binary (non-text) files a delivered change may add or change (patterns as for protected-paths); any other binary file refuses the change.",
+)
+.parser(Parser::List)
+.not_local();
+pub const THREAT_CHECK: InputSpec = spec(
+    "threat-check",
+    "The model check of the agent's change: 'block' holds a change it flags, 'warn' delivers it with a warning, 'strict' is 'block' and also refuses what the deterministic gate marks for review, 'off' skips the model check.",
+)
+.default(Value("block"))
+.parser(Parser::ThreatCheck)
+.not_local();
 pub const BRANCH_PREFIX: InputSpec = spec(
     "branch-prefix",
     "Prefix of the branches fro-bot creates: {prefix}issue-N, {prefix}pr-N, {prefix}discussion-N, {prefix}run-ID.",
@@ -445,6 +461,8 @@ pub const INPUTS: &[InputSpec] = &[
     PROTECTED_PATHS,
     MAX_CHANGE_FILES,
     MAX_CHANGE_BYTES,
+    ALLOWED_BINARY_PATHS,
+    THREAT_CHECK,
     BRANCH_PREFIX,
     PUSH_TO_PR_BRANCH,
     PR_DRAFT,

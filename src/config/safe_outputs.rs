@@ -2,7 +2,7 @@
 //! request and the agent's GitHub actions), parsed once.
 
 use super::inputs::{self as input, InputSpec};
-use super::{invalid, optional, parse_bool, parse_choice, parse_u32, ConfigError};
+use super::{invalid, optional, parse_bool, parse_choice, parse_u32, with_default, ConfigError};
 use crate::runner::Env;
 
 /// `changes`.
@@ -14,12 +14,47 @@ pub enum ChangesMode {
     Off,
 }
 
+/// `threat-check`: what the model check of a change does, and what a "needs review" finding of
+/// the deterministic gate means (docs/security.md#the-threat-check).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreatMode {
+    /// A flagged change is held; a "needs review" change goes out as a labelled draft.
+    Block,
+    /// A flagged change is delivered with a warning.
+    Warn,
+    /// `Block`, and a "needs review" finding refuses the change.
+    Strict,
+    /// No model check.
+    Off,
+}
+
+impl ThreatMode {
+    pub const CHOICES: [(&'static str, ThreatMode); 4] = [
+        ("block", ThreatMode::Block),
+        ("warn", ThreatMode::Warn),
+        ("strict", ThreatMode::Strict),
+        ("off", ThreatMode::Off),
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ThreatMode::Block => "block",
+            ThreatMode::Warn => "warn",
+            ThreatMode::Strict => "strict",
+            ThreatMode::Off => "off",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SafeOutputSettings {
     pub changes: ChangesMode,
     pub protected_paths: Vec<String>,
     pub max_change_files: u64,
     pub max_change_bytes: u64,
+    /// `allowed-binary-paths`: binary files a change may carry.
+    pub allowed_binary_paths: Vec<String>,
+    pub threat_check: ThreatMode,
     pub branch_prefix: String,
     pub push_to_pr_branch: bool,
     pub pr_draft: bool,
@@ -68,11 +103,26 @@ fn parse_prefix(env: &Env) -> Result<String, ConfigError> {
 }
 
 fn parse_protected(env: &Env) -> Result<Vec<String>, ConfigError> {
-    let spec = &input::PROTECTED_PATHS;
-    let items = list(env, spec).unwrap_or_default();
-    if items.len() == 1 && items[0].eq_ignore_ascii_case("none") {
-        return Ok(Vec::new());
+    let items = parse_patterns(env, &input::PROTECTED_PATHS)?;
+    match items.len() == 1 && items[0].eq_ignore_ascii_case("none") {
+        true => Ok(Vec::new()),
+        false => Ok(items),
     }
+}
+
+fn parse_threat_mode(env: &Env) -> Result<ThreatMode, ConfigError> {
+    let spec = &input::THREAT_CHECK;
+    let value = with_default(env, spec)?;
+    ThreatMode::CHOICES
+        .iter()
+        .find(|(word, _)| value.eq_ignore_ascii_case(word))
+        .map(|(_, m)| *m)
+        .ok_or_else(|| invalid(spec, value, "expected 'block', 'warn', 'strict' or 'off'"))
+}
+
+/// Patterns as `protected-paths` takes them (no `..`).
+fn parse_patterns(env: &Env, spec: &InputSpec) -> Result<Vec<String>, ConfigError> {
+    let items = list(env, spec).unwrap_or_default();
     match items.iter().find(|p| p.split('/').any(|c| c == "..")) {
         Some(p) => Err(invalid(
             spec,
@@ -97,6 +147,8 @@ pub fn parse(env: &Env) -> Result<SafeOutputSettings, ConfigError> {
         protected_paths: parse_protected(env)?,
         max_change_files: u64::from(parse_u32(env, &input::MAX_CHANGE_FILES)?),
         max_change_bytes: u64::from(parse_u32(env, &input::MAX_CHANGE_BYTES)?),
+        allowed_binary_paths: parse_patterns(env, &input::ALLOWED_BINARY_PATHS)?,
+        threat_check: parse_threat_mode(env)?,
         branch_prefix: parse_prefix(env)?,
         push_to_pr_branch: parse_bool(env, &input::PUSH_TO_PR_BRANCH)?,
         pr_draft: parse_bool(env, &input::PR_DRAFT)?,

@@ -29,6 +29,8 @@ pub(crate) struct AgentRun {
     pub(crate) cost: f64,
     /// `provider/model` that answered, as OpenCode reports it.
     pub(crate) model: Option<String>,
+    /// What OpenCode could call, as it listed it before the turn (`GET /config/providers`).
+    pub(crate) providers: Option<opencode::preflight::Providers>,
     pub(crate) errors: Vec<String>,
     /// Session resolution, context and prior-work search, prompt building.
     pub(crate) prep_time: Duration,
@@ -353,7 +355,7 @@ async fn usable_session(
     inputs: &AgentInputs<'_>,
     out: &mut AgentRun,
 ) -> Option<opencode::ResolvedSession> {
-    if let Err(message) = preflight(agent, inputs.settings).await {
+    if let Err(message) = preflight(agent, inputs.settings, out).await {
         log::error(&format!("no usable model: {message}"));
         out.errors.push(message.clone());
         out.outcome = Some(TurnOutcome::Failed(opencode::TurnFailure::NoUsableModel {
@@ -408,11 +410,16 @@ async fn github_context(inputs: &AgentInputs<'_>) -> GithubContext {
     GithubContext { context, own_login }
 }
 
-/// With no usable model OpenCode retries for minutes: fail at once and say what to fix.
-async fn preflight(agent: &Agent, settings: &Settings) -> Result<(), String> {
+/// With no usable model OpenCode retries for minutes: fail at once and say what to fix. The
+/// listing is kept: the threat check asks the same model after the turn (`phases::threat_check`).
+async fn preflight(agent: &Agent, settings: &Settings, out: &mut AgentRun) -> Result<(), String> {
     match agent.client().config_providers().await {
-        Ok(providers) => opencode::preflight::check(&providers, settings.model.as_ref())
-            .map_err(|e| e.to_string()),
+        Ok(providers) => {
+            let checked = opencode::preflight::check(&providers, settings.model.as_ref())
+                .map_err(|e| e.to_string());
+            out.providers = Some(providers);
+            checked
+        }
         Err(e) => {
             tracing::warn!("cannot list OpenCode's providers (going on without the check): {e}");
             Ok(())

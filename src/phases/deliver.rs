@@ -8,6 +8,7 @@ use crate::opencode::TurnOutcome;
 use crate::phases::agent::AgentRun;
 use crate::phases::context::RunContext;
 use crate::phases::prepare_outputs::{ChangesPlan, OutputsPlan};
+use crate::phases::threat_check::{ChangeGate, Terms, ThreatCheck, ThreatReport};
 use crate::safe_outputs::actions::{self, ActionOutcome};
 use crate::safe_outputs::branch::Target;
 use crate::safe_outputs::capture::{self, Capture};
@@ -40,6 +41,13 @@ pub(crate) enum ChangesOutcome {
     },
     Refused {
         reasons: Vec<String>,
+        stats: Stats,
+    },
+    /// The threat check's model check stopped it (docs/security.md#the-threat-check).
+    Held {
+        reasons: Vec<String>,
+        /// The patch the answer carries, collapsed (`None`: too long).
+        patch: Option<String>,
         stats: Stats,
     },
     Failed {
@@ -117,18 +125,20 @@ impl ChangesOutcome {
             ChangesOutcome::Delivered { .. } => "delivered",
             ChangesOutcome::Patch { .. } => "patch",
             ChangesOutcome::Refused { .. } => "refused",
+            ChangesOutcome::Held { .. } => "held",
             ChangesOutcome::Failed { .. } => "failed",
         }
     }
 }
 
 /// Everything delivery did, for the answer, the summary and the outputs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct DeliveryReport {
     pub(crate) changes: ChangesOutcome,
     pub(crate) actions: Vec<ActionOutcome>,
     /// Proposals fro-bot could not read (malformed lines, an unreadable file).
     pub(crate) notes: Vec<String>,
+    pub(crate) threat: ThreatReport,
 }
 
 /// Reads, checks and carries out what the agent proposed.
@@ -141,13 +151,14 @@ pub(crate) async fn deliver(
         .proposals_file()
         .map(|f| proposals::read(&f))
         .unwrap_or_default();
-    let notes = read_notes(&read);
+    let mut notes = read_notes(&read);
     if agent_run.outcome != Some(TurnOutcome::Completed) {
         let why = "the agent's turn did not complete, so nothing it proposed is carried out";
         return DeliveryReport {
             changes: ChangesOutcome::None { why: why.into() },
             actions: Vec::new(),
             notes,
+            threat: ThreatReport::default(),
         };
     }
     let Some(gh) = ctx.gh.as_ref() else {
@@ -156,8 +167,10 @@ pub(crate) async fn deliver(
             changes: ChangesOutcome::Off { why },
             actions: Vec::new(),
             notes,
+            threat: ThreatReport::default(),
         };
     };
+    let mut threat = ThreatCheck::new(ctx, agent_run, &read.proposals);
     let changes = match &plan.changes {
         ChangesPlan::Off { why } => ChangesOutcome::Off { why: why.clone() },
         ChangesPlan::Deliver { target, base } => {
@@ -167,16 +180,21 @@ pub(crate) async fn deliver(
                     why: "the agent chose to deliver nothing (discard_changes)".into(),
                 },
                 Described::Titled { .. } | Described::Plain => {
-                    deliver_changes(ctx, gh, target, base, &describe).await
+                    deliver_changes(ctx, gh, (target, base), &describe, &mut threat).await
                 }
             }
         }
     };
-    let actions = actions::carry_out(gh, &read.proposals, &plan.policy).await;
+    let actions = match threat.actions().await {
+        Some(held) => held,
+        None => actions::carry_out(gh, &read.proposals, &plan.policy).await,
+    };
+    let threat = threat.report(&mut notes);
     DeliveryReport {
         changes,
         actions,
         notes,
+        threat,
     }
 }
 
@@ -225,9 +243,9 @@ fn described(ps: &[Proposal]) -> Described {
 async fn deliver_changes(
     ctx: &RunContext,
     gh: &GitHub,
-    target: &Target,
-    base: &capture::Base,
+    (target, base): (&Target, &capture::Base),
     describe: &Described,
+    threat: &mut ThreatCheck<'_>,
 ) -> ChangesOutcome {
     let capture = match capture::capture(&ctx.workspace, base) {
         Ok(c) => c,
@@ -257,11 +275,24 @@ async fn deliver_changes(
         let reasons = refusals.iter().map(checks::Refusal::describe).collect();
         return ChangesOutcome::Refused { reasons, stats };
     }
+    let terms = match threat.change(&capture, target).await {
+        ChangeGate::Deliver(terms) => terms,
+        ChangeGate::Refuse(reasons) => return ChangesOutcome::Refused { reasons, stats },
+        ChangeGate::Hold { reasons, patch } => {
+            return ChangesOutcome::Held {
+                reasons,
+                patch,
+                stats,
+            }
+        }
+    };
+    let target = terms.target.as_ref().unwrap_or(target);
     if let Target::Patch { number, why } = target {
         return patch_outcome(&capture, *number, why, stats);
     }
     let (title, body) = texts(ctx, describe);
-    commit_and_open(ctx, gh, target, &capture, (&title, &body), stats).await
+    let change = (target, &capture, stats);
+    commit_and_open(ctx, gh, change, (&title, &body), (&terms, threat)).await
 }
 
 fn patch_outcome(capture: &Capture, number: u64, why: &str, stats: Stats) -> ChangesOutcome {
@@ -289,10 +320,9 @@ fn patch_outcome(capture: &Capture, number: u64, why: &str, stats: Stats) -> Cha
 async fn commit_and_open(
     ctx: &RunContext,
     gh: &GitHub,
-    target: &Target,
-    capture: &Capture,
+    (target, capture, stats): (&Target, &Capture, Stats),
     (title, body): (&str, &str),
-    stats: Stats,
+    (terms, threat): (&Terms, &mut ThreatCheck<'_>),
 ) -> ChangesOutcome {
     let run_url = crate::github::response::run_url(&ctx.env).unwrap_or_default();
     let message = Message {
@@ -313,14 +343,16 @@ async fn commit_and_open(
         }
     };
     let server = crate::github::server_url(&ctx.env);
-    let pr_body = pull_body(ctx, body, &run_url);
+    let pr_body = pull_body(ctx, body, terms.note.as_deref(), &run_url);
     let inputs = PullInputs {
         title,
         body: &pr_body,
-        draft: ctx.settings.safe_outputs.pr_draft,
+        // A change that needs review is never opened ready to merge.
+        draft: ctx.settings.safe_outputs.pr_draft || terms.review,
         repo_url: &format!("{server}/{}", ctx.repository),
     };
     let pull = commit::pull_request(gh, target, &committed.branch, &inputs).await;
+    threat.after_pull(gh, terms, &pull).await;
     ChangesOutcome::Delivered {
         committed,
         pull,
@@ -361,10 +393,13 @@ fn texts(ctx: &RunContext, describe: &Described) -> (String, String) {
     }
 }
 
-/// The pull request's body: the agent's description (redacted, mentions inert), `Closes #N` for an
-/// issue thread, and a footer naming the run.
-fn pull_body(ctx: &RunContext, body: &str, run_url: &str) -> String {
+/// The pull request's body: the agent's description (redacted, links and mentions inert), the
+/// threat check's note, `Closes #N` for an issue thread, and a footer naming the run.
+fn pull_body(ctx: &RunContext, body: &str, note: Option<&str>, run_url: &str) -> String {
     let mut out = crate::outbound::prose(body, None);
+    if let Some(note) = note {
+        out.push_str(&format!("\n\n{note}"));
+    }
     if let Some(t) = ctx
         .plan
         .thread
@@ -380,7 +415,7 @@ fn pull_body(ctx: &RunContext, body: &str, run_url: &str) -> String {
         .map(|a| format!(" for @{a}"))
         .unwrap_or_default();
     out.push_str(&format!(
-        "\n\n---\nProposed by the agent and committed by fro-bot{who} in [this run]({run_url}) after its checks (protected paths, size limits, secrets)."
+        "\n\n---\nProposed by the agent and committed by fro-bot{who} in [this run]({run_url}) after its checks (protected paths, size limits, secrets, the threat check)."
     ));
     out.trim_start().to_string()
 }
@@ -405,6 +440,7 @@ impl DeliveryReport {
         if let Some(c) = changes_text(&self.changes) {
             out.push(c);
         }
+        out.extend(self.threat.answer.clone());
         if !self.actions.is_empty() {
             let lines: Vec<String> = self
                 .actions
@@ -446,9 +482,18 @@ impl DeliveryReport {
             ChangesOutcome::Refused { reasons, stats } => {
                 format!("refused ({}): {}", stats.text(), reasons.join("; "))
             }
+            ChangesOutcome::Held { reasons, stats, .. } => {
+                format!("held ({}): {}", stats.text(), reasons.join("; "))
+            }
             ChangesOutcome::Failed { why, stats } => format!("failed ({}): {why}", stats.text()),
         };
         let mut rows = vec![("Changes".to_string(), changes)];
+        rows.extend(
+            self.threat
+                .row
+                .clone()
+                .map(|r| ("Threat check".to_string(), r)),
+        );
         if !self.actions.is_empty() {
             let lines: Vec<String> = self.actions.iter().map(ActionOutcome::line).collect();
             rows.push(("Requested actions".into(), lines.join("; ")));
@@ -506,6 +551,11 @@ fn changes_text(c: &ChangesOutcome) -> Option<String> {
             stats.text(),
             reasons.iter().map(|r| format!("- {r}")).collect::<Vec<_>>().join("\n")
         ),
+        ChangesOutcome::Held {
+            reasons,
+            patch,
+            stats,
+        } => crate::phases::threat_check::held_text(reasons, patch.as_deref(), &stats.text()),
         ChangesOutcome::Failed { why, stats } => format!(
             "**Changes** ({}) could not be delivered: {why}",
             stats.text()

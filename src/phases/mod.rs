@@ -31,4 +31,5 @@ pub mod sanitize;
 pub mod save;
 pub mod session_map;
 pub mod thread_turn;
+pub mod threat_check;
 pub mod tracking;

@@ -173,7 +173,7 @@ async fn take_turn(
     let outputs = prepare_outputs::prepare(ctx).await;
     let guards = leftovers::take(ctx);
     let private_home = guards.private_home().map(std::path::Path::to_path_buf);
-    let (agent, agent_run) =
+    let (agent, mut agent_run) =
         run_agent(ctx, restored, tracker, (&outputs, private_home.as_deref())).await;
     // The agent is stopped (and everything it left running killed) before .git is put back and
     // its change read.
@@ -181,7 +181,9 @@ async fn take_turn(
     crate::phases::egress::record(ctx);
     leftovers::put_back(ctx, guards, &agent_run);
     if !ctx.cancel.is_cancelled() {
-        deliver_outputs(ctx, &outputs, &agent_run).await;
+        if let Some(usage) = deliver_outputs(ctx, &outputs, &agent_run).await {
+            add_threat_usage(ctx, &mut agent_run, usage);
+        }
     }
     (agent_run, stopped)
 }
@@ -442,9 +444,28 @@ enum Saved {
     OutOfTime,
 }
 
+/// The threat check's model tokens and cost join the turn's, in the outputs and the summary.
+fn add_threat_usage(
+    ctx: &mut RunContext,
+    agent_run: &mut AgentRun,
+    (usage, cost): (crate::threat::provider::Usage, f64),
+) {
+    let tokens = agent_run.tokens.get_or_insert_with(Default::default);
+    tokens.input += usage.input;
+    tokens.output += usage.output;
+    agent_run.cost += cost;
+    let totals = serde_json::json!({"input": tokens.input, "output": tokens.output});
+    ctx.set_output(output::TOKENS, &totals.to_string());
+    ctx.set_output(output::COST, &agent_run.cost.to_string());
+}
+
 /// What the agent proposed, checked and carried out; its outcome into the outputs, the summary and
-/// the answer.
-async fn deliver_outputs(ctx: &mut RunContext, outputs: &OutputsPlan, agent_run: &AgentRun) {
+/// the answer; the threat check's model usage, when it asked the model.
+async fn deliver_outputs(
+    ctx: &mut RunContext,
+    outputs: &OutputsPlan,
+    agent_run: &AgentRun,
+) -> Option<(crate::threat::provider::Usage, f64)> {
     let t = Instant::now();
     let report = {
         let _g = log::Group::new("Deliver the agent's proposals");
@@ -468,6 +489,7 @@ async fn deliver_outputs(ctx: &mut RunContext, outputs: &OutputsPlan, agent_run:
     ctx.report.delivery_rows = rows;
     ctx.report.delivery_answer = report.answer_section();
     ctx.report.record_phase("deliver", t.elapsed());
+    report.threat.usage
 }
 
 /// Cleanup (always; each step isolated), then the save within the cancel budget.

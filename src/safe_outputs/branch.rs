@@ -114,6 +114,17 @@ pub async fn resolve(i: &TargetInputs<'_>) -> Result<Target, ApiError> {
     thread_branch(i, &stem, &start, pr_base.as_deref()).await
 }
 
+/// fro-bot's own branch for pull request `pull` (`{prefix}pr-N` from its head, proposed into its
+/// branch): where a change goes that must not land on the pull request's branch itself.
+pub async fn own_branch_for_pull(
+    i: &TargetInputs<'_>,
+    pull: &PullRequest,
+) -> Result<Target, ApiError> {
+    let start = StartPoint::Commit(pull.head_sha.clone());
+    let stem = format!("pr-{}", pull.number);
+    thread_branch(i, &stem, &start, Some(&pull.head_ref)).await
+}
+
 /// Whether the requester may write to the repository (what pushing to their pull request's
 /// branch needs).
 async fn requester_can_write(i: &TargetInputs<'_>) -> bool {

@@ -165,15 +165,20 @@ impl Capture {
     /// The change as a patch (`git diff --binary` against the base), for a thread fro-bot cannot
     /// push to.
     pub fn patch(&self) -> Result<String, CaptureError> {
+        self.diff(&["--binary"])
+    }
+
+    /// The change as a reader reviews it: a diff whose binary files are named, not carried (the
+    /// threat check's model reads this).
+    pub fn review_diff(&self) -> Result<String, CaptureError> {
+        self.diff(&[])
+    }
+
+    fn diff(&self, extra: &[&str]) -> Result<String, CaptureError> {
         let out = self
             .git()
-            .args([
-                "diff",
-                "--cached",
-                "--binary",
-                "--no-color",
-                "--no-ext-diff",
-            ])
+            .args(["diff", "--cached", "--no-color", "--no-ext-diff"])
+            .args(extra)
             .args(["--no-textconv", "--no-renames", &self.change.base])
             .output()
             .map_err(|source| CaptureError::Git { source })?;

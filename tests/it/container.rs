@@ -4,9 +4,11 @@
 
 crate::e2e::launched_scenarios!(crate::support::container::Launch::container());
 // From the image only: the binary runs the same code, and the runner's seccomp profile is the
-// container's (docs/security.md#the-agents-network).
+// container's (docs/security.md#the-agents-network); the threat check's own model request leaves
+// the container through its key proxy (docs/security.md#the-threat-check).
 crate::e2e::launched_scenarios!(crate::support::container::Launch::container();
     egress::the_agent_reaches_the_listed_host_and_nothing_else,
+    threat::the_model_check_holds_what_it_flags_or_cannot_read_and_warn_delivers_it_with_the_warning,
     egress::under_none_the_model_answers_and_the_agents_commands_have_no_network,
     egress::a_kernel_without_landlock_tcp_rules_fails_the_run_before_the_agent_starts,
 );

@@ -1851,6 +1851,7 @@ mod untrusted;
 mod trust;
 
 pub(crate) mod changes;
+pub(crate) mod threat;
 
 pub(crate) mod enterprise;
 

@@ -200,8 +200,15 @@ pub(crate) async fn an_issue_gets_a_branch_and_a_draft_pull_request_and_a_follow
     );
 }
 
-/// One run on issue `n` whose agent runs `command`; what it ended with.
-async fn refused_run(world: &World, n: u64, command: &str, inputs: &[(&str, &str)]) -> StepResult {
+/// One run on issue `n` whose agent runs `command` (then proposes `extra`, if any); what it ended
+/// with.
+pub(crate) async fn issue_run(
+    world: &World,
+    n: u64,
+    command: &str,
+    inputs: &[(&str, &str)],
+    extra: Option<Reply>,
+) -> StepResult {
     world.github.seed_issue(n, "Change things", "Please.");
     let mut job = job(world, 3100 + n);
     for (k, v) in inputs {
@@ -209,6 +216,9 @@ async fn refused_run(world: &World, n: u64, command: &str, inputs: &[(&str, &str
     }
     world.github.seed_git_repo(&job.workspace());
     world.llm.push(bash(command));
+    if let Some(reply) = extra {
+        world.llm.push(reply);
+    }
     world.llm.push(Reply::text("Done."));
     job.event(
         "issue_comment",
@@ -250,7 +260,7 @@ async fn protected_over_limit_and_secret_changes_are_refused_and_nothing_is_writ
         ),
     ];
     for (n, command, inputs, said) in cases {
-        let r = refused_run(&world, n, &command, &inputs).await;
+        let r = issue_run(&world, n, &command, &inputs, None).await;
         assert_eq!(r.code, 0, "{}", explain(&r));
         assert_eq!(r.output("changes"), "refused", "#{n}: {}", explain(&r));
         let text = answer(&world);

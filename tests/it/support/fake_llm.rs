@@ -11,7 +11,9 @@
 //! 400 `context_length_exceeded`, 500 `server_error`.
 //!
 //! OpenCode's title-generator requests (sessions created without a title) are answered separately
-//! and never consume the queue.
+//! and never consume the queue. So are the threat check's (fro-bot's own request, not OpenCode's:
+//! `stream: false`, answered as one JSON completion): from their own queue ([`FakeLlm::push_verdict`]),
+//! a clear verdict by default, recorded apart ([`FakeLlm::judge_requests`]).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -101,6 +103,10 @@ struct Script {
     /// The `Authorization` header of each recorded request.
     auth_headers: Vec<Option<String>>,
     title_requests: usize,
+    /// The threat check's answers, and what it asked.
+    verdicts: VecDeque<Reply>,
+    judge_requests: Vec<Value>,
+    judge_auth: Vec<Option<String>>,
     /// When each recorded request arrived (for benchmarks' phase breakdowns).
     request_times: Vec<Instant>,
     /// While set, an answer waits as long as this says so ([`FakeLlm::hold_while`]).
@@ -131,6 +137,9 @@ impl FakeLlm {
             requests: Vec::new(),
             auth_headers: Vec::new(),
             title_requests: 0,
+            verdicts: VecDeque::new(),
+            judge_requests: Vec::new(),
+            judge_auth: Vec::new(),
             request_times: Vec::new(),
             hold: None,
         }));
@@ -194,6 +203,21 @@ impl FakeLlm {
         self.script.lock().unwrap().request_times.clone()
     }
 
+    /// The next answer to the threat check (else a clear verdict).
+    pub fn push_verdict(&self, reply: Reply) {
+        self.script.lock().unwrap().verdicts.push_back(reply);
+    }
+
+    /// Every threat-check request body received so far, in order.
+    pub fn judge_requests(&self) -> Vec<Value> {
+        self.script.lock().unwrap().judge_requests.clone()
+    }
+
+    /// The `Authorization` header of each request in [`judge_requests`](Self::judge_requests).
+    pub fn judge_auth_headers(&self) -> Vec<Option<String>> {
+        self.script.lock().unwrap().judge_auth.clone()
+    }
+
     pub fn title_requests(&self) -> usize {
         self.script.lock().unwrap().title_requests
     }
@@ -245,6 +269,18 @@ fn collect_text(v: &Value, out: &mut String) {
     }
 }
 
+/// A clear verdict, as the threat check asks for it.
+pub const CLEAR_VERDICT: &str =
+    r#"{"prompt_injection": false, "secret_leak": false, "malicious_patch": false, "reasons": []}"#;
+
+/// The system prompt fro-bot's threat check starts with (`threat::judge::MARKER`).
+fn is_judge_request(body: &Value) -> bool {
+    body["messages"][0]["role"] == "system"
+        && body["messages"][0]["content"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(fro_bot::threat::judge::MARKER))
+}
+
 fn is_title_request(body: &Value) -> bool {
     body["messages"]
         .as_array()
@@ -265,6 +301,21 @@ async fn chat(
     body: String,
 ) -> Response<Body> {
     let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if is_judge_request(&body) {
+        let reply = {
+            let mut s = script.lock().unwrap();
+            s.judge_requests.push(body.clone());
+            s.judge_auth.push(auth);
+            s.verdicts
+                .pop_front()
+                .unwrap_or_else(|| Reply::text(CLEAR_VERDICT))
+        };
+        return respond(reply, false).await;
+    }
     let reply = {
         let mut s = script.lock().unwrap();
         if is_title_request(&body) {
@@ -273,12 +324,7 @@ async fn chat(
         } else {
             s.requests.push(body.clone());
             s.request_times.push(Instant::now());
-            s.auth_headers.push(
-                headers
-                    .get(header::AUTHORIZATION)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string),
-            );
+            s.auth_headers.push(auth);
             Some(s.queue.pop_front().unwrap_or_else(|| s.default.clone()))
         }
     };
@@ -296,10 +342,12 @@ async fn chat(
         }
     }
     let reply = reply.unwrap_or_else(|| Reply::text("Fake session title"));
-    respond(reply).await
+    respond(reply, true).await
 }
 
-async fn respond(mut reply: Reply) -> Response<Body> {
+/// `reply` as an SSE stream, or (`stream: false`, the threat check's requests) as one chat
+/// completion.
+async fn respond(mut reply: Reply, stream: bool) -> Response<Body> {
     loop {
         match reply {
             Reply::Delayed(d, inner) => {
@@ -316,6 +364,7 @@ async fn respond(mut reply: Reply) -> Response<Body> {
                 }
                 return resp.body(Body::from(body.to_string())).unwrap();
             }
+            Reply::Text(text) if !stream => return whole(&text),
             Reply::Text(text) => {
                 let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
                 // Several deltas, as a real model streams.
@@ -361,6 +410,20 @@ async fn respond(mut reply: Reply) -> Response<Body> {
             }
         }
     }
+}
+
+/// One chat completion holding `text`.
+fn whole(text: &str) -> Response<Body> {
+    let body = json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1,
+        "model": "fake-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320}});
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap()
 }
 
 fn chunk(delta: Value, finish: Option<&str>) -> String {

@@ -1,0 +1,104 @@
+//! The threat check (docs/security.md#the-threat-check): what fro-bot looks for in the agent's
+//! change once the existing checks (`safe_outputs::checks`) pass, before anything is delivered.
+//!
+//! First a deterministic gate (`gate`): hidden Unicode controls (`unicode`) and binary files
+//! refuse the change; dependency-source changes (`dependencies`) and payload-like lines
+//! (`payloads`) mark it "needs review". Then a model check of the exact change (`judge`), asked of
+//! the configured provider through the key proxy by fro-bot itself (`provider`), with no tools.
+//! Every finding is named by file and line, never by what the line holds.
+
+pub mod dependencies;
+pub mod gate;
+pub mod judge;
+pub mod payloads;
+pub mod provider;
+pub mod unicode;
+
+use crate::safe_outputs::checks::code;
+
+/// What a finding does to the change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// Never delivered.
+    Refuse,
+    /// Delivered only as a draft pull request labelled [`REVIEW_LABEL`] (refused under
+    /// `threat-check: strict`).
+    NeedsReview,
+}
+
+/// The label a "needs review" pull request carries.
+pub const REVIEW_LABEL: &str = "fro-bot:needs-review";
+
+/// What the gate found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// A bidirectional or invisible control character (its code point, never the line).
+    HiddenControl { code_point: u32 },
+    /// A binary (non-text) file that `allowed-binary-paths` does not list.
+    Binary,
+    /// A dependency resolved from outside its registry (a lockfile entry or a manifest's URL).
+    ForeignSource,
+    /// A setting of where packages are installed from (`.npmrc`, `pip.conf`, `.cargo/config`...).
+    RegistrySetting,
+    /// An override of where a dependency comes from (`[patch]`, `git =`, `replace`...).
+    SourceOverride,
+    /// Something that runs when dependencies are installed or built; `hook` is fro-bot's own name
+    /// for it (`postinstall`, `build.rs`...), never the agent's text.
+    InstallHook { hook: &'static str },
+    /// One line longer than [`payloads::MAX_LINE_CHARS`].
+    LongLine { chars: usize },
+    /// A run of encoded-looking, high-entropy text.
+    EncodedBlob { chars: usize },
+}
+
+impl Kind {
+    pub fn severity(&self) -> Severity {
+        match self {
+            Kind::HiddenControl { .. } | Kind::Binary => Severity::Refuse,
+            Kind::ForeignSource
+            | Kind::RegistrySetting
+            | Kind::SourceOverride
+            | Kind::InstallHook { .. }
+            | Kind::LongLine { .. }
+            | Kind::EncodedBlob { .. } => Severity::NeedsReview,
+        }
+    }
+
+    fn what(&self) -> String {
+        match self {
+            Kind::HiddenControl { code_point } => format!(
+                "holds an invisible or bidirectional Unicode control (U+{code_point:04X}), which can make code read differently from how it runs"
+            ),
+            Kind::Binary => "is a binary (non-text) file; `allowed-binary-paths` lists the binary files a change may carry".into(),
+            Kind::ForeignSource => "resolves a dependency from outside its registry".into(),
+            Kind::RegistrySetting => "changes where packages are installed from (a registry or index setting)".into(),
+            Kind::SourceOverride => "overrides where a dependency comes from (`[patch]`, `git =`, `registry =`, `replace`)".into(),
+            Kind::InstallHook { hook } => format!("adds an install or build hook (`{hook}`), which runs when dependencies are installed or built"),
+            Kind::LongLine { chars } => format!(
+                "is one line of {chars} characters (over {}): minified or generated text a reviewer does not read",
+                payloads::MAX_LINE_CHARS
+            ),
+            Kind::EncodedBlob { chars } => format!(
+                "holds {chars} characters of encoded, high-entropy text: a payload a reviewer cannot read"
+            ),
+        }
+    }
+}
+
+/// One finding: the file, the line when there is one, and what it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub path: String,
+    pub line: Option<usize>,
+    pub kind: Kind,
+}
+
+impl Finding {
+    /// One line for the answer, the summary and the pull request: never the line's content.
+    pub fn describe(&self) -> String {
+        match self.line {
+            Some(n) => format!("{} line {n} {}", code(&self.path), self.kind.what()),
+            None => format!("{} {}", code(&self.path), self.kind.what()),
+        }
+    }
+}
