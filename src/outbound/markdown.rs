@@ -108,6 +108,32 @@ struct Open {
     inner: Option<Range<usize>>,
 }
 
+impl Open {
+    /// The link or image `event` starts, if it starts one.
+    fn at_start(event: &Event, at: &Range<usize>) -> Option<Open> {
+        let (image, link_type, dest) = match event {
+            Event::Start(Tag::Link {
+                link_type,
+                dest_url,
+                ..
+            }) => (false, *link_type, dest_url),
+            Event::Start(Tag::Image {
+                link_type,
+                dest_url,
+                ..
+            }) => (true, *link_type, dest_url),
+            _ => return None,
+        };
+        Some(Open {
+            image,
+            link_type,
+            dest: dest.to_string(),
+            at: at.clone(),
+            inner: None,
+        })
+    }
+}
+
 /// What one pass would rewrite in `text`.
 fn plan(text: &str, policy: &LinkPolicy) -> Pass {
     let ctx = Ctx {
@@ -147,39 +173,16 @@ fn plan(text: &str, policy: &LinkPolicy) -> Pass {
             let inner = o.inner.get_or_insert(at.clone());
             inner.end = inner.end.max(at.end);
         }
+        if let Some(o) = Open::at_start(&event, &at) {
+            open.push(o);
+            continue;
+        }
         match event {
-            Event::Start(Tag::Link {
-                link_type,
-                dest_url,
-                ..
-            }) => open.push(Open {
-                image: false,
-                link_type,
-                dest: dest_url.to_string(),
-                at,
-                inner: None,
-            }),
-            Event::Start(Tag::Image {
-                link_type,
-                dest_url,
-                ..
-            }) => open.push(Open {
-                image: true,
-                link_type,
-                dest: dest_url.to_string(),
-                at,
-                inner: None,
-            }),
             Event::Start(Tag::CodeBlock(kind)) => {
                 code_depth += 1;
-                // Only a fence at the start of a line outside any container is read the same
-                // way by every parser; other blocks (indented, in a list, quote or table) are
-                // swept like text.
-                let line_start = at.start == 0 || text.as_bytes()[at.start - 1] == b'\n';
-                if matches!(kind, CodeBlockKind::Fenced(_)) && line_start && containers == 0 {
-                    code.push(at);
-                } else {
-                    soft.push(at);
+                match firm_block(text, &kind, &at, containers) {
+                    true => code.push(at),
+                    false => soft.push(at),
                 }
             }
             Event::Start(
@@ -215,6 +218,13 @@ fn plan(text: &str, policy: &LinkPolicy) -> Pass {
     ctx.sweep(&code, &soft, &mut pass);
     pass.edits.sort_by_key(|(at, _)| (at.start, at.end));
     pass
+}
+
+/// Whether every parser reads this code block as code: only a fence at the start of a line
+/// outside any container; other blocks (indented, in a list, quote or table) are swept like text.
+fn firm_block(text: &str, kind: &CodeBlockKind, at: &Range<usize>, containers: usize) -> bool {
+    let line_start = at.start == 0 || text.as_bytes()[at.start - 1] == b'\n';
+    matches!(kind, CodeBlockKind::Fenced(_)) && line_start && containers == 0
 }
 
 /// How many rewrites `text` still calls for (0 for every text [`rewrite`] returns).
