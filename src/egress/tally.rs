@@ -24,6 +24,11 @@ pub struct Counts {
 
 /// `host:port` as the summary may show it: agent-written, so only name characters, cut short.
 pub fn shown(host: &str, port: u16) -> String {
+    format!("{}:{port}", shown_name(host))
+}
+
+/// A host name as the summary may show it (also the Links row's, `outbound`).
+pub fn shown_name(host: &str) -> String {
     let mut name: String = host
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || "-._:".contains(*c))
@@ -32,7 +37,7 @@ pub fn shown(host: &str, port: u16) -> String {
     if host.chars().count() > MAX_NAME {
         name.push('…');
     }
-    format!("{name}:{port}")
+    name
 }
 
 impl Tally {

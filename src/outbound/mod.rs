@@ -21,7 +21,6 @@ pub use policy::LinkPolicy;
 
 /// Hosts named in the summary; the rest are counted.
 const MAX_HOSTS: usize = 20;
-const MAX_NAME: usize = 80;
 
 fn policy() -> &'static RwLock<LinkPolicy> {
     static POLICY: OnceLock<RwLock<LinkPolicy>> = OnceLock::new();
@@ -82,7 +81,9 @@ fn count(findings: &[Finding]) {
         match f {
             Finding::Inert { host } => {
                 t.inert_total += 1;
-                let name = host.as_deref().map_or("no host".to_string(), shown);
+                let name = host
+                    .as_deref()
+                    .map_or("no host".to_string(), crate::egress::tally::shown_name);
                 if t.inert.len() < MAX_HOSTS || t.inert.contains_key(&name) {
                     *t.inert.entry(name).or_default() += 1;
                 }
@@ -91,19 +92,6 @@ fn count(findings: &[Finding]) {
             Finding::Fenced => t.fenced += 1,
         }
     }
-}
-
-/// A host as the summary may show it: agent-written, so only name characters, cut short.
-fn shown(host: &str) -> String {
-    let mut name: String = host
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || "-._:[]".contains(*c))
-        .take(MAX_NAME)
-        .collect();
-    if host.chars().count() > MAX_NAME {
-        name.push('…');
-    }
-    name
 }
 
 /// The summary's "Links" row; `None` when nothing was rewritten.
@@ -154,7 +142,10 @@ mod tests {
             describe(&t).unwrap(),
             "3 made inert, not on `allowed-domains` (`a.example` ×2, 1 more); 1 cut to 256 bytes a part"
         );
-        assert_eq!(shown("a`b|c<d>.example"), "abcd.example");
+        assert_eq!(
+            crate::egress::tally::shown_name("a`b|c<d>.example"),
+            "abcd.example"
+        );
     }
 }
 
