@@ -1,9 +1,11 @@
 //! The rewrite itself: the agent's Markdown is parsed (CommonMark with GitHub's tables,
 //! strikethrough, task lists and footnotes), and every link, image, reference definition, raw
 //! HTML fragment and bare URL whose target the [`LinkPolicy`] does not keep is rewritten in place
-//! — the URL shown as code, the link text left as text. The result is parsed again, and rewritten
-//! again, until nothing is left to rewrite; text that still has something after [`MAX_PASSES`]
-//! is posted whole as a code block.
+//! — the URL shown as code (and defanged, so it is no link even where GitHub's parser does not
+//! see the span), the link text left as text — and the source as written is swept for what the
+//! parser's events did not show. The result is parsed again, and rewritten again, until nothing
+//! is left to rewrite; text that still has something after [`MAX_PASSES`] is posted whole as a
+//! code block.
 
 use std::ops::Range;
 
