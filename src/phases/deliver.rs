@@ -393,10 +393,11 @@ fn texts(ctx: &RunContext, describe: &Described) -> (String, String) {
     }
 }
 
-/// The pull request's body: the agent's description (redacted, links and mentions inert), the
-/// threat check's note, `Closes #N` for an issue thread, and a footer naming the run.
+/// The pull request's body: the agent's description as `texts` made it (redacted, links and
+/// mentions inert), the threat check's note, `Closes #N` for an issue thread, and a footer naming
+/// the run.
 fn pull_body(ctx: &RunContext, body: &str, note: Option<&str>, run_url: &str) -> String {
-    let mut out = crate::outbound::prose(body, None);
+    let mut out = body.to_string();
     if let Some(note) = note {
         out.push_str(&format!("\n\n{note}"));
     }
