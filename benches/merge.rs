@@ -101,8 +101,17 @@ fn main() {
             sync();
             let out = dir.path().join(format!("merged-{r}.db"));
             let t = Instant::now();
-            let report = merge::merge_with(&base, &ours, &snap, &out, MergeOptions { verify })
-                .expect("merge");
+            let report = merge::merge_with(
+                &base,
+                &ours,
+                &snap,
+                &out,
+                MergeOptions {
+                    verify,
+                    ..Default::default()
+                },
+            )
+            .expect("merge");
             runs.push((t.elapsed(), report));
             std::fs::remove_file(&out).expect("rm merged");
         }

@@ -4,19 +4,20 @@
 //! so the entry saved next holds every thread, and the next run (which restores only the newest)
 //! loses none. A failure at any step keeps this run's own database: never worse than no merge.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::cache::{self, RestoreOutcome};
 use crate::checkpoint::{self, ProbeOutcome};
 use crate::merge::{self, MergeReport, Snapshot};
+use crate::phases::context::OwnMessages;
 use crate::phases::fallback::{Catalog, Listing};
 use crate::phases::paths::{check_marker, MarkerCheck, StatePaths, MARKER_FILE};
 use crate::phases::report::RestoreSource;
 use crate::phases::restore::shown;
 use crate::phases::sanitize::{self, SanitizeOutcome};
 use crate::phases::session_map::{self, Map};
-use crate::trust::TrustMap;
+use crate::trust::{SessionTrust, TrustMap};
 
 /// Entries merged at most per save: the newest ones, when a burst of runs saved since.
 const MAX_ENTRIES: usize = 8;
@@ -37,6 +38,8 @@ pub struct CacheMergeInputs<'a> {
     pub restored_key: Option<&'a str>,
     /// What was merged at restore, joined to what the save merges (`CacheMergeReport::then`).
     pub earlier: Option<&'a CacheMergeReport>,
+    /// This run's own new messages, which a merge may move (and then renames here).
+    pub own_messages: &'a OwnMessages,
 }
 
 /// What the merge did, for the summary.
@@ -53,6 +56,9 @@ pub struct CacheMergeReport {
     /// longer describes them).
     pub trust: TrustMap,
     pub from_them: BTreeSet<String>,
+    /// Sessions a merge joined (both runs' exchanges in one), with the merged entry's record of
+    /// each: the result holds both runs' text, so it keeps the lower record, or none.
+    pub joined: BTreeMap<String, Option<SessionTrust>>,
     /// Every key the listing before the save showed (`None`: no listing), so what appears
     /// during the save can be told apart.
     pub listed: Option<Vec<String>>,
@@ -64,6 +70,7 @@ struct Merged {
     sessions: Map,
     trust: TrustMap,
     from_them: BTreeSet<String>,
+    joined: BTreeMap<String, Option<SessionTrust>>,
     /// It held a session, or a version of one, that this run's database lacked.
     new_to_us: bool,
 }
@@ -71,6 +78,7 @@ struct Merged {
 impl CacheMergeReport {
     fn take(&mut self, key: String, merged: Merged) {
         self.fold(merged.sessions, merged.trust, merged.from_them);
+        self.fold_joined(merged.joined);
         self.merged.push((key, merged.report));
     }
 
@@ -81,6 +89,18 @@ impl CacheMergeReport {
         }
         crate::trust::join_lowering(&mut self.trust, trust);
         self.from_them.extend(from_them);
+    }
+
+    /// Sessions joined again keep the lower record of every entry they were joined with.
+    fn fold_joined(&mut self, joined: BTreeMap<String, Option<SessionTrust>>) {
+        for (id, theirs) in joined {
+            let record = match (self.joined.remove(&id), theirs) {
+                (None, theirs) => theirs,
+                (Some(Some(held)), Some(theirs)) => Some(held.lowered_by(&theirs)),
+                (Some(None), _) | (Some(Some(_)), None) => None,
+            };
+            self.joined.insert(id, record);
+        }
     }
 
     /// Joins what was merged into `map`, the threads fro-bot keeps: an entry's thread this run's
@@ -97,12 +117,24 @@ impl CacheMergeReport {
     pub fn join_trust_into(&self, trust: &mut TrustMap) {
         trust.retain(|id, _| !self.from_them.contains(id));
         crate::trust::join_lowering(trust, self.trust.clone());
+        // A joined session holds both runs' text: the lower of both records, none if either has
+        // none.
+        for (id, theirs) in &self.joined {
+            let record = match (trust.remove(id), theirs) {
+                (Some(ours), Some(theirs)) => Some(ours.lowered_by(theirs)),
+                (None, _) | (Some(_), None) => None,
+            };
+            if let Some(record) = record {
+                trust.insert(id.clone(), record);
+            }
+        }
     }
 
     /// These merges (the restore's), then `later`'s (the save's): one report for the summary
     /// (the restore's threads and records are joined into the run's own at restore). The listing is `later`'s, the one taken just before the save.
     pub fn then(mut self, later: CacheMergeReport) -> CacheMergeReport {
         self.fold(later.sessions, later.trust, later.from_them);
+        self.fold_joined(later.joined);
         self.merged.extend(later.merged);
         self.skipped.extend(later.skipped);
         self.listed = later.listed;
@@ -122,6 +154,7 @@ impl CacheMergeReport {
             })
             .collect();
         for (_, m) in &self.merged {
+            notes.extend(m.kept_both.iter().map(session_map::kept_both_note));
             notes.extend(
                 m.conflicts
                     .iter()
@@ -265,19 +298,28 @@ async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, S
     // sanitizer would otherwise clamp (and so change) as if it came from the future.
     let now_ms = crate::opencode::system_now_ms();
     let ours = inputs.paths.db();
+    let own = inputs.own_messages.get();
     let versions = {
         let (base, out) = (base.clone(), out.clone());
-        tokio::task::spawn_blocking(move || check_and_merge(&base, &ours, &out, now_ms))
+        tokio::task::spawn_blocking(move || check_and_merge(&base, &ours, &out, now_ms, &own))
             .await
             .map_err(|e| format!("merge task failed: {e}"))??
     };
     replace(&out, &inputs.paths.db())?;
+    // The result is this run's database now: its moved messages go by their new ids.
+    inputs.own_messages.renamed(&versions.report.reissued);
     let Versions {
         report,
         theirs,
         mine,
         merged,
     } = versions;
+    let joined: BTreeMap<String, Option<SessionTrust>> = report
+        .kept_both
+        .iter()
+        .flat_map(|k| &k.sessions)
+        .map(|id| (id.clone(), records.get(id).cloned()))
+        .collect();
     let from_them = merged
         .sessions
         .iter()
@@ -294,6 +336,7 @@ async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, S
         // A record of theirs holds only for a session whose merged version is theirs.
         trust: session_map::trust_after_merge(&records, &theirs, &theirs, &merged),
         from_them,
+        joined,
         new_to_us,
     })
 }
@@ -343,7 +386,13 @@ pub async fn merge_saved_meanwhile(
 /// that restored older memory, or from the store's lineage), so a session it lacks was not
 /// deleted by it: the merge is against an empty snapshot — every session on either side is kept,
 /// and where both hold one, the later activity wins.
-fn check_and_merge(base: &Path, ours: &Path, out: &Path, now_ms: i64) -> Result<Versions, String> {
+fn check_and_merge(
+    base: &Path,
+    ours: &Path,
+    out: &Path,
+    now_ms: i64,
+    own: &BTreeSet<String>,
+) -> Result<Versions, String> {
     if !base.is_file() {
         return Err("it holds no session database".into());
     }
@@ -358,7 +407,12 @@ fn check_and_merge(base: &Path, ours: &Path, out: &Path, now_ms: i64) -> Result<
     }
     let theirs = Snapshot::capture(base).map_err(|e| e.to_string())?;
     let mine = Snapshot::capture(ours).map_err(|e| e.to_string())?;
-    let report = merge::merge(base, ours, &Snapshot::empty(), out).map_err(|e| e.to_string())?;
+    let options = merge::MergeOptions {
+        own_messages: Some(own),
+        ..Default::default()
+    };
+    let report = merge::merge_with(base, ours, &Snapshot::empty(), out, options)
+        .map_err(|e| e.to_string())?;
     let merged = Snapshot::capture(out).map_err(|e| e.to_string())?;
     Ok(Versions {
         report,

@@ -95,6 +95,8 @@ pub(crate) struct RunContext {
     /// The sessions as restored, so a newer shared copy can be merged with this run's
     /// (`None`: they could not be read, and a newer copy is then not overwritten).
     pub(crate) restored_sessions: Option<Snapshot>,
+    /// The messages this run's turn wrote, which a merge may move (`OwnMessages`).
+    pub(crate) own_messages: OwnMessages,
     /// Whether restored memory was scrubbed when saved, so the save scrubs only this run's rows.
     pub(crate) provenance: Provenance,
     /// The summary's Session Persistence section, filled as the phases go.
@@ -103,6 +105,33 @@ pub(crate) struct RunContext {
     pub(crate) cache_saved: CacheSaved,
     /// The agent's network for the turn (`phases::egress`), until its summary row is written.
     pub(crate) egress: Option<crate::egress::AgentReach>,
+}
+
+/// The messages this run's own turn wrote (docs/persistence.md#session-level-merge): no other copy
+/// of memory holds them, so a merge may give them new ids to keep an exchange together. The ids
+/// follow every merged result this run adopts (`renamed`).
+#[derive(Debug, Default)]
+pub struct OwnMessages(std::sync::Mutex<std::collections::BTreeSet<String>>);
+
+impl OwnMessages {
+    pub fn new(ids: std::collections::BTreeSet<String>) -> Self {
+        OwnMessages(std::sync::Mutex::new(ids))
+    }
+
+    pub fn get(&self) -> std::collections::BTreeSet<String> {
+        // A panic while holding the lock cannot leave the set half written: it is replaced whole.
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The merged result now in place gave some of them new ids: `(old, new)`.
+    pub fn renamed(&self, pairs: &[(String, String)]) {
+        let mut ids = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for (old, new) in pairs {
+            if ids.remove(old) {
+                ids.insert(new.clone());
+            }
+        }
+    }
 }
 
 impl RunContext {

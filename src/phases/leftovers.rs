@@ -13,13 +13,13 @@ use crate::phases::agent::AgentRun;
 use crate::phases::context::RunContext;
 use crate::phases::git_guard::{self, GitGuard};
 use crate::phases::home_guard::{self, HomeGuard};
-use crate::phases::memory_guard::{self, MemoryGuard};
+use crate::phases::memory_guard::{self, Before};
 
 /// The three guards of one turn.
 pub(crate) struct Leftovers {
     git: Option<GitGuard>,
     home: Option<HomeGuard>,
-    memory: Option<MemoryGuard>,
+    memory: Before,
 }
 
 impl Leftovers {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig, LeaseHandle};
 use crate::merge::{self, MergeReport, Snapshot};
 use crate::object_store as store;
-use crate::phases::context::{PostLease, StoreContext};
+use crate::phases::context::{OwnMessages, PostLease, StoreContext};
 use crate::phases::paths::{check_marker, write_marker, MarkerCheck, Scrubbed, StatePaths};
 use crate::phases::report::LeaseReport;
 use crate::phases::session_map;
@@ -44,6 +44,8 @@ pub struct PublishInputs<'a> {
     /// when the run did not restore from the store. `None`: unknown, so a newer copy is not
     /// merged, nor overwritten.
     pub restored: Option<&'a Snapshot>,
+    /// This run's own new messages, which a merge may move (and then renames here).
+    pub own_messages: &'a OwnMessages,
     /// For the marker rewritten after a merge.
     pub run_id: &'a str,
     pub now_ms: u64,
@@ -103,6 +105,7 @@ impl PublishReport {
                 m.taken.len(),
                 m.identical
             ));
+            notes.extend(m.kept_both.iter().map(session_map::kept_both_note));
             notes.extend(
                 m.conflicts
                     .iter()
@@ -379,11 +382,19 @@ async fn merge_newer(inputs: &PublishInputs<'_>) -> Result<Newer, String> {
     let base = dir.path().join(store::keys::SESSION_DB_NAME);
     let out = dir.path().join("merged.db");
     let ours = inputs.paths.db();
+    let own = inputs.own_messages.get();
     let (merged, theirs) = {
         let out = out.clone();
         tokio::task::spawn_blocking(move || {
             let theirs = Snapshot::capture(&base).ok();
-            (merge::merge(&base, &ours, &restored, &out), theirs)
+            let options = merge::MergeOptions {
+                own_messages: Some(&own),
+                ..Default::default()
+            };
+            (
+                merge::merge_with(&base, &ours, &restored, &out, options),
+                theirs,
+            )
         })
         .await
         .map_err(|e| format!("merge task failed: {e}"))?
@@ -419,6 +430,8 @@ fn adopt_merged(inputs: &PublishInputs<'_>, newer: &Newer) -> StorePublish {
         ));
         return StorePublish::Published;
     }
+    // The result is this run's database now: its moved messages go by their new ids.
+    inputs.own_messages.renamed(&newer.report.reissued);
     // The marker the save wrote just before the publish holds this run's map and trust records
     // (docs/security.md#trust-follows-memory).
     let (ours_map, ours_trust) = match check_marker(&inputs.paths.marker()) {
@@ -448,6 +461,8 @@ fn adopt_merged(inputs: &PublishInputs<'_>, newer: &Newer) -> StorePublish {
                 let kept = session_map::trust_after_merge(&their_trust, theirs, theirs, &merged);
                 crate::trust::join_lowering(&mut trust, kept);
             }
+            let joined = newer.report.kept_both.iter().flat_map(|k| &k.sessions);
+            session_map::trust_of_joined(&mut trust, &ours_trust, &their_trust, joined);
             trust
         }
         // Without the versions nothing tells whose a session is: no records (the lowest).

@@ -313,6 +313,7 @@ fn cache_merge_inputs<'a>(
             .as_deref()
             .or_else(|| earlier.and_then(|e| e.merged.last().map(|(k, _)| k.as_str()))),
         earlier,
+        own_messages: &ctx.own_messages,
     })
 }
 
@@ -543,6 +544,7 @@ async fn cleanup_and_save(
                 RestoreSource::Storage => ctx.restored_sessions.as_ref(),
                 RestoreSource::Cache | RestoreSource::None => Some(&no_sessions),
             },
+            own_messages: &ctx.own_messages,
             run_id: &ctx.run_id,
             now_ms: now_ms(),
             lease_config: LeaseConfig::default(),

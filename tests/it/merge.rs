@@ -190,6 +190,7 @@ async fn two_real_runs_on_different_threads_merge_and_opencode_resumes_both() {
         &out,
         MergeOptions {
             verify: Verify::Full,
+            ..Default::default()
         },
     )
     .unwrap();
