@@ -10,7 +10,7 @@ use rusqlite::types::Value;
 use rusqlite::{params, Connection};
 
 use super::exchanges::{
-    new_event, Events, Moved, SessionJoin, TreeJoin, EVENT_TABLE, ONE, PART_TABLE, SEQUENCE_TABLE,
+    new_event, Events, SessionJoin, TreeJoin, EVENT_TABLE, ONE, PART_TABLE, SEQUENCE_TABLE,
     TODO_TABLE, TOTALS,
 };
 use super::graph::{Graph, MESSAGE_TABLE};
@@ -55,12 +55,21 @@ fn write_session(
         }
         Ok(())
     })?;
-    let mut inserted = insert_messages(conn, schema, &s.id)?;
-    inserted += insert_parts(conn, schema, &s.id)?;
+    let mut inserted = insert_messages(conn, schema, s)?;
+    inserted += insert_parts(conn, schema, s)?;
     if let Some(events) = s.events {
-        inserted += append_events(conn, schema, &s.id, events, &s.moved)?;
+        inserted += append_events(conn, schema, s, events)?;
     }
-    if s.later == Side::Ours {
+    if s.id != s.into {
+        // This run's sub-agents (copied whole) answer to the session it was folded into.
+        let sql = format!(
+            "UPDATE main.{t} SET parent_id = ?2 WHERE parent_id = ?1",
+            t = quote(SESSION_TABLE)
+        );
+        step("moving sub-agent sessions", || {
+            conn.execute(&sql, params![s.id, s.into])
+        })?;
+    } else if s.later == Side::Ours {
         inserted += take_session_row(conn, schema, graph, &s.id)?;
     }
     adjust_session_row(conn, schema, s)?;
@@ -69,7 +78,7 @@ fn write_session(
 
 /// This run's new messages; a moved one under its new id and time (in its data too, as OpenCode
 /// writes `time.created` into both), and an answer to a moved question pointing at the new id.
-fn insert_messages(conn: &Connection, schema: &Schema, id: &str) -> Result<u64, MergeError> {
+fn insert_messages(conn: &Connection, schema: &Schema, s: &SessionJoin) -> Result<u64, MergeError> {
     let moved_data = "CASE WHEN r.old IS NULL THEN m.data \
                       ELSE json_set(m.data, '$.time.created', r.at) END";
     let exprs: Vec<String> = schema.tables[MESSAGE_TABLE]
@@ -77,6 +86,7 @@ fn insert_messages(conn: &Connection, schema: &Schema, id: &str) -> Result<u64, 
         .iter()
         .map(|c| match c.as_str() {
             "id" => "coalesce(r.new, m.id)".to_string(),
+            "session_id" => "?2".to_string(),
             "time_created" => "coalesce(r.at, m.time_created)".to_string(),
             "data" => format!(
                 "CASE WHEN q.old IS NULL THEN {moved_data} \
@@ -95,16 +105,19 @@ fn insert_messages(conn: &Connection, schema: &Schema, id: &str) -> Result<u64, 
         cols = column_list(schema, MESSAGE_TABLE, None),
         exprs = exprs.join(", "),
     );
-    Ok(step("inserting new messages", || conn.execute(&sql, [id]))? as u64)
+    Ok(step("inserting new messages", || {
+        conn.execute(&sql, params![s.id, s.into])
+    })? as u64)
 }
 
 /// This run's new parts, on their message's new id when it moved.
-fn insert_parts(conn: &Connection, schema: &Schema, id: &str) -> Result<u64, MergeError> {
+fn insert_parts(conn: &Connection, schema: &Schema, s: &SessionJoin) -> Result<u64, MergeError> {
     let exprs: Vec<String> = schema.tables[PART_TABLE]
         .columns
         .iter()
         .map(|c| match c.as_str() {
             "message_id" => "coalesce(r.new, p.message_id)".to_string(),
+            "session_id" => "?2".to_string(),
             other => format!("p.{}", quote(other)),
         })
         .collect();
@@ -116,39 +129,51 @@ fn insert_parts(conn: &Connection, schema: &Schema, id: &str) -> Result<u64, Mer
         cols = column_list(schema, PART_TABLE, None),
         exprs = exprs.join(", "),
     );
-    Ok(step("inserting new parts", || conn.execute(&sql, [id]))? as u64)
+    Ok(step("inserting new parts", || {
+        conn.execute(&sql, params![s.id, s.into])
+    })? as u64)
 }
 
 /// This run's new events after the base's, numbered on from its last, with moved ids rewritten
-/// in their data; the session's sequence moves to the last.
+/// in their data; the session's sequence moves to the last. A folded session's own session events
+/// stay behind: the session it joins has its own.
 fn append_events(
     conn: &Connection,
     schema: &Schema,
-    id: &str,
+    s: &SessionJoin,
     events: Events,
-    moved: &[Moved],
 ) -> Result<u64, MergeError> {
     let columns = &schema.tables[EVENT_TABLE].columns;
     let at = |name: &str| columns.iter().position(|c| c == name);
     // Invariant: `exchanges` refused a schema without these columns.
-    let (seq_at, data_at) = (at("seq").unwrap_or(0), at("data").unwrap_or(0));
-    let renamed: HashMap<&str, &str> = moved
+    let (seq_at, data_at, aggregate_at) = (
+        at("seq").unwrap_or(0),
+        at("data").unwrap_or(0),
+        at("aggregate_id").unwrap_or(0),
+    );
+    let mut renamed: HashMap<&str, &str> = s
+        .moved
         .iter()
         .map(|m| (m.old.as_str(), m.new.as_str()))
         .collect();
+    let folds = s.id != s.into;
+    if folds {
+        renamed.insert(&s.id, &s.into);
+    }
     let t = quote(EVENT_TABLE);
     let cols = column_list(schema, EVENT_TABLE, None);
     let select = format!(
-        "SELECT {} FROM {OURS}.{t} e WHERE e.aggregate_id = ?1 AND e.seq >= ?2 AND {} ORDER BY e.seq",
+        "SELECT {} FROM {OURS}.{t} e WHERE e.aggregate_id = ?1 AND e.seq >= ?2 AND {} {} ORDER BY e.seq",
         column_list(schema, EVENT_TABLE, Some("e")),
         new_event("main"),
+        if folds { "AND e.type NOT LIKE 'session.%'" } else { "" },
     );
     let marks = vec!["?"; columns.len()].join(", ");
     let insert = format!("INSERT INTO main.{t} ({cols}) VALUES ({marks})");
     let last = step("appending new events", || {
         let mut read = conn.prepare(&select)?;
         let mut write = conn.prepare(&insert)?;
-        let mut rows = read.query(params![id, events.from])?;
+        let mut rows = read.query(params![s.id, events.from])?;
         let mut last = events.after;
         while let Some(row) = rows.next()? {
             let mut values: Vec<Value> = (0..columns.len())
@@ -158,6 +183,7 @@ fn append_events(
                 .checked_add(1)
                 .ok_or(rusqlite::Error::IntegralValueOutOfRange(seq_at, last))?;
             values[seq_at] = Value::Integer(last);
+            values[aggregate_at] = Value::Text(s.into.clone());
             if let Value::Text(data) = &values[data_at] {
                 if let Some(new) = rename_ids(data, &renamed) {
                     values[data_at] = Value::Text(new);
@@ -168,16 +194,17 @@ fn append_events(
         Ok(last)
     })?;
     let sql = format!(
-        "UPDATE main.{s} SET seq = max(seq, ?2) WHERE aggregate_id = ?1",
-        s = quote(SEQUENCE_TABLE)
+        "UPDATE main.{q} SET seq = max(seq, ?2) WHERE aggregate_id = ?1",
+        q = quote(SEQUENCE_TABLE)
     );
     step("moving the event sequence", || {
-        conn.execute(&sql, params![id, last])
+        conn.execute(&sql, params![s.into, last])
     })?;
     Ok(last.saturating_sub(events.after).max(0) as u64)
 }
 
-/// `data` with every quoted message id of `renamed` replaced (one pass; `None` when none is in it).
+/// `data` with every quoted message or session id of `renamed` replaced (one pass; `None` when none
+/// is in it).
 fn rename_ids(data: &str, renamed: &HashMap<&str, &str>) -> Option<String> {
     if renamed.is_empty() {
         return None;
@@ -185,7 +212,13 @@ fn rename_ids(data: &str, renamed: &HashMap<&str, &str>) -> Option<String> {
     let mut out = String::with_capacity(data.len());
     let mut rest = data;
     let mut changed = false;
-    while let Some(at) = rest.find("\"msg_") {
+    let next = |rest: &str| {
+        ["\"msg_", "\"ses_"]
+            .iter()
+            .filter_map(|p| rest.find(p))
+            .min()
+    };
+    while let Some(at) = next(rest) {
         out.push_str(&rest[..=at]);
         let token = &rest[at + 1..];
         let Some(end) = token.find('"') else {
@@ -255,7 +288,7 @@ fn adjust_session_row(
     let key = quote(session.single_key().unwrap_or("id"));
     let activity = quote(ACTIVITY_COLUMN);
     let mut sets = vec![format!("{activity} = max({activity}, ?2)")];
-    let mut values: Vec<Value> = vec![Value::Text(s.id.clone()), Value::Integer(s.activity)];
+    let mut values: Vec<Value> = vec![Value::Text(s.into.clone()), Value::Integer(s.activity)];
     if let Some(title) = &s.title {
         values.push(Value::Text(title.clone()));
         sets.push(format!("title = ?{}", values.len()));

@@ -165,6 +165,9 @@ pub struct MergeOptions<'a> {
     /// This run's own new messages (its turn's: no other copy of memory holds them), which the
     /// merge may give new ids to keep each exchange together; `None`: none may move.
     pub own_messages: Option<&'a std::collections::BTreeSet<String>>,
+    /// This run's session of its thread and the base's session of the same thread (from their
+    /// session maps): when both runs started the thread, this run's is folded into the other's.
+    pub same_thread: Option<(&'a str, &'a str)>,
 }
 
 /// A tree this run's version was written for.
@@ -249,6 +252,9 @@ pub struct MergeReport {
     /// This run's messages given new ids (old, new): its database's ids no longer hold in the
     /// result.
     pub reissued: Vec<(String, String)>,
+    /// This run's new sessions folded into the other run's session of the same thread (from,
+    /// into): the thread's session in the result is `into`.
+    pub folded: Vec<(String, String)>,
     /// Trees both sides changed in exactly the same way.
     pub identical: usize,
     pub rows_deleted: u64,

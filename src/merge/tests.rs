@@ -826,6 +826,7 @@ fn with_own(own: &std::collections::BTreeSet<String>) -> MergeOptions<'_> {
     MergeOptions {
         verify: Verify::Full,
         own_messages: Some(own),
+        ..Default::default()
     }
 }
 
@@ -1316,4 +1317,148 @@ fn the_messages_a_turn_added_are_those_the_database_did_not_hold_before() {
     let added = messages_added(Some(&restored), &after).unwrap();
     assert_eq!(added, ids.iter().cloned().collect());
     assert_eq!(messages_added(None, &after).unwrap().len(), 4);
+}
+
+/// A thread's first session, as a run that found none starts it.
+fn fresh(c: &Connection, id: &str, at: i64) {
+    c.execute(
+        "INSERT INTO session (id, project_id, slug, directory, title, version, time_created, \
+         time_updated) VALUES (?1, ?2, 'slug', '/ws', 'fro-bot: issue-12', '1.18.33', ?3, ?3)",
+        params![id, PROJECT, at],
+    )
+    .unwrap();
+    c.execute(
+        "INSERT INTO event_sequence (aggregate_id, seq) VALUES (?1, -1)",
+        [id],
+    )
+    .unwrap();
+    event(
+        c,
+        id,
+        "session.created.1",
+        &format!("{{\"sessionID\":\"{id}\"}}"),
+    );
+}
+
+fn thread_history(p: &Path, session: &str) -> Vec<String> {
+    let c = open(p);
+    let mut s = c
+        .prepare(
+            "SELECT (SELECT json_extract(p.data, '$.text') FROM part p WHERE p.message_id = m.id \
+               ORDER BY p.id LIMIT 1) FROM message m WHERE m.session_id = ?1 \
+             ORDER BY m.time_created, m.id",
+        )
+        .unwrap();
+    s.query_map([session], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+#[test]
+fn two_runs_that_each_started_the_thread_are_folded_into_one_session() {
+    // A new issue mentioned twice: neither run found a session, each started one.
+    let d = Dir::new();
+    let empty = d.db("empty.db");
+    project(&open(&empty), PROJECT);
+    let base = d.copy(&empty, "base.db");
+    let c = open(&base);
+    fresh(&c, "ses_theirs", 990);
+    exchange(&c, "ses_theirs", 1000, &[1010, 3000], "alpha");
+    drop(c);
+    let ours = d.copy(&empty, "ours.db");
+    let c = open(&ours);
+    fresh(&c, "ses_mine", 1990);
+    let mine = exchange(&c, "ses_mine", 2000, &[2010], "bravo");
+    session(&c, "ses_sub", Some("ses_mine"), PROJECT, 2005, 1);
+    let sub: Vec<String> = {
+        let mut s = c
+            .prepare("SELECT id FROM message WHERE session_id = 'ses_sub'")
+            .unwrap();
+        s.query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    drop(c);
+    let movable = own(&[mine, sub]);
+    let out = d.path("out.db");
+    let options = MergeOptions {
+        same_thread: Some(("ses_mine", "ses_theirs")),
+        ..with_own(&movable)
+    };
+    let report = merge_with(&base, &ours, &Snapshot::empty(), &out, options).unwrap();
+    assert!(
+        report.conflicts.is_empty() && report.taken.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(
+        report.folded,
+        [("ses_mine".to_string(), "ses_theirs".to_string())]
+    );
+    assert_eq!(report.kept_both[0].root, "ses_theirs");
+    assert_eq!(
+        report.kept_both[0].moved, 2,
+        "bravo asked while alpha worked"
+    );
+    assert_eq!(sessions(&out), ["ses_sub", "ses_theirs"]);
+    assert_eq!(
+        thread_history(&out, "ses_theirs"),
+        [
+            "question alpha",
+            "answer alpha step 0",
+            "answer alpha step 1",
+            "question bravo",
+            "answer bravo step 0"
+        ]
+    );
+    let c = open(&out);
+    let parent: String = c
+        .query_row(
+            "SELECT parent_id FROM session WHERE id = 'ses_sub'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(parent, "ses_theirs");
+    assert!(
+        !everything(&out).contains("ses_mine"),
+        "no row names the folded session"
+    );
+    let (n, distinct, max): (i64, i64, i64) = c
+        .query_row(
+            "SELECT count(*), count(DISTINCT seq), max(seq) FROM event WHERE aggregate_id = 'ses_theirs'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    assert_eq!((n, distinct), (n, n));
+    assert_eq!(
+        count(
+            &c,
+            "SELECT seq FROM event_sequence WHERE aggregate_id = 'ses_theirs'"
+        ),
+        max
+    );
+    assert_eq!(
+        count(
+            &c,
+            "SELECT tokens_input FROM session WHERE id = 'ses_theirs'"
+        ),
+        360
+    );
+    assert_sound(&out);
+
+    // A session not wholly this run's own is never folded: both stay, as before.
+    let out2 = d.path("out2.db");
+    let options = MergeOptions {
+        same_thread: Some(("ses_mine", "ses_theirs")),
+        ..full()
+    };
+    let report = merge_with(&base, &ours, &Snapshot::empty(), &out2, options).unwrap();
+    assert!(
+        report.folded.is_empty() && report.kept_both.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(sessions(&out2), ["ses_mine", "ses_sub", "ses_theirs"]);
 }

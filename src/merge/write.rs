@@ -12,7 +12,7 @@ use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 use super::exchanges::{self, Joining, Sides, TreeJoin};
 use super::graph::{Graph, MESSAGE_TABLE};
-use super::plan::{self, Decision, Side, TreePlan, Versions};
+use super::plan::{self, Change, Decision, Side, TreePlan, Versions};
 use super::rows::{column_list, fill, step, OURS};
 use super::schema::{quote, RefOrigin, Schema};
 use super::snapshot::read_versions;
@@ -82,6 +82,7 @@ pub(super) fn run(
         base: &base_versions,
         restored: &restored.sessions,
         movable: options.own_messages.unwrap_or(&no_messages),
+        same_thread: options.same_thread,
     };
     apply(&tx, &base_schema, &graph, &plans, &views, &mut report)?;
     step("commit", || tx.commit())?;
@@ -190,6 +191,8 @@ struct Views<'a> {
     base: &'a Versions,
     restored: &'a Versions,
     movable: &'a BTreeSet<String>,
+    /// This run's thread session and the base's session of the same thread.
+    same_thread: Option<(&'a str, &'a str)>,
 }
 
 fn apply(
@@ -283,9 +286,13 @@ fn join_plans(
     };
     plans
         .iter()
-        .map(|p| match p.decision {
-            Decision::Conflict { winner } => exchanges::plan(&sides, p, winner).map(Some),
-            Decision::Take(_) | Decision::Identical => Ok(None),
+        .map(|p| match (&p.decision, views.same_thread) {
+            (Decision::Conflict { winner }, _) => exchanges::plan(&sides, p, *winner).map(Some),
+            // A thread this run started, which another run started too.
+            (Decision::Take(Change::Added), Some((ours, theirs))) if p.root == ours => {
+                exchanges::plan_fold(&sides, p, theirs)
+            }
+            (Decision::Take(_) | Decision::Identical, _) => Ok(None),
         })
         .collect()
 }
@@ -302,12 +309,15 @@ fn record(
     if let Some(Joining::Joined(join)) = joining {
         let moved = join.moved().count() as u64;
         report.kept_both.push(KeptBoth {
-            root: p.root.clone(),
+            root: join.root.clone(),
             title: p.title.clone(),
             sessions: join.members.clone(),
             messages: join.sessions.iter().map(|s| s.new_messages as u64).sum(),
             moved,
         });
+        if let Some(from) = &join.folded {
+            report.folded.push((from.clone(), join.root.clone()));
+        }
         return Ok(());
     }
     let refusal = match joining {

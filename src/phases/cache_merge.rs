@@ -10,7 +10,7 @@ use std::path::Path;
 use crate::cache::{self, RestoreOutcome};
 use crate::checkpoint::{self, ProbeOutcome};
 use crate::merge::{self, MergeReport, Snapshot};
-use crate::phases::context::OwnMessages;
+use crate::phases::context::OwnRows;
 use crate::phases::fallback::{Catalog, Listing};
 use crate::phases::paths::{check_marker, MarkerCheck, StatePaths, MARKER_FILE};
 use crate::phases::report::RestoreSource;
@@ -38,8 +38,8 @@ pub struct CacheMergeInputs<'a> {
     pub restored_key: Option<&'a str>,
     /// What was merged at restore, joined to what the save merges (`CacheMergeReport::then`).
     pub earlier: Option<&'a CacheMergeReport>,
-    /// This run's own new messages, which a merge may move (and then renames here).
-    pub own_messages: &'a OwnMessages,
+    /// What only this run's database holds, which a merge may move or fold (and then renames).
+    pub own_rows: &'a OwnRows,
 }
 
 /// What the merge did, for the summary.
@@ -59,6 +59,8 @@ pub struct CacheMergeReport {
     /// Sessions a merge joined (both runs' exchanges in one), with the merged entry's record of
     /// each: the result holds both runs' text, so it keeps the lower record, or none.
     pub joined: BTreeMap<String, Option<SessionTrust>>,
+    /// This run's thread sessions folded into another run's of the same thread (from, into).
+    pub folded: Vec<(String, String)>,
     /// Every key the listing before the save showed (`None`: no listing), so what appears
     /// during the save can be told apart.
     pub listed: Option<Vec<String>>,
@@ -71,6 +73,7 @@ struct Merged {
     trust: TrustMap,
     from_them: BTreeSet<String>,
     joined: BTreeMap<String, Option<SessionTrust>>,
+    folded: Vec<(String, String)>,
     /// It held a session, or a version of one, that this run's database lacked.
     new_to_us: bool,
 }
@@ -79,6 +82,7 @@ impl CacheMergeReport {
     fn take(&mut self, key: String, merged: Merged) {
         self.fold(merged.sessions, merged.trust, merged.from_them);
         self.fold_joined(merged.joined);
+        self.folded.extend(merged.folded);
         self.merged.push((key, merged.report));
     }
 
@@ -109,12 +113,23 @@ impl CacheMergeReport {
         for (k, v) in &self.sessions {
             map.entry(k.clone()).or_insert_with(|| v.clone());
         }
+        // A thread session folded into another run's continues as that one.
+        for (from, into) in &self.folded {
+            for session in map.values_mut().filter(|s| *s == from) {
+                *session = into.clone();
+            }
+        }
     }
 
     /// Joins the merged entries' trust records into `trust`, this run's: a session whose merged
     /// version is theirs takes their record, the lower one where both hold it
     /// (docs/security.md#trust-follows-memory).
     pub fn join_trust_into(&self, trust: &mut TrustMap) {
+        for (from, into) in &self.folded {
+            if let Some(record) = trust.remove(from) {
+                trust.insert(into.clone(), record);
+            }
+        }
         trust.retain(|id, _| !self.from_them.contains(id));
         crate::trust::join_lowering(trust, self.trust.clone());
         // A joined session holds both runs' text: the lower of both records, none if either has
@@ -135,6 +150,7 @@ impl CacheMergeReport {
     pub fn then(mut self, later: CacheMergeReport) -> CacheMergeReport {
         self.fold(later.sessions, later.trust, later.from_them);
         self.fold_joined(later.joined);
+        self.folded.extend(later.folded);
         self.merged.extend(later.merged);
         self.skipped.extend(later.skipped);
         self.listed = later.listed;
@@ -298,7 +314,14 @@ async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, S
     // sanitizer would otherwise clamp (and so change) as if it came from the future.
     let now_ms = crate::opencode::system_now_ms();
     let ours = inputs.paths.db();
-    let own = inputs.own_messages.get();
+    let own = Own {
+        messages: inputs.own_rows.messages(),
+        // The entry's session of this run's thread, when another run started it too.
+        same_thread: inputs.own_rows.thread().and_then(|(key, mine)| {
+            let theirs = sessions.get(&key).filter(|theirs| **theirs != mine)?;
+            Some((mine, theirs.clone()))
+        }),
+    };
     let versions = {
         let (base, out) = (base.clone(), out.clone());
         tokio::task::spawn_blocking(move || check_and_merge(&base, &ours, &out, now_ms, &own))
@@ -306,8 +329,8 @@ async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, S
             .map_err(|e| format!("merge task failed: {e}"))??
     };
     replace(&out, &inputs.paths.db())?;
-    // The result is this run's database now: its moved messages go by their new ids.
-    inputs.own_messages.renamed(&versions.report.reissued);
+    // The result is this run's database now.
+    inputs.own_rows.adopted(&versions.report);
     let Versions {
         report,
         theirs,
@@ -331,6 +354,7 @@ async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, S
         .iter()
         .any(|(id, v)| mine.sessions.get(id) != Some(v));
     Ok(Merged {
+        folded: report.folded.clone(),
         report,
         sessions,
         // A record of theirs holds only for a session whose merged version is theirs.
@@ -339,6 +363,12 @@ async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, S
         joined,
         new_to_us,
     })
+}
+
+/// What only this run's database holds, for the merge.
+struct Own {
+    messages: BTreeSet<String>,
+    same_thread: Option<(String, String)>,
 }
 
 /// The merge's report and the session versions of each side and of the result.
@@ -391,7 +421,7 @@ fn check_and_merge(
     ours: &Path,
     out: &Path,
     now_ms: i64,
-    own: &BTreeSet<String>,
+    own: &Own,
 ) -> Result<Versions, String> {
     if !base.is_file() {
         return Err("it holds no session database".into());
@@ -408,7 +438,11 @@ fn check_and_merge(
     let theirs = Snapshot::capture(base).map_err(|e| e.to_string())?;
     let mine = Snapshot::capture(ours).map_err(|e| e.to_string())?;
     let options = merge::MergeOptions {
-        own_messages: Some(own),
+        own_messages: Some(&own.messages),
+        same_thread: own
+            .same_thread
+            .as_ref()
+            .map(|(mine, theirs)| (mine.as_str(), theirs.as_str())),
         ..Default::default()
     };
     let report = merge::merge_with(base, ours, &Snapshot::empty(), out, options)

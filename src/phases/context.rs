@@ -95,8 +95,8 @@ pub(crate) struct RunContext {
     /// The sessions as restored, so a newer shared copy can be merged with this run's
     /// (`None`: they could not be read, and a newer copy is then not overwritten).
     pub(crate) restored_sessions: Option<Snapshot>,
-    /// The messages this run's turn wrote, which a merge may move (`OwnMessages`).
-    pub(crate) own_messages: OwnMessages,
+    /// The messages and thread session only this run's database holds (`OwnRows`).
+    pub(crate) own_rows: OwnRows,
     /// Whether restored memory was scrubbed when saved, so the save scrubs only this run's rows.
     pub(crate) provenance: Provenance,
     /// The summary's Session Persistence section, filled as the phases go.
@@ -107,28 +107,53 @@ pub(crate) struct RunContext {
     pub(crate) egress: Option<crate::egress::AgentReach>,
 }
 
-/// The messages this run's own turn wrote (docs/persistence.md#session-level-merge): no other copy
-/// of memory holds them, so a merge may give them new ids to keep an exchange together. The ids
-/// follow every merged result this run adopts (`renamed`).
+/// What only this run's database holds (docs/persistence.md#session-level-merge): the messages
+/// its own turn wrote, which a merge may give new ids to keep an exchange together, and its
+/// thread's session (logical key, id), which a merge may fold into another run's session of the
+/// same thread. Both follow every merged result this run adopts (`adopted`).
 #[derive(Debug, Default)]
-pub struct OwnMessages(std::sync::Mutex<std::collections::BTreeSet<String>>);
+pub struct OwnRows(std::sync::Mutex<Rows>);
 
-impl OwnMessages {
-    pub fn new(ids: std::collections::BTreeSet<String>) -> Self {
-        OwnMessages(std::sync::Mutex::new(ids))
+#[derive(Debug, Default, Clone)]
+struct Rows {
+    messages: std::collections::BTreeSet<String>,
+    thread: Option<(String, String)>,
+}
+
+impl OwnRows {
+    pub fn new(
+        messages: std::collections::BTreeSet<String>,
+        thread: Option<(String, String)>,
+    ) -> Self {
+        OwnRows(std::sync::Mutex::new(Rows { messages, thread }))
     }
 
-    pub fn get(&self) -> std::collections::BTreeSet<String> {
-        // A panic while holding the lock cannot leave the set half written: it is replaced whole.
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    fn rows(&self) -> std::sync::MutexGuard<'_, Rows> {
+        // Every update below leaves whole values: a panic elsewhere cannot leave them half set.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The merged result now in place gave some of them new ids: `(old, new)`.
-    pub fn renamed(&self, pairs: &[(String, String)]) {
-        let mut ids = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        for (old, new) in pairs {
-            if ids.remove(old) {
-                ids.insert(new.clone());
+    pub fn messages(&self) -> std::collections::BTreeSet<String> {
+        self.rows().messages.clone()
+    }
+
+    /// This run's thread and its session now.
+    pub fn thread(&self) -> Option<(String, String)> {
+        self.rows().thread.clone()
+    }
+
+    /// A merged result is this run's database now: its moved messages go by their new ids, and a
+    /// folded thread session by the session it joined.
+    pub fn adopted(&self, report: &crate::merge::MergeReport) {
+        let mut rows = self.rows();
+        for (old, new) in &report.reissued {
+            if rows.messages.remove(old) {
+                rows.messages.insert(new.clone());
+            }
+        }
+        if let Some((_, session)) = rows.thread.as_mut() {
+            if let Some((_, into)) = report.folded.iter().find(|(from, _)| from == session) {
+                *session = into.clone();
             }
         }
     }

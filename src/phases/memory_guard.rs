@@ -83,16 +83,21 @@ fn copy_db(db: &Path, to: &Path) -> std::io::Result<()> {
 /// how many other conversations the agent had changed. When the copy was memory fro-bot had
 /// scrubbed, `own` trees are scrubbed before they are written into it, so nothing in the rebuilt
 /// file ever held a secret and the save scrubs only those trees (`Provenance`).
-/// Also records the messages the turn wrote (`RunContext::own_messages`), which only this run's
-/// database holds.
-pub(crate) fn put_back(ctx: &mut RunContext, before: Before, own: &[&str]) {
+/// Also records the messages the turn wrote and its thread's session (`RunContext::own_rows`),
+/// which only this run's database holds.
+pub(crate) fn put_back(
+    ctx: &mut RunContext,
+    before: Before,
+    own: &[&str],
+    thread: Option<(String, String)>,
+) {
     let scrubbed_base = ctx.provenance == Provenance::Scrubbed;
     // Anything but a rebuild from scrubbed memory leaves the save to scrub the whole database.
     ctx.provenance = Provenance::Unknown;
     let guard = match before {
         Before::Kept(guard) => guard,
         Before::Nothing => {
-            record_own_messages(ctx, None);
+            record_own_rows(ctx, None, thread);
             return;
         }
         Before::Unknown => return,
@@ -108,21 +113,24 @@ pub(crate) fn put_back(ctx: &mut RunContext, before: Before, own: &[&str]) {
     if prescrubbed && rebuilt {
         ctx.provenance = Provenance::RebuiltFromScrubbed;
     }
-    record_own_messages(ctx, Some(&guard.copy));
+    record_own_rows(ctx, Some(&guard.copy), thread);
     ctx.set_state(state::MEMORY_GUARD, "");
 }
 
 /// The messages the database holds now and did not before the turn (`before`: its copy; `None`:
-/// there was none). Unreadable: none (nothing of this run's then moves in a merge).
-fn record_own_messages(ctx: &mut RunContext, before: Option<&Path>) {
+/// there was none), and the thread's session. Unreadable: no messages (nothing of this run's then
+/// moves in a merge).
+fn record_own_rows(ctx: &mut RunContext, before: Option<&Path>, thread: Option<(String, String)>) {
     let db = ctx.paths.db();
-    if !db.is_file() {
-        return;
-    }
-    match merge::messages_added(before, &db) {
-        Ok(ids) => ctx.own_messages = crate::phases::context::OwnMessages::new(ids),
-        Err(e) => tracing::debug!("this run's messages are not known: {e}"),
-    }
+    let messages = match db.is_file().then(|| merge::messages_added(before, &db)) {
+        Some(Ok(ids)) => ids,
+        Some(Err(e)) => {
+            tracing::debug!("this run's messages are not known: {e}");
+            Default::default()
+        }
+        None => Default::default(),
+    };
+    ctx.own_rows = crate::phases::context::OwnRows::new(messages, thread);
 }
 
 /// Scrubs the rows of `own` trees (and OpenCode's other tables) in the agent's database, the ones

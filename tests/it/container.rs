@@ -11,6 +11,17 @@ crate::e2e::launched_scenarios!(crate::support::container::Launch::container();
     egress::a_kernel_without_landlock_tcp_rules_fails_the_run_before_the_agent_starts,
 );
 
+/// From the image only (the binary runs the same code): three mentions on one new issue with the
+/// Actions cache alone, the default set-up (docs/persistence.md#concurrent-runs-and-the-merge).
+#[tokio::test]
+async fn three_mentions_on_one_thread_with_the_cache_alone_are_all_answered_and_remembered() {
+    crate::e2e::concurrent::three_mentions_on_one_thread_are_all_answered_and_remembered(
+        crate::support::container::Launch::container(),
+        None,
+    )
+    .await;
+}
+
 mod image {
     use std::process::{Command, Stdio};
 

@@ -352,6 +352,7 @@ async fn two_real_runs_on_the_same_thread_keep_both_exchanges_each_answer_after_
         let options = MergeOptions {
             verify: Verify::Full,
             own_messages: Some(own),
+            ..Default::default()
         };
         let report = merge::merge_with(base, ours, &snapshot, &out, options).unwrap();
         assert!(report.conflicts.is_empty(), "{name}: {report:?}");
@@ -434,6 +435,7 @@ async fn a_run_that_compacted_the_thread_falls_back_to_the_later_turn_and_says_s
     let options = MergeOptions {
         verify: Verify::Full,
         own_messages: Some(&own_b),
+        ..Default::default()
     };
     let report = merge::merge_with(&a, &b, &Snapshot::empty(), &out, options).unwrap();
     assert!(report.kept_both.is_empty(), "{report:?}");

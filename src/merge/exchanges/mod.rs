@@ -1,31 +1,27 @@
 //! Both runs continued the same session tree from the same memory (docs/persistence.md
 //! #session-level-merge): instead of keeping only the later turn, the merge keeps both runs' new
-//! messages and parts, the session row of the later activity, and every sub-agent session.
+//! messages and parts, the session row of the later activity, and every sub-agent session. Two
+//! runs that each started a thread's first session (a new issue mentioned twice) are joined the
+//! same way: this run's new session is folded into the other run's.
 //!
 //! This module only decides: it reads both sides (the output, a copy of the base, as `main`; this
-//! run's database as `ours`) and says how to join each session, or why it cannot
-//! ([`Refusal`]: the tree then goes to the later activity, as before, and the summary says why).
-//! `join` writes the decision.
-//!
-//! OpenCode reads a session's history ordered by `(time_created, id)`. Two turns that overlapped
-//! in time interleave in that order (a question, a tool step, the other run's question and answer,
-//! then the first run's answer), so each exchange is kept together: this run's new messages go
-//! after the other run's exchange under way when this run's began, and before the other run's
-//! next question; when they do not already fall there, they get new ids and times in OpenCode's
-//! format (`reissue`). Only this run's own new messages are ever moved (`Sides::movable`): every
-//! other row may also be in memory elsewhere, where a moved copy would come back as a duplicate.
+//! run's database as `ours`) and says how to join each session, or why it cannot ([`Refusal`]:
+//! the tree then goes to the later activity, as before, and the summary says why). Where each of
+//! this run's exchanges goes is `placing`'s; `join` writes the decision.
 
 use std::collections::BTreeSet;
 
 use rusqlite::types::ValueRef;
 use rusqlite::{params, Connection};
 
+mod placing;
+
 use super::graph::{Graph, MESSAGE_TABLE};
 use super::plan::{Side, TreePlan, Versions};
-use super::reissue::{self, Key};
 use super::rows::{self, step, OURS};
 use super::schema::{quote, Schema, ACTIVITY_COLUMN, SESSION_TABLE};
 use super::MergeError;
+use placing::Message;
 
 pub const PART_TABLE: &str = "part";
 pub const EVENT_TABLE: &str = "event";
@@ -35,12 +31,15 @@ pub const TODO_TABLE: &str = "todo";
 pub const ONE: &str = "merge_one";
 
 /// Event types a turn writes (OpenCode 1.18). Any other among a run's new events (a removal, a
-/// compaction) is a change the union cannot reconcile.
+/// compaction) is a change the union cannot reconcile. A new session's log starts with
+/// `session.created.1` ([`SESSION_STARTED`]).
 const TURN_EVENTS: &[&str] = &[
     "message.updated.1",
     "message.part.updated.1",
     "session.updated.1",
 ];
+
+const SESSION_STARTED: &str = "session.created.1";
 
 /// New messages read per side at most; more are refused (bounded work on a hostile database).
 const MAX_NEW_MESSAGES: usize = 100_000;
@@ -151,6 +150,10 @@ pub enum Joining {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TreeJoin {
+    /// The joined tree's root in the result.
+    pub root: String,
+    /// This run's new root session folded into the other run's (`root`), when it was.
+    pub folded: Option<String>,
     /// Sessions only this run holds (a sub-agent it ran): copied whole.
     pub ours_only: Vec<String>,
     /// Sessions both runs continued.
@@ -167,7 +170,11 @@ impl TreeJoin {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionJoin {
+    /// This run's session.
     pub id: String,
+    /// The base's session it joins: the same one, or the other run's session of the same thread
+    /// that this run's new one is folded into.
+    pub into: String,
     /// Whose session row and todos the result keeps: the later activity's.
     pub later: Side,
     /// The later of both activities.
@@ -215,6 +222,28 @@ pub struct Sides<'a> {
 /// A decision that is either made or refused; errors are the database's.
 type Checked<T> = Result<Result<T, Refusal>, MergeError>;
 
+/// The session of each side being joined.
+#[derive(Debug, Clone, Copy)]
+pub struct Pair<'a> {
+    pub ours: &'a str,
+    pub base: &'a str,
+}
+
+impl Pair<'_> {
+    /// This run's new session folded into the other run's (else both continued one session).
+    fn folds(&self) -> bool {
+        self.ours != self.base
+    }
+
+    fn on(&self, db: &str) -> &str {
+        if db == OURS {
+            self.ours
+        } else {
+            self.base
+        }
+    }
+}
+
 macro_rules! refuse_if {
     ($cond:expr, $refusal:expr) => {
         if $cond {
@@ -228,6 +257,71 @@ pub fn plan(sides: &Sides<'_>, tree: &TreePlan, later: Side) -> Result<Joining, 
     Ok(match plan_tree(sides, tree, later)? {
         Ok(join) => Joining::Joined(join),
         Err(refusal) => Joining::Refused(refusal),
+    })
+}
+
+/// How to fold `tree`, a thread's session this run started, into `into`, the session the other
+/// run started for the same thread; `None` when it is not that (then it is added beside it).
+pub fn plan_fold(
+    sides: &Sides<'_>,
+    tree: &TreePlan,
+    into: &str,
+) -> Result<Option<Joining>, MergeError> {
+    let root = tree.root.as_str();
+    let theirs = sides.base.get(into);
+    // Only a thread's root session, wholly this run's own (so no other copy of memory holds any
+    // of it), into one only the base holds.
+    let eligible = root != into
+        && theirs.is_some_and(|v| v.parent.is_none())
+        && !sides.ours.contains_key(into)
+        && !sides.restored.contains_key(into)
+        && !sides.restored.contains_key(root)
+        && tree.base_members.is_empty();
+    if !eligible || !wholly_own(sides, root)? {
+        return Ok(None);
+    }
+    let pair = Pair {
+        ours: root,
+        base: into,
+    };
+    Ok(Some(match fold_session(sides, pair)? {
+        Ok(session) => {
+            let mut members: Vec<String> = tree
+                .ours_members
+                .iter()
+                .filter(|m| *m != root)
+                .cloned()
+                .collect();
+            let ours_only = members.clone();
+            members.push(into.to_string());
+            members.sort();
+            Joining::Joined(TreeJoin {
+                root: into.to_string(),
+                folded: Some(root.to_string()),
+                ours_only,
+                sessions: vec![session],
+                members,
+            })
+        }
+        Err(refusal) => Joining::Refused(refusal),
+    }))
+}
+
+/// Whether every message of this run's `session` is one its turn wrote.
+fn wholly_own(sides: &Sides<'_>, session: &str) -> Result<bool, MergeError> {
+    let sql = format!(
+        "SELECT id FROM {OURS}.{} WHERE session_id = ?1",
+        quote(MESSAGE_TABLE)
+    );
+    step("reading this run's messages", || {
+        let mut stmt = sides.conn.prepare(&sql)?;
+        let mut rows = stmt.query([session])?;
+        while let Some(row) = rows.next()? {
+            if !text(row.get_ref(0)?).is_some_and(|id| sides.movable.contains(&id)) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     })
 }
 
@@ -247,7 +341,8 @@ fn plan_tree(sides: &Sides<'_>, tree: &TreePlan, later: Side) -> Checked<TreeJoi
     for id in ours.iter().filter(|id| base.contains(id)) {
         let same = sides.ours.get(id).map(|v| &v.digest) == sides.base.get(id).map(|v| &v.digest);
         if !same {
-            match plan_session(sides, id, later)? {
+            let pair = Pair { ours: id, base: id };
+            match plan_session(sides, pair, later)? {
                 Ok(join) => sessions.push(join),
                 Err(refusal) => return Ok(Err(refusal)),
             }
@@ -255,6 +350,8 @@ fn plan_tree(sides: &Sides<'_>, tree: &TreePlan, later: Side) -> Checked<TreeJoi
     }
     let members: BTreeSet<&String> = ours.iter().chain(base).collect();
     Ok(Ok(TreeJoin {
+        root: tree.root.clone(),
+        folded: None,
         ours_only: ours
             .iter()
             .filter(|id| !base.contains(id))
@@ -278,52 +375,61 @@ fn missing_column(schema: &Schema) -> Option<Refusal> {
     })
 }
 
-/// One session both runs continued.
-fn plan_session(sides: &Sides<'_>, id: &str, later: Side) -> Checked<SessionJoin> {
+/// This run's new session of a thread folded into the other run's: the other's row is kept.
+fn fold_session(sides: &Sides<'_>, pair: Pair<'_>) -> Checked<SessionJoin> {
+    if let Some(refusal) = missing_column(sides.schema) {
+        return Ok(Err(refusal));
+    }
+    plan_session(sides, pair, Side::Base)
+}
+
+/// One session both runs continued, or this run's new one folded into the other's.
+fn plan_session(sides: &Sides<'_>, pair: Pair<'_>, later: Side) -> Checked<SessionJoin> {
     let conn = sides.conn;
-    rows::fill(conn, ONE, std::iter::once(&id.to_string()))?;
-    let title = match session_rows(sides, id)? {
+    rows::fill(conn, ONE, std::iter::once(&pair.ours.to_string()))?;
+    let title = match session_rows(sides, pair)? {
         Ok(title) => title,
         Err(r) => return Ok(Err(r)),
     };
     for table in [MESSAGE_TABLE, PART_TABLE] {
-        refuse_if!(
-            rewritten(sides, table, id)?,
-            Refusal::Rewritten {
-                table: table.into()
-            }
-        );
+        let refusal = Refusal::Rewritten {
+            table: table.into(),
+        };
+        refuse_if!(rewritten(sides, table, pair)?, refusal);
     }
-    if let Some(table) = unjoinable(sides)? {
+    if let Some(table) = unjoinable(sides, pair)? {
         return Ok(Err(Refusal::Unjoinable { table }));
     }
-    let events = match plan_events(conn, id)? {
+    let events = match plan_events(conn, pair)? {
         Ok(events) => events,
         Err(r) => return Ok(Err(r)),
     };
     let (ours_new, base_new) = match (
-        new_messages(conn, OURS, id)?,
-        new_messages(conn, "main", id)?,
+        placing::new_messages(conn, OURS, pair.ours)?,
+        placing::new_messages(conn, "main", pair.base)?,
     ) {
         (Ok(o), Ok(b)) => (o, b),
         (Err(r), _) | (_, Err(r)) => return Ok(Err(r)),
     };
     for side in [OURS, "main"] {
-        if let Some(r) = new_parts(conn, side, id)? {
+        if let Some(r) = new_parts(conn, side, pair.on(side))? {
             return Ok(Err(r));
         }
     }
-    let new: Vec<&Message> = ours_new.iter().chain(&base_new).collect();
-    if let Err(r) = removed(conn, id, events.map(|e| e.from), &new)? {
-        return Ok(Err(r));
+    if let Some(from) = events.filter(|_| !pair.folds()).map(|e| e.from) {
+        let new: Vec<&Message> = ours_new.iter().chain(&base_new).collect();
+        refuse_if!(
+            placing::removed(conn, pair.base, from, &new)?,
+            Refusal::Removed
+        );
     }
-    let moved = match place(sides, id, &ours_new, &base_new)? {
+    let moved = match placing::place(sides, pair, &ours_new, &base_new)? {
         Ok(moved) => moved,
         Err(r) => return Ok(Err(r)),
     };
-    let activity = [sides.ours, sides.base]
+    let activity = [(sides.ours, pair.ours), (sides.base, pair.base)]
         .iter()
-        .filter_map(|v| v.get(id).map(|s| s.activity))
+        .filter_map(|(v, id)| v.get(*id).map(|s| s.activity))
         .max()
         .unwrap_or_default();
     let other = match later {
@@ -331,11 +437,12 @@ fn plan_session(sides: &Sides<'_>, id: &str, later: Side) -> Checked<SessionJoin
         Side::Base => OURS,
     };
     Ok(Ok(SessionJoin {
-        id: id.to_string(),
+        id: pair.ours.to_string(),
+        into: pair.base.to_string(),
         later,
         activity,
         title,
-        totals: totals(sides, other, id)?,
+        totals: totals(sides, other, pair.on(other))?,
         new_messages: ours_new.len(),
         moved,
         events,
@@ -343,7 +450,7 @@ fn plan_session(sides: &Sides<'_>, id: &str, later: Side) -> Checked<SessionJoin
 }
 
 /// Neither run compacted or reverted the session; the title to set, when only one changed it.
-fn session_rows(sides: &Sides<'_>, id: &str) -> Checked<Option<String>> {
+fn session_rows(sides: &Sides<'_>, pair: Pair<'_>) -> Checked<Option<String>> {
     let mut titles = Vec::new();
     for db in [OURS, "main"] {
         let sql = format!(
@@ -352,7 +459,7 @@ fn session_rows(sides: &Sides<'_>, id: &str) -> Checked<Option<String>> {
         );
         let (reverted, compacting, title): (bool, bool, Option<String>) =
             step("reading the session", || {
-                sides.conn.query_row(&sql, [id], |r| {
+                sides.conn.query_row(&sql, [pair.on(db)], |r| {
                     Ok((r.get(0)?, r.get(1)?, text(r.get_ref(2)?)))
                 })
             })?;
@@ -364,7 +471,12 @@ fn session_rows(sides: &Sides<'_>, id: &str) -> Checked<Option<String>> {
     if ours == base {
         return Ok(Ok(None));
     }
-    let restored = sides.restored.get(id).map(|v| &v.title);
+    // Two new sessions of one thread carry its one title; they are not folded otherwise.
+    let restored = sides
+        .restored
+        .get(pair.ours)
+        .filter(|_| !pair.folds())
+        .map(|v| &v.title);
     Ok(match restored {
         Some(r) if r == ours => Ok(base.clone()),
         Some(r) if r == base => Ok(ours.clone()),
@@ -372,8 +484,9 @@ fn session_rows(sides: &Sides<'_>, id: &str) -> Checked<Option<String>> {
     })
 }
 
-/// Whether a row of `table` (keyed `id`, tied by `session_id`) that both sides hold differs.
-fn rewritten(sides: &Sides<'_>, table: &str, session: &str) -> Result<bool, MergeError> {
+/// Whether a row of `table` (keyed `id`, tied by `session_id`) of one side's session that the
+/// other side holds differs there (for a fold: is there at all).
+fn rewritten(sides: &Sides<'_>, table: &str, pair: Pair<'_>) -> Result<bool, MergeError> {
     let t = quote(table);
     let same: Vec<String> = sides.schema.tables[table]
         .columns
@@ -388,7 +501,7 @@ fn rewritten(sides: &Sides<'_>, table: &str, session: &str) -> Result<bool, Merg
             same = same.join(" AND ")
         );
         let differs: bool = step(&format!("comparing {table}"), || {
-            sides.conn.query_row(&sql, [session], |r| r.get(0))
+            sides.conn.query_row(&sql, [pair.on(x)], |r| r.get(0))
         })?;
         if differs {
             return Ok(true);
@@ -397,18 +510,37 @@ fn rewritten(sides: &Sides<'_>, table: &str, session: &str) -> Result<bool, Merg
     Ok(false)
 }
 
-/// The first tied table the union does not join whose rows for the session differ.
-fn unjoinable(sides: &Sides<'_>) -> Result<Option<String>, MergeError> {
+/// The first tied table the union does not join whose rows for the session differ (for a fold:
+/// where this run's session has any).
+fn unjoinable(sides: &Sides<'_>, pair: Pair<'_>) -> Result<Option<String>, MergeError> {
     for table in sides.graph.tied_order() {
-        let columns: Vec<&str> = sides.schema.tables[table]
-            .columns
-            .iter()
-            .map(String::as_str)
-            // Both sequences moved on; the union sets the joined one.
-            .filter(|c| !(table == SEQUENCE_TABLE && *c == "seq"))
-            .collect();
-        let joined = JOINED.contains(&table.as_str()) && table != SEQUENCE_TABLE;
-        if !joined && rows::differing_rows(sides.conn, sides.graph, table, &columns, ONE)? > 0 {
+        let joined = JOINED.contains(&table.as_str());
+        let differs = match (pair.folds(), joined) {
+            // A session folded in brings only its messages, parts, events and sub-agents.
+            (true, true) => false,
+            (true, false) => {
+                let sql = format!(
+                    "SELECT EXISTS (SELECT 1 FROM {OURS}.{} WHERE {})",
+                    quote(table),
+                    sides.graph.predicate(OURS, table, ONE)
+                );
+                step(&format!("reading {table}"), || {
+                    sides.conn.query_row(&sql, [], |r| r.get::<_, bool>(0))
+                })?
+            }
+            (false, true) if table != SEQUENCE_TABLE => false,
+            (false, _) => {
+                // Both sequences moved on; the union sets the joined one.
+                let columns: Vec<&str> = sides.schema.tables[table]
+                    .columns
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|c| !(table == SEQUENCE_TABLE && *c == "seq"))
+                    .collect();
+                rows::differing_rows(sides.conn, sides.graph, table, &columns, ONE)? > 0
+            }
+        };
+        if differs {
             return Ok(Some(table.clone()));
         }
     }
@@ -416,20 +548,24 @@ fn unjoinable(sides: &Sides<'_>) -> Result<Option<String>, MergeError> {
 }
 
 /// Where the two event logs part (both share the base's events, with the same ids at the same
-/// sequence numbers), whether the new events are a turn's, and where this run's go. An event id
-/// is OpenCode's random one: an event of this run's that the base already holds (this run's
-/// version merged into it before) is not new.
-fn plan_events(conn: &Connection, id: &str) -> Checked<Option<Events>> {
+/// sequence numbers; a folded session's log is all new), whether the new events are a turn's, and
+/// where this run's go. An event id is OpenCode's random one: an event of this run's that the base
+/// already holds (this run's version merged into it before) is not new.
+fn plan_events(conn: &Connection, pair: Pair<'_>) -> Checked<Option<Events>> {
     let t = quote(EVENT_TABLE);
-    let side = |db: &str| format!("SELECT seq, id FROM {db}.{t} WHERE aggregate_id = ?1");
-    let (o, b) = (side(OURS), side("main"));
-    let sql = format!(
-        "SELECT min(s) FROM (SELECT min(seq) AS s FROM ({o} EXCEPT {b}) \
-         UNION ALL SELECT min(seq) FROM ({b} EXCEPT {o}))"
-    );
-    let from = step("comparing events", || {
-        conn.query_row(&sql, [id], |r| Ok(int(r.get_ref(0)?)))
-    })?;
+    let from = if pair.folds() {
+        Some(i64::MIN)
+    } else {
+        let side = |db: &str| format!("SELECT seq, id FROM {db}.{t} WHERE aggregate_id = ?1");
+        let (o, b) = (side(OURS), side("main"));
+        let sql = format!(
+            "SELECT min(s) FROM (SELECT min(seq) AS s FROM ({o} EXCEPT {b}) \
+             UNION ALL SELECT min(seq) FROM ({b} EXCEPT {o}))"
+        );
+        step("comparing events", || {
+            conn.query_row(&sql, [pair.ours], |r| Ok(int(r.get_ref(0)?)))
+        })?
+    };
     let Some(from) = from else {
         return Ok(Ok(None));
     };
@@ -441,13 +577,11 @@ fn plan_events(conn: &Connection, id: &str) -> Checked<Option<Events>> {
         );
         let kinds: Vec<Option<String>> = step("reading event types", || {
             let mut stmt = conn.prepare(&sql)?;
-            let rows = stmt.query_map(params![id, from], |r| Ok(text(r.get_ref(0)?)))?;
+            let rows = stmt.query_map(params![pair.on(x), from], |r| Ok(text(r.get_ref(0)?)))?;
             rows.collect()
         })?;
-        if let Some(kind) = kinds
-            .into_iter()
-            .find(|k| !k.as_deref().is_some_and(|k| TURN_EVENTS.contains(&k)))
-        {
+        let turn = |k: &str| TURN_EVENTS.contains(&k) || (pair.folds() && k == SESSION_STARTED);
+        if let Some(kind) = kinds.into_iter().find(|k| !k.as_deref().is_some_and(turn)) {
             return Ok(Err(Refusal::Event {
                 kind: kind.unwrap_or_default(),
             }));
@@ -459,7 +593,7 @@ fn plan_events(conn: &Connection, id: &str) -> Checked<Option<Events>> {
         s = quote(SEQUENCE_TABLE),
     );
     let after = step("reading events", || {
-        conn.query_row(&sql, [id], |r| Ok(int(r.get_ref(0)?)))
+        conn.query_row(&sql, [pair.base], |r| Ok(int(r.get_ref(0)?)))
     })?;
     let Some(after) = after else {
         return Ok(Err(Refusal::Malformed));
@@ -475,133 +609,21 @@ pub fn new_event(other: &str) -> String {
     )
 }
 
-/// A message as far as placing one needs.
-#[derive(Debug, Clone)]
-struct Message {
-    id: String,
-    time: i64,
-    user: bool,
-}
-
-impl Message {
-    fn key(&self) -> (i64, &str) {
-        (self.time, &self.id)
-    }
-}
-
-/// The messages' columns read for placing them: id, time, and the role and whether it is a
-/// compaction's summary from its data (never parsed when the data is not JSON).
-fn message_columns() -> String {
-    let json = |path: &str| format!("CASE WHEN json_valid(m.data) THEN {path} END");
-    format!(
-        "m.id, m.time_created, {}, {}, {}",
-        json("json_extract(m.data, '$.role')"),
-        json("json_extract(m.data, '$.parentID')"),
-        json("json_type(m.data, '$.summary')"),
-    )
-}
-
-type MessageRow = (
-    Option<String>,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-);
-
-/// Runs `sql` (selecting [`message_columns`]) with `args`: at most [`MAX_NEW_MESSAGES`] rows.
-fn read_messages(
-    conn: &Connection,
-    sql: &str,
-    args: impl rusqlite::Params,
-) -> Result<Result<Vec<MessageRow>, Refusal>, MergeError> {
-    let rows: Vec<MessageRow> = step("reading messages", || {
-        let mut stmt = conn.prepare(sql)?;
-        let rows = stmt.query_map(args, |r| {
-            Ok((
-                text(r.get_ref(0)?),
-                int(r.get_ref(1)?),
-                text(r.get_ref(2)?),
-                text(r.get_ref(3)?),
-                text(r.get_ref(4)?),
-            ))
-        })?;
-        rows.collect()
-    })?;
-    Ok(if rows.len() > MAX_NEW_MESSAGES {
-        Err(Refusal::TooLarge)
-    } else {
-        Ok(rows)
-    })
-}
-
-/// `side`'s messages of the session the other side lacks, in OpenCode's order: each run's new
-/// exchanges, each a question followed by its answers, none of them a compaction's summary.
-fn new_messages(conn: &Connection, side: &str, id: &str) -> Checked<Vec<Message>> {
+/// A refusal for `side`'s new parts of `session`: one on a message both hold (a rewrite of shared
+/// history), or a compaction's.
+fn new_parts(conn: &Connection, side: &str, session: &str) -> Result<Option<Refusal>, MergeError> {
     let other = if side == OURS { "main" } else { OURS };
-    let sql = format!(
-        "SELECT {cols} FROM {side}.{t} m \
-         WHERE m.session_id = ?1 AND NOT EXISTS (SELECT 1 FROM {other}.{t} o WHERE o.id = m.id) \
-         ORDER BY m.time_created, m.id LIMIT ?2",
-        cols = message_columns(),
-        t = quote(MESSAGE_TABLE),
-    );
-    let rows = match read_messages(conn, &sql, params![id, MAX_NEW_MESSAGES as i64 + 1])? {
-        Ok(rows) => rows,
-        Err(r) => return Ok(Err(r)),
-    };
-    let mut out = Vec::with_capacity(rows.len());
-    let mut questions = BTreeSet::new();
-    for (id, time, role, parent, summary) in rows {
-        let Some(m) = message(id, time, role) else {
-            return Ok(Err(Refusal::Malformed));
-        };
-        refuse_if!(
-            !m.user && summary.as_deref() == Some("true"),
-            Refusal::Compacted
-        );
-        // The first new message asks; every answer answers one of this run's new questions.
-        let answered = parent.as_ref().is_some_and(|p| questions.contains(p));
-        refuse_if!(!m.user && !answered, Refusal::Unanswered);
-        if m.user {
-            questions.insert(m.id.clone());
-        }
-        out.push(m);
-    }
-    Ok(Ok(out))
-}
-
-fn message(id: Option<String>, time: Option<i64>, role: Option<String>) -> Option<Message> {
-    let user = match role.as_deref()? {
-        "user" => true,
-        "assistant" => false,
-        _ => return None,
-    };
-    Some(Message {
-        id: id?,
-        time: time?,
-        user,
-    })
-}
-
-/// A refusal for `side`'s new parts: one on a message both hold (a rewrite of shared history), or
-/// a compaction's.
-fn new_parts(conn: &Connection, side: &str, id: &str) -> Result<Option<Refusal>, MergeError> {
-    let other = if side == OURS { "main" } else { OURS };
+    let p = quote(PART_TABLE);
+    let new = format!("NOT EXISTS (SELECT 1 FROM {other}.{p} o WHERE o.id = n.id)");
     let sql = format!(
         "SELECT EXISTS (SELECT 1 FROM {side}.{p} n WHERE n.session_id = ?1 AND {new} \
            AND EXISTS (SELECT 1 FROM {other}.{m} o WHERE o.id = n.message_id)), \
          EXISTS (SELECT 1 FROM {side}.{p} n WHERE n.session_id = ?1 AND {new} \
            AND (CASE WHEN json_valid(n.data) THEN json_extract(n.data, '$.type') END) = 'compaction')",
-        p = quote(PART_TABLE),
         m = quote(MESSAGE_TABLE),
-        new = format!(
-            "NOT EXISTS (SELECT 1 FROM {other}.{p} o WHERE o.id = n.id)",
-            p = quote(PART_TABLE)
-        ),
     );
     let (shared, compaction): (bool, bool) = step("reading new parts", || {
-        conn.query_row(&sql, [id], |r| Ok((r.get(0)?, r.get(1)?)))
+        conn.query_row(&sql, [session], |r| Ok((r.get(0)?, r.get(1)?)))
     })?;
     Ok(if compaction {
         Some(Refusal::Compacted)
@@ -614,164 +636,16 @@ fn new_parts(conn: &Connection, side: &str, id: &str) -> Result<Option<Refusal>,
     })
 }
 
-/// Whether a message one side lacks was created in the part of the event log both share: then the
-/// side that lacks it removed it (OpenCode logs a message's creation as `message.updated.1`).
-fn removed(conn: &Connection, id: &str, events_from: Option<i64>, new: &[&Message]) -> Checked<()> {
-    let Some(from) = events_from else {
-        return Ok(Ok(()));
-    };
-    step("listing new messages", || {
-        conn.execute("DELETE FROM temp.merge_new", [])?;
-        let mut stmt = conn.prepare("INSERT OR IGNORE INTO temp.merge_new VALUES (?1)")?;
-        for m in new {
-            stmt.execute([&m.id])?;
-        }
-        Ok(())
-    })?;
-    let sql = format!(
-        "SELECT EXISTS (SELECT 1 FROM main.{t} e WHERE e.aggregate_id = ?1 \
-           AND e.type = 'message.updated.1' AND e.seq < ?2 \
-           AND (CASE WHEN json_valid(e.data) THEN json_extract(e.data, '$.info.id') END) \
-               IN (SELECT id FROM temp.merge_new))",
-        t = quote(EVENT_TABLE)
-    );
-    let found: bool = step("reading shared events", || {
-        conn.query_row(&sql, params![id, from], |r| r.get(0))
-    })?;
-    Ok(if found { Err(Refusal::Removed) } else { Ok(()) })
-}
-
-/// Where this run's new exchanges go (docs/persistence.md#session-level-merge): each after the
-/// exchange under way when it began, before the next question. One that does not already fall
-/// there is moved: new ids and times between its neighbours.
-fn place(sides: &Sides<'_>, id: &str, ours: &[Message], base: &[Message]) -> Checked<Vec<Moved>> {
-    let Some(first) = ours.first() else {
-        return Ok(Ok(Vec::new()));
-    };
-    // What this run's messages must not split: the base's new ones and the shared history from
-    // the last message before this run's first.
-    let mut fixed = match shared_from(sides.conn, id, first)? {
-        Ok(shared) => shared,
-        Err(r) => return Ok(Err(r)),
-    };
-    fixed.extend(base.iter().cloned());
-    fixed.sort_by(|a, b| a.key().cmp(&b.key()));
-    let mut moved = Vec::new();
-    for exchange in ours.chunk_by(|_, next| !next.user) {
-        let placed = match place_exchange(sides, &fixed, exchange)? {
-            Ok(placed) => placed,
-            Err(r) => return Ok(Err(r)),
-        };
-        moved.extend(
-            exchange
-                .iter()
-                .zip(&placed)
-                .filter(|(o, p)| o.id != p.id)
-                .map(|(o, p)| Moved {
-                    old: o.id.clone(),
-                    new: p.id.clone(),
-                    time: p.time,
-                }),
-        );
-        let at = fixed.partition_point(|m| m.key() < placed[0].key());
-        fixed.splice(at..at, placed);
-    }
-    Ok(Ok(moved))
-}
-
-/// One exchange of this run's, as it stays or moved among `fixed` (sorted).
-fn place_exchange(
-    sides: &Sides<'_>,
-    fixed: &[Message],
-    exchange: &[Message],
-) -> Result<Result<Vec<Message>, Refusal>, MergeError> {
-    let (first, last) = (&exchange[0], &exchange[exchange.len() - 1]);
-    let next = fixed.iter().position(|m| m.user && m.key() > first.key());
-    let before = next.map(|at| &fixed[at]);
-    let after = fixed[..next.unwrap_or(fixed.len())].last();
-    let fits =
-        after.is_none_or(|a| first.key() > a.key()) && before.is_none_or(|b| last.key() < b.key());
-    if fits {
-        return Ok(Ok(exchange.to_vec()));
-    }
-    if !exchange.iter().all(|m| sides.movable.contains(&m.id)) {
-        return Ok(Err(Refusal::Interleaved));
-    }
-    let bound = |m: Option<&Message>| -> Result<Option<Key>, Refusal> {
-        m.map(|m| {
-            reissue::tick(&m.id, "msg")
-                .map(|tick| Key { time: m.time, tick })
-                .ok_or(Refusal::Interleaved)
-        })
-        .transpose()
-    };
-    let (after, before) = match (bound(after), bound(before)) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(r), _) | (_, Err(r)) => return Ok(Err(r)),
-    };
-    let times: Vec<i64> = exchange.iter().map(|m| m.time).collect();
-    let Some(keys) = reissue::place(&times, after, before) else {
-        return Ok(Err(Refusal::Interleaved));
-    };
-    Ok(Ok(exchange
-        .iter()
-        .zip(keys)
-        .map(|(m, k)| Message {
-            id: reissue::id("msg", k.tick),
-            time: k.time,
-            user: m.user,
-        })
-        .collect()))
-}
-
-/// The messages both sides hold from the last one before `first` on (in OpenCode's order).
-fn shared_from(conn: &Connection, id: &str, first: &Message) -> Checked<Vec<Message>> {
-    let t = quote(MESSAGE_TABLE);
-    let shared = format!(
-        "SELECT {cols} FROM main.{t} m WHERE m.session_id = ?1 \
-           AND EXISTS (SELECT 1 FROM {OURS}.{t} o WHERE o.id = m.id)",
-        cols = message_columns()
-    );
-    let before = format!(
-        "{shared} AND (m.time_created, m.id) < (?2, ?3) \
-         ORDER BY m.time_created DESC, m.id DESC LIMIT 1"
-    );
-    let after = format!(
-        "{shared} AND (m.time_created, m.id) > (?2, ?3) ORDER BY m.time_created, m.id LIMIT ?4"
-    );
-    let limit = MAX_NEW_MESSAGES as i64 + 1;
-    let rows = [
-        read_messages(conn, &before, params![id, first.time, first.id])?,
-        read_messages(conn, &after, params![id, first.time, first.id, limit])?,
-    ];
-    let mut out = Vec::new();
-    for part in rows {
-        let part = match part {
-            Ok(rows) => rows,
-            Err(r) => return Ok(Err(r)),
-        };
-        for (id, time, role, _, _) in part {
-            // Shared rows are equal on both sides (`rewritten`); one that cannot be read is not
-            // this run's to judge, only to stay clear of.
-            match message(id.clone(), time, role) {
-                Some(m) => out.push(m),
-                None => return Ok(Err(Refusal::Malformed)),
-            }
-        }
-    }
-    Ok(Ok(out))
-}
-
-/// What the other run's new answers add to the kept row's totals.
+/// What the other run's new answers (`other`'s session `session`) add to the kept row's totals.
 fn totals(
     sides: &Sides<'_>,
     other: &str,
-    id: &str,
+    session: &str,
 ) -> Result<Vec<(&'static str, f64)>, MergeError> {
     let kept = if other == OURS { "main" } else { OURS };
-    let session = sides.schema.session();
+    let columns = sides.schema.session();
     let mut out = Vec::new();
-    for &(column, path, _) in TOTALS.iter().filter(|t| session.has_column(t.0)) {
+    for &(column, path, _) in TOTALS.iter().filter(|t| columns.has_column(t.0)) {
         let sql = format!(
             "SELECT total(CASE WHEN json_valid(m.data) THEN json_extract(m.data, ?2) END) \
              FROM {other}.{t} m WHERE m.session_id = ?1 \
@@ -780,7 +654,9 @@ fn totals(
             t = quote(MESSAGE_TABLE)
         );
         let sum: f64 = step("adding totals", || {
-            sides.conn.query_row(&sql, params![id, path], |r| r.get(0))
+            sides
+                .conn
+                .query_row(&sql, params![session, path], |r| r.get(0))
         })?;
         let sum = if sum.is_finite() {
             sum.clamp(0.0, MAX_TOTAL)
