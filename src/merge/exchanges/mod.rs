@@ -636,7 +636,8 @@ fn new_parts(conn: &Connection, side: &str, session: &str) -> Result<Option<Refu
     })
 }
 
-/// What the other run's new answers (`other`'s session `session`) add to the kept row's totals.
+/// What the other run's new answers (`other`'s session `session`) add to the kept row's totals:
+/// one pass over them.
 fn totals(
     sides: &Sides<'_>,
     other: &str,
@@ -644,30 +645,56 @@ fn totals(
 ) -> Result<Vec<(&'static str, f64)>, MergeError> {
     let kept = if other == OURS { "main" } else { OURS };
     let columns = sides.schema.session();
-    let mut out = Vec::new();
-    for &(column, path, _) in TOTALS.iter().filter(|t| columns.has_column(t.0)) {
-        let sql = format!(
-            "SELECT total(CASE WHEN json_valid(m.data) THEN json_extract(m.data, ?2) END) \
-             FROM {other}.{t} m WHERE m.session_id = ?1 \
-               AND NOT EXISTS (SELECT 1 FROM {kept}.{t} o WHERE o.id = m.id) \
-               AND (CASE WHEN json_valid(m.data) THEN json_extract(m.data, '$.role') END) = 'assistant'",
-            t = quote(MESSAGE_TABLE)
-        );
-        let sum: f64 = step("adding totals", || {
-            sides
-                .conn
-                .query_row(&sql, params![session, path], |r| r.get(0))
-        })?;
-        let sum = if sum.is_finite() {
-            sum.clamp(0.0, MAX_TOTAL)
-        } else {
-            0.0
-        };
-        if sum > 0.0 {
-            out.push((column, sum));
-        }
+    let wanted: Vec<(&'static str, &'static str)> = TOTALS
+        .iter()
+        .filter(|t| columns.has_column(t.0))
+        .map(|t| (t.0, t.1))
+        .collect();
+    if wanted.is_empty() {
+        return Ok(Vec::new());
     }
-    Ok(out)
+    // Paths are this module's constants, never a database's text.
+    let sums: Vec<String> = wanted
+        .iter()
+        .map(|(_, path)| {
+            format!(
+                "total({})",
+                json(&format!("json_extract(m.data, '{path}')"))
+            )
+        })
+        .collect();
+    let sql = format!(
+        "SELECT {sums} FROM {other}.{t} m WHERE m.session_id = ?1 \
+           AND NOT EXISTS (SELECT 1 FROM {kept}.{t} o WHERE o.id = m.id) \
+           AND {role} = 'assistant'",
+        sums = sums.join(", "),
+        role = json("json_extract(m.data, '$.role')"),
+        t = quote(MESSAGE_TABLE)
+    );
+    let found: Vec<f64> = step("adding totals", || {
+        sides.conn.query_row(&sql, [session], |r| {
+            (0..wanted.len()).map(|i| r.get::<_, f64>(i)).collect()
+        })
+    })?;
+    Ok(wanted
+        .iter()
+        .zip(found)
+        .map(|((column, _), sum)| {
+            let sum = if sum.is_finite() {
+                sum.clamp(0.0, MAX_TOTAL)
+            } else {
+                0.0
+            };
+            (*column, sum)
+        })
+        .filter(|(_, sum)| *sum > 0.0)
+        .collect())
+}
+
+/// `expr` (reading `m.data`) only when `m.data` is JSON: SQLite's JSON functions fail on text that
+/// is not, and restored rows may hold any.
+fn json(expr: &str) -> String {
+    format!("(CASE WHEN json_valid(m.data) THEN {expr} END)")
 }
 
 fn text(v: ValueRef<'_>) -> Option<String> {

@@ -133,7 +133,7 @@ fn message(id: Option<String>, time: Option<i64>, role: Option<String>) -> Optio
 
 /// Where this run's new exchanges go: each after the exchange under way when it began, before
 /// the next question. One that does not already fall there is moved: new ids and times between
-/// its neighbours.
+/// its neighbours. One walk over both lists (a hostile base may hold many new messages).
 pub fn place(
     sides: &Sides<'_>,
     pair: Pair<'_>,
@@ -151,9 +151,31 @@ pub fn place(
     };
     fixed.extend(base.iter().cloned());
     fixed.sort_by(|a, b| a.key().cmp(&b.key()));
+    // The first question at or after each index.
+    let mut next_question = vec![fixed.len(); fixed.len() + 1];
+    for i in (0..fixed.len()).rev() {
+        next_question[i] = if fixed[i].user {
+            i
+        } else {
+            next_question[i + 1]
+        };
+    }
     let mut moved = Vec::new();
+    let (mut cursor, mut last): (usize, Option<Message>) = (0, None);
     for exchange in ours.chunk_by(|_, next| !next.user) {
-        let placed = match place_exchange(sides, &fixed, exchange) {
+        // Invariant: `chunk_by` yields no empty slice.
+        let start = exchange[0].key();
+        while cursor < fixed.len() && fixed[cursor].key() < start {
+            cursor += 1;
+        }
+        let next = next_question[cursor];
+        let before = fixed.get(next);
+        // After the last message before that question, and after this run's exchange before.
+        let after = match (next.checked_sub(1).map(|i| &fixed[i]), last.as_ref()) {
+            (Some(f), Some(l)) => Some(if f.key() > l.key() { f } else { l }),
+            (f, l) => f.or(l),
+        };
+        let placed = match place_exchange(sides, after, before, exchange) {
             Ok(placed) => placed,
             Err(r) => return Ok(Err(r)),
         };
@@ -168,22 +190,21 @@ pub fn place(
                     time: p.time,
                 }),
         );
-        let at = fixed.partition_point(|m| m.key() < placed[0].key());
-        fixed.splice(at..at, placed);
+        last = placed.last().cloned();
     }
     Ok(Ok(moved))
 }
 
-/// One exchange of this run's (a question and its answers), as it stays or moved among `fixed`.
+/// One exchange of this run's (a question and its answers), as it stays or moved between `after`
+/// and `before`.
 fn place_exchange(
     sides: &Sides<'_>,
-    fixed: &[Message],
+    after: Option<&Message>,
+    before: Option<&Message>,
     exchange: &[Message],
 ) -> Result<Vec<Message>, Refusal> {
+    // Invariant: the caller passes a non-empty exchange.
     let (first, last) = (&exchange[0], &exchange[exchange.len() - 1]);
-    let next = fixed.iter().position(|m| m.user && m.key() > first.key());
-    let before = next.map(|at| &fixed[at]);
-    let after = fixed[..next.unwrap_or(fixed.len())].last();
     let fits =
         after.is_none_or(|a| first.key() > a.key()) && before.is_none_or(|b| last.key() < b.key());
     if fits {
