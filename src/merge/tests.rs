@@ -1462,3 +1462,42 @@ fn two_runs_that_each_started_the_thread_are_folded_into_one_session() {
     );
     assert_eq!(sessions(&out2), ["ses_mine", "ses_sub", "ses_theirs"]);
 }
+
+#[test]
+fn many_interleaved_exchanges_each_land_after_the_one_under_way() {
+    let (d, restored, _) = thread();
+    // Fifty exchanges each, this run's question always asked while the other run's was answered.
+    let base = d.copy(&restored, "base.db");
+    let ours = d.copy(&restored, "ours.db");
+    let (b, o) = (open(&base), open(&ours));
+    let mut mine = Vec::new();
+    for i in 0..50 {
+        let at = 10_000 + 1_000 * i;
+        exchange(&b, "ses_t", at, &[at + 50], &format!("b{i:02}"));
+        mine.push(exchange(
+            &o,
+            "ses_t",
+            at + 20,
+            &[at + 30],
+            &format!("o{i:02}"),
+        ));
+    }
+    drop((b, o));
+    let movable = own(&mine);
+    let out = d.path("out.db");
+    let report = merge_with(&base, &ours, &Snapshot::empty(), &out, with_own(&movable)).unwrap();
+    assert!(report.conflicts.is_empty(), "{report:?}");
+    assert_eq!(report.kept_both[0].moved, 100);
+    let questions: Vec<String> = contiguous(&out)
+        .into_iter()
+        .filter(|t| t.starts_with("question"))
+        .collect();
+    let mut expected = vec!["question zero".to_string()];
+    for i in 0..50 {
+        expected.push(format!("question b{i:02}"));
+        expected.push(format!("question o{i:02}"));
+    }
+    assert_eq!(questions, expected);
+    events_sound(&out);
+    assert_sound(&out);
+}

@@ -61,7 +61,14 @@ const MAX_TOTAL: f64 = 1e15;
 const NEEDED: &[(&str, &[&str])] = &[
     (
         SESSION_TABLE,
-        &["id", "title", "revert", "time_compacting", ACTIVITY_COLUMN],
+        &[
+            "id",
+            "parent_id",
+            "title",
+            "revert",
+            "time_compacting",
+            ACTIVITY_COLUMN,
+        ],
     ),
     (MESSAGE_TABLE, &["id", "session_id", "time_created", "data"]),
     (PART_TABLE, &["id", "message_id", "session_id", "data"]),
@@ -277,14 +284,20 @@ pub fn plan_fold(
         && !sides.restored.contains_key(into)
         && !sides.restored.contains_key(root)
         && tree.base_members.is_empty();
-    if !eligible || !wholly_own(sides, root)? {
+    if !eligible {
+        return Ok(None);
+    }
+    if let Some(refusal) = missing_column(sides.schema) {
+        return Ok(Some(Joining::Refused(refusal)));
+    }
+    if !wholly_own(sides, root)? {
         return Ok(None);
     }
     let pair = Pair {
         ours: root,
         base: into,
     };
-    Ok(Some(match fold_session(sides, pair)? {
+    Ok(Some(match plan_session(sides, pair, Side::Base)? {
         Ok(session) => {
             let mut members: Vec<String> = tree
                 .ours_members
@@ -375,15 +388,8 @@ fn missing_column(schema: &Schema) -> Option<Refusal> {
     })
 }
 
-/// This run's new session of a thread folded into the other run's: the other's row is kept.
-fn fold_session(sides: &Sides<'_>, pair: Pair<'_>) -> Checked<SessionJoin> {
-    if let Some(refusal) = missing_column(sides.schema) {
-        return Ok(Err(refusal));
-    }
-    plan_session(sides, pair, Side::Base)
-}
-
-/// One session both runs continued, or this run's new one folded into the other's.
+/// One session both runs continued, or this run's new one folded into the other's (then `later`
+/// is the base: the session it joins keeps its own row).
 fn plan_session(sides: &Sides<'_>, pair: Pair<'_>, later: Side) -> Checked<SessionJoin> {
     let conn = sides.conn;
     rows::fill(conn, ONE, std::iter::once(&pair.ours.to_string()))?;
