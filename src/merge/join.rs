@@ -81,55 +81,73 @@ fn write_session(
 fn insert_messages(conn: &Connection, schema: &Schema, s: &SessionJoin) -> Result<u64, MergeError> {
     let moved_data = "CASE WHEN r.old IS NULL THEN m.data \
                       ELSE json_set(m.data, '$.time.created', r.at) END";
-    let exprs: Vec<String> = schema.tables[MESSAGE_TABLE]
-        .columns
-        .iter()
-        .map(|c| match c.as_str() {
-            "id" => "coalesce(r.new, m.id)".to_string(),
-            "session_id" => "?2".to_string(),
-            "time_created" => "coalesce(r.at, m.time_created)".to_string(),
-            "data" => format!(
+    let joins = "LEFT JOIN temp.merge_move r ON r.old = m.id \
+                 LEFT JOIN temp.merge_move q \
+                   ON q.old = (CASE WHEN json_valid(m.data) THEN json_extract(m.data, '$.parentID') END)";
+    insert_new(
+        conn,
+        schema,
+        s,
+        MESSAGE_TABLE,
+        "m",
+        joins,
+        |column| match column {
+            "id" => Some("coalesce(r.new, m.id)".to_string()),
+            "time_created" => Some("coalesce(r.at, m.time_created)".to_string()),
+            "data" => Some(format!(
                 "CASE WHEN q.old IS NULL THEN {moved_data} \
-                 ELSE json_set({moved_data}, '$.parentID', q.new) END"
-            ),
-            other => format!("m.{}", quote(other)),
-        })
-        .collect();
-    let sql = format!(
-        "INSERT INTO main.{t} ({cols}) SELECT {exprs} FROM {OURS}.{t} m \
-           LEFT JOIN temp.merge_move r ON r.old = m.id \
-           LEFT JOIN temp.merge_move q \
-             ON q.old = (CASE WHEN json_valid(m.data) THEN json_extract(m.data, '$.parentID') END) \
-         WHERE m.session_id = ?1 AND NOT EXISTS (SELECT 1 FROM main.{t} b WHERE b.id = m.id)",
-        t = quote(MESSAGE_TABLE),
-        cols = column_list(schema, MESSAGE_TABLE, None),
-        exprs = exprs.join(", "),
-    );
-    Ok(step("inserting new messages", || {
-        conn.execute(&sql, params![s.id, s.into])
-    })? as u64)
+             ELSE json_set({moved_data}, '$.parentID', q.new) END"
+            )),
+            _ => None,
+        },
+    )
 }
 
 /// This run's new parts, on their message's new id when it moved.
 fn insert_parts(conn: &Connection, schema: &Schema, s: &SessionJoin) -> Result<u64, MergeError> {
-    let exprs: Vec<String> = schema.tables[PART_TABLE]
+    let joins = "LEFT JOIN temp.merge_move r ON r.old = p.message_id";
+    insert_new(
+        conn,
+        schema,
+        s,
+        PART_TABLE,
+        "p",
+        joins,
+        |column| match column {
+            "message_id" => Some("coalesce(r.new, p.message_id)".to_string()),
+            _ => None,
+        },
+    )
+}
+
+/// This run's rows of `table` for its session that the output lacks (by id), into the session
+/// they join: each column as `column` says, else as it is; `joins` (SQL of this module's own)
+/// join the moved messages in.
+fn insert_new(
+    conn: &Connection,
+    schema: &Schema,
+    s: &SessionJoin,
+    table: &str,
+    alias: &str,
+    joins: &str,
+    column: impl Fn(&str) -> Option<String>,
+) -> Result<u64, MergeError> {
+    let exprs: Vec<String> = schema.tables[table]
         .columns
         .iter()
         .map(|c| match c.as_str() {
-            "message_id" => "coalesce(r.new, p.message_id)".to_string(),
             "session_id" => "?2".to_string(),
-            other => format!("p.{}", quote(other)),
+            other => column(other).unwrap_or_else(|| format!("{alias}.{}", quote(other))),
         })
         .collect();
     let sql = format!(
-        "INSERT INTO main.{t} ({cols}) SELECT {exprs} FROM {OURS}.{t} p \
-           LEFT JOIN temp.merge_move r ON r.old = p.message_id \
-         WHERE p.session_id = ?1 AND NOT EXISTS (SELECT 1 FROM main.{t} b WHERE b.id = p.id)",
-        t = quote(PART_TABLE),
-        cols = column_list(schema, PART_TABLE, None),
+        "INSERT INTO main.{t} ({cols}) SELECT {exprs} FROM {OURS}.{t} {alias} {joins} \
+         WHERE {alias}.session_id = ?1 AND NOT EXISTS (SELECT 1 FROM main.{t} b WHERE b.id = {alias}.id)",
+        t = quote(table),
+        cols = column_list(schema, table, None),
         exprs = exprs.join(", "),
     );
-    Ok(step("inserting new parts", || {
+    Ok(step(&format!("inserting new rows of {table}"), || {
         conn.execute(&sql, params![s.id, s.into])
     })? as u64)
 }

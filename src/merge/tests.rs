@@ -915,6 +915,16 @@ fn everything(p: &Path) -> String {
     out
 }
 
+/// The other run's exchange with its tool step, then this run's, as the history reads after the
+/// merge.
+const ALPHA_THEN_BRAVO: [&str; 5] = [
+    "question alpha",
+    "answer alpha step 0",
+    "answer alpha step 1",
+    "question bravo",
+    "answer bravo step 0",
+];
+
 #[test]
 fn interleaved_turns_keep_each_exchange_together_by_moving_this_runs_after_the_other() {
     let (d, restored, _) = thread();
@@ -929,18 +939,9 @@ fn interleaved_turns_keep_each_exchange_together_by_moving_this_runs_after_the_o
     let report = merge_with(&base, &ours, &Snapshot::empty(), &out, with_own(&movable)).unwrap();
     assert!(report.conflicts.is_empty(), "{report:?}");
     assert_eq!(report.kept_both[0].moved, 2, "{report:?}");
-    assert_eq!(
-        contiguous(&out),
-        [
-            "question zero",
-            "answer zero step 0",
-            "question alpha",
-            "answer alpha step 0",
-            "answer alpha step 1",
-            "question bravo",
-            "answer bravo step 0"
-        ]
-    );
+    let mut expected = vec!["question zero", "answer zero step 0"];
+    expected.extend(ALPHA_THEN_BRAVO);
+    assert_eq!(contiguous(&out), expected);
     // New ids in OpenCode's format, after the other run's last message, every reference moved.
     let c = open(&out);
     let renamed: std::collections::BTreeMap<&str, &str> = report
@@ -1160,6 +1161,17 @@ fn a_run_that_compacted_the_session_falls_back_and_is_reported() {
     );
 }
 
+/// The message `pick` (an ORDER BY … LIMIT clause) selects, removed with its parts.
+fn remove_message(c: &Connection, pick: &str) {
+    let id: String = c
+        .query_row(&format!("SELECT id FROM message {pick}"), [], |r| r.get(0))
+        .unwrap();
+    c.execute("DELETE FROM part WHERE message_id = ?1", [&id])
+        .unwrap();
+    c.execute("DELETE FROM message WHERE id = ?1", [&id])
+        .unwrap();
+}
+
 #[test]
 fn a_revert_or_a_removed_message_falls_back() {
     let conflict = refused(
@@ -1176,17 +1188,7 @@ fn a_revert_or_a_removed_message_falls_back() {
     // OpenCode logs the removal.
     let conflict = refused(
         |c| {
-            let first: String = c
-                .query_row(
-                    "SELECT id FROM message ORDER BY time_created DESC LIMIT 1 OFFSET 2",
-                    [],
-                    |r| r.get(0),
-                )
-                .unwrap();
-            c.execute("DELETE FROM part WHERE message_id = ?1", [&first])
-                .unwrap();
-            c.execute("DELETE FROM message WHERE id = ?1", [&first])
-                .unwrap();
+            remove_message(c, "ORDER BY time_created DESC LIMIT 1 OFFSET 2");
             event(c, "ses_t", "message.removed.1", "{}");
         },
         false,
@@ -1200,17 +1202,7 @@ fn a_revert_or_a_removed_message_falls_back() {
     // Removed without a trace in the log: the log still tells it was made before both parted.
     let conflict = refused(
         |c| {
-            let first: String = c
-                .query_row(
-                    "SELECT id FROM message ORDER BY time_created LIMIT 1",
-                    [],
-                    |r| r.get(0),
-                )
-                .unwrap();
-            c.execute("DELETE FROM part WHERE message_id = ?1", [&first])
-                .unwrap();
-            c.execute("DELETE FROM message WHERE id = ?1", [&first])
-                .unwrap();
+            remove_message(c, "ORDER BY time_created LIMIT 1");
         },
         false,
     );
@@ -1402,16 +1394,7 @@ fn two_runs_that_each_started_the_thread_are_folded_into_one_session() {
         "bravo asked while alpha worked"
     );
     assert_eq!(sessions(&out), ["ses_sub", "ses_theirs"]);
-    assert_eq!(
-        thread_history(&out, "ses_theirs"),
-        [
-            "question alpha",
-            "answer alpha step 0",
-            "answer alpha step 1",
-            "question bravo",
-            "answer bravo step 0"
-        ]
-    );
+    assert_eq!(thread_history(&out, "ses_theirs"), ALPHA_THEN_BRAVO);
     let c = open(&out);
     let parent: String = c
         .query_row(

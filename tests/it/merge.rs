@@ -152,6 +152,21 @@ async fn thread_text(agent: &Agent, thread: &str) -> String {
     msgs.iter().map(|m| m.text()).collect::<Vec<_>>().join("\n")
 }
 
+/// A follow-up turn on `thread`, which resumes its session.
+async fn follow_up(agent: &mut Agent, thread: &str, prompt: &str) {
+    let s = agent.resolve_session(thread).await.unwrap();
+    assert_eq!(s.resolution, fro_bot::opencode::Resolution::Resumed);
+    let r = agent
+        .run_turn(
+            s.session,
+            prompt,
+            &TurnOptions::default(),
+            &Cancellation::new(),
+        )
+        .await;
+    assert_eq!(r.outcome, TurnOutcome::Completed, "{r:?}");
+}
+
 #[tokio::test]
 async fn two_real_runs_on_different_threads_merge_and_opencode_resumes_both() {
     let repo = Repo::new().await;
@@ -241,17 +256,7 @@ async fn two_real_runs_on_different_threads_merge_and_opencode_resumes_both() {
     assert!(thread_text(&agent, "issue-2").await.contains("ALPHA-2222"));
     assert!(thread_text(&agent, "issue-3").await.contains("BRAVO-3333"));
     repo.llm.push(Reply::text("follow-up answered"));
-    let s = agent.resolve_session("issue-2").await.unwrap();
-    assert_eq!(s.resolution, fro_bot::opencode::Resolution::Resumed);
-    let r = agent
-        .run_turn(
-            s.session,
-            "Follow-up on issue 2",
-            &TurnOptions::default(),
-            &Cancellation::new(),
-        )
-        .await;
-    assert_eq!(r.outcome, TurnOutcome::Completed, "{r:?}");
+    follow_up(&mut agent, "issue-2", "Follow-up on issue 2").await;
     let last = request_text(repo.llm.requests().last().unwrap());
     assert!(last.contains("ALPHA-2222"), "the follow-up saw: {last}");
     agent.shutdown(Duration::from_secs(5)).await;
@@ -371,16 +376,7 @@ async fn two_real_runs_on_the_same_thread_keep_both_exchanges_each_answer_after_
             assert!(all.contains(word), "{name}: {all}");
         }
         repo.llm.push(Reply::text("FOLLOW-UP"));
-        let s = agent.resolve_session("issue-7").await.unwrap();
-        let r = agent
-            .run_turn(
-                s.session,
-                "QUESTION-C",
-                &TurnOptions::default(),
-                &Cancellation::new(),
-            )
-            .await;
-        assert_eq!(r.outcome, TurnOutcome::Completed, "{r:?}");
+        follow_up(&mut agent, "issue-7", "QUESTION-C").await;
         let request = repo.llm.requests().last().unwrap().clone();
         let at = |needle: &str| {
             position(&request, needle)
