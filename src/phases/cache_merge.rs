@@ -461,3 +461,62 @@ fn replace(merged: &Path, db: &Path) -> Result<(), String> {
         .and_then(|()| std::fs::rename(merged, db))
         .map_err(|e| format!("cannot put the merged database in place: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(author: &str, association: &str) -> SessionTrust {
+        SessionTrust::new(author, association, false, false)
+    }
+
+    #[test]
+    fn a_joined_session_keeps_the_lower_record_and_none_when_either_has_none() {
+        let report = CacheMergeReport {
+            joined: BTreeMap::from([
+                ("ses_both".to_string(), Some(record("eve", "NONE"))),
+                ("ses_unrecorded".to_string(), None),
+            ]),
+            ..Default::default()
+        };
+        let mut trust = TrustMap::from([
+            ("ses_both".to_string(), record("mona", "OWNER")),
+            ("ses_unrecorded".to_string(), record("mona", "OWNER")),
+            ("ses_mine".to_string(), record("mona", "OWNER")),
+        ]);
+        report.join_trust_into(&mut trust);
+        assert_eq!(
+            trust["ses_both"].author, "eve",
+            "the lower of both: {trust:?}"
+        );
+        assert!(!trust.contains_key("ses_unrecorded"), "{trust:?}");
+        assert_eq!(trust["ses_mine"].author, "mona");
+    }
+
+    #[test]
+    fn a_folded_thread_session_continues_as_the_one_it_joined() {
+        let report = CacheMergeReport {
+            sessions: Map::from([("issue-12".to_string(), "ses_theirs".to_string())]),
+            joined: BTreeMap::from([(
+                "ses_theirs".to_string(),
+                Some(record("bob", "CONTRIBUTOR")),
+            )]),
+            folded: vec![("ses_mine".to_string(), "ses_theirs".to_string())],
+            ..Default::default()
+        };
+        let mut map = Map::from([("issue-12".to_string(), "ses_mine".to_string())]);
+        report.join_sessions_into(&mut map);
+        assert_eq!(map["issue-12"], "ses_theirs");
+        let mut trust = TrustMap::from([("ses_mine".to_string(), record("mona", "OWNER"))]);
+        report.join_trust_into(&mut trust);
+        assert!(!trust.contains_key("ses_mine"));
+        assert_eq!(trust["ses_theirs"].association, "CONTRIBUTOR", "{trust:?}");
+        // Another run's merges of the same session keep the lowest record seen.
+        let later = CacheMergeReport {
+            joined: BTreeMap::from([("ses_theirs".to_string(), Some(record("eve", "NONE")))]),
+            ..Default::default()
+        };
+        let both = report.then(later);
+        assert_eq!(both.joined["ses_theirs"].as_ref().unwrap().author, "eve");
+    }
+}

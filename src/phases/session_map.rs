@@ -225,6 +225,33 @@ mod tests {
     }
 
     #[test]
+    fn a_joined_session_gets_the_lower_of_both_records_and_its_note_names_the_thread() {
+        use crate::trust::{SessionTrust, TrustMap};
+        let (mona, eve) = (
+            SessionTrust::new("mona", "OWNER", false, false),
+            SessionTrust::new("eve", "NONE", false, false),
+        );
+        let ours = TrustMap::from([("ses_a".into(), mona.clone()), ("ses_b".into(), mona)]);
+        let theirs = TrustMap::from([("ses_a".into(), eve)]);
+        let mut trust = ours.clone();
+        let joined = ["ses_a".to_string(), "ses_b".to_string()];
+        trust_of_joined(&mut trust, &ours, &theirs, &joined);
+        assert_eq!(trust["ses_a"].author, "eve");
+        assert!(!trust.contains_key("ses_b"), "theirs has none: {trust:?}");
+        let kept = crate::merge::KeptBoth {
+            root: "ses_a".into(),
+            title: Some("fro-bot: issue-12`\n".into()),
+            sessions: vec!["ses_a".into()],
+            messages: 2,
+            moved: 0,
+        };
+        assert_eq!(
+            kept_both_note(&kept),
+            "kept both exchanges of `issue-12??` (a run beside this one answered too)"
+        );
+    }
+
+    #[test]
     fn owned_maps_resolve_only_what_they_hold() {
         let map = SessionMap::Owned(Map::from([("issue-1".into(), "ses_a".into())]));
         assert_eq!(map.ownership("issue-1"), Ownership::Mapped(Some("ses_a")));
