@@ -2,8 +2,9 @@
 //! version of every session tree it created, changed or deleted ("ours"), into a new file.
 //!
 //! Concurrent runs on different threads touch different sessions, so both survive. When both
-//! sides changed the same tree since this run restored it, the later activity wins and the other
-//! side's turn is listed in [`MergeReport::conflicts`]. Everything is read from the schema the
+//! sides changed the same tree since this run restored it, both runs' new messages are kept
+//! (`exchanges`, `join`: [`MergeReport::kept_both`]); when that cannot be done, the later activity
+//! wins and the other side's turn is listed in [`MergeReport::conflicts`]. Everything is read from the schema the
 //! databases declare (see `schema` for the column-name rules used where OpenCode declares no key);
 //! databases with different migration sets or schemas are refused with a typed error, so the
 //! caller can fall back to saving this run's database as it is. See docs/persistence.md.
@@ -12,8 +13,12 @@
 //! schema functions disabled, and any trigger, view or virtual table is refused outright. The
 //! output is a new file (a stale `-wal`/`-shm` beside it is removed first); on error it is deleted.
 
+mod exchanges;
 mod graph;
+mod join;
 mod plan;
+mod reissue;
+mod rows;
 mod schema;
 mod snapshot;
 mod write;
@@ -25,9 +30,10 @@ use std::time::Duration;
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags};
 
+pub use exchanges::Refusal;
 pub use plan::{Change, Decision, Side};
 pub use schema::{ACTIVITY_COLUMN, MIGRATION_TABLES, SESSION_TABLE};
-pub use snapshot::{SessionVersion, Snapshot};
+pub use snapshot::{messages_added, SessionVersion, Snapshot};
 
 /// Which database an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,8 +160,14 @@ pub enum Verify {
 }
 
 #[derive(Debug, Clone, Copy, Default)]
-pub struct MergeOptions {
+pub struct MergeOptions<'a> {
     pub verify: Verify,
+    /// This run's own new messages (its turn's: no other copy of memory holds them), which the
+    /// merge may give new ids to keep each exchange together; `None`: none may move.
+    pub own_messages: Option<&'a std::collections::BTreeSet<String>>,
+    /// This run's session of its thread and the base's session of the same thread (from their
+    /// session maps): when both runs started the thread, this run's is folded into the other's.
+    pub same_thread: Option<(&'a str, &'a str)>,
 }
 
 /// A tree this run's version was written for.
@@ -180,6 +192,8 @@ pub struct Conflict {
     pub lost_sessions: Vec<String>,
     /// The loser's messages (rows of `message`) that the result does not hold.
     pub lost_messages: u64,
+    /// Why both runs' exchanges could not be kept (`None`: the two were not compared).
+    pub refusal: Option<Refusal>,
 }
 
 impl Conflict {
@@ -192,28 +206,55 @@ impl Conflict {
     /// One line for the run summary. The title comes from a database, so it is shown without
     /// control characters or backticks.
     pub fn describe(&self) -> String {
-        let title: String = self
-            .title
-            .as_deref()
-            .unwrap_or("untitled")
-            .chars()
-            .map(|c| if c.is_control() || c == '`' { '?' } else { c })
-            .collect();
+        let title = shown(self.title.as_deref().unwrap_or("untitled"));
         let kept = match self.winner {
             Side::Ours => "this run's",
             Side::Base => "the other run's",
         };
+        let why = match &self.refusal {
+            Some(refusal) => format!(" and both exchanges could not be kept ({refusal})"),
+            None => String::new(),
+        };
         format!(
-            "conflict on session `{}` ({title}): both runs changed it; {kept} later turn was kept, the other ({} message(s)) is not in memory",
+            "conflict on session `{}` ({title}): both runs changed it{why}; {kept} later turn was kept, the other ({} message(s)) is not in memory",
             self.root, self.lost_messages
         )
     }
+}
+
+/// A tree both runs continued, joined: every message of both is in the result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptBoth {
+    pub root: String,
+    pub title: Option<String>,
+    /// Every session of the joined tree.
+    pub sessions: Vec<String>,
+    /// This run's messages added to the other run's version.
+    pub messages: u64,
+    /// Of those, the ones given new ids to keep each exchange together.
+    pub moved: u64,
+}
+
+/// Text from a database, for a summary line: no control characters, no backticks (it is shown in
+/// a code span).
+pub(crate) fn shown(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() || c == '`' { '?' } else { c })
+        .collect()
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MergeReport {
     pub taken: Vec<Taken>,
     pub conflicts: Vec<Conflict>,
+    /// Trees both runs continued whose exchanges are all kept.
+    pub kept_both: Vec<KeptBoth>,
+    /// This run's messages given new ids (old, new): its database's ids no longer hold in the
+    /// result.
+    pub reissued: Vec<(String, String)>,
+    /// This run's new sessions folded into the other run's session of the same thread (from,
+    /// into): the thread's session in the result is `into`.
+    pub folded: Vec<(String, String)>,
     /// Trees both sides changed in exactly the same way.
     pub identical: usize,
     pub rows_deleted: u64,
@@ -244,7 +285,7 @@ pub fn merge_with(
     ours: &Path,
     restored: &Snapshot,
     out: &Path,
-    options: MergeOptions,
+    options: MergeOptions<'_>,
 ) -> Result<MergeReport, MergeError> {
     write_out(out, || write::run(base, ours, restored, out, options, None))
 }
@@ -383,6 +424,20 @@ fn open_error(role: Role, path: &Path, source: rusqlite::Error) -> MergeError {
     }
 }
 
+/// `file:` URI for a path: `?`, `#` and `%` would end or escape the path, and bytes beyond ASCII
+/// are percent-encoded so any path (UTF-8 or not) reaches SQLite byte for byte.
+fn file_uri(path: &Path) -> String {
+    let mut uri = String::from("file:");
+    for &b in path.as_os_str().as_encoded_bytes() {
+        match b {
+            b'?' | b'#' | b'%' | 0x80..=0xff | 0..=0x1f => uri.push_str(&format!("%{b:02X}")),
+            _ => uri.push(char::from(b)),
+        }
+    }
+    uri.push_str("?mode=ro");
+    uri
+}
+
 /// Opens `path` read-only (never creating it) and makes SQLite read its header and schema, so a
 /// file that is not a database fails here.
 fn open_read_only(path: &Path, role: Role) -> Result<Connection, MergeError> {
@@ -422,6 +477,7 @@ mod describe_tests {
             base_activity: Some(2),
             lost_sessions: vec![],
             lost_messages: 2,
+            refusal: None,
         };
         assert!(c.lost_a_turn());
         let line = c.describe();

@@ -14,7 +14,7 @@ use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::graph::Graph;
+use super::graph::{Graph, MESSAGE_TABLE};
 use super::schema::{quote, Schema, ACTIVITY_COLUMN, SESSION_TABLE};
 use super::{open_read_only, MergeError, Role};
 
@@ -52,6 +52,48 @@ impl Snapshot {
             sessions: read_versions(&conn, &schema, &graph, Role::Restored)?,
         })
     }
+}
+
+/// The ids of the messages `after` holds and `before` does not (`None`: nothing before, so every
+/// message of `after`): what a turn wrote, when `before` is the database as it was before it.
+pub fn messages_added(
+    before: Option<&Path>,
+    after: &Path,
+) -> Result<std::collections::BTreeSet<String>, MergeError> {
+    let mut added = message_ids(after, Role::Ours)?;
+    if let Some(before) = before {
+        for id in message_ids(before, Role::Restored)? {
+            added.remove(&id);
+        }
+    }
+    Ok(added)
+}
+
+fn message_ids(db: &Path, role: Role) -> Result<std::collections::BTreeSet<String>, MergeError> {
+    let conn = open_read_only(db, role)?;
+    let schema = Schema::read(&conn, role)?;
+    let Some(key) = schema
+        .tables
+        .get(MESSAGE_TABLE)
+        .and_then(|t| t.single_key())
+    else {
+        return Ok(Default::default());
+    };
+    let read = |source| MergeError::read(role, source);
+    let sql = format!(
+        "SELECT CAST({} AS TEXT) FROM main.{}",
+        quote(key),
+        quote(MESSAGE_TABLE)
+    );
+    let mut stmt = conn.prepare(&sql).map_err(read)?;
+    let ids = stmt
+        .query_map([], |r| r.get::<_, Option<String>>(0))
+        .map_err(read)?;
+    let mut out = std::collections::BTreeSet::new();
+    for id in ids {
+        out.extend(id.map_err(read)?);
+    }
+    Ok(out)
 }
 
 pub(crate) fn read_versions(

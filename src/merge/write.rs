@@ -1,24 +1,26 @@
 //! Writing the merge: copy the base with SQLite's backup API (a consistent snapshot, WAL
 //! included), attach this run's database read-only, and in one transaction replace each tree the
-//! plan takes, carry the parent rows it needs, and check the keys of what was written.
+//! plan takes, join each tree both runs continued (`exchanges`, `join`), carry the parent rows
+//! they need, and check the keys of what was written.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use rusqlite::backup::{Backup, StepResult};
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
+use super::exchanges::{self, Joining, Sides, TreeJoin};
 use super::graph::{Graph, MESSAGE_TABLE};
-use super::plan::{self, Decision, Side, TreePlan};
+use super::plan::{self, Change, Decision, Side, TreePlan, Versions};
+use super::rows::{column_list, fill, step, OURS};
 use super::schema::{quote, RefOrigin, Schema};
 use super::snapshot::read_versions;
 use super::{
-    harden, open_read_only, Conflict, MergeError, MergeOptions, MergeReport, Role, Snapshot, Taken,
-    Verify,
+    harden, join, open_read_only, Conflict, KeptBoth, MergeError, MergeOptions, MergeReport, Role,
+    Snapshot, Taken, Verify,
 };
 
-/// The attached name of this run's database inside the output connection.
-const OURS: &str = "ours";
 /// Bounded wait when the base is being written while we copy it.
 const COPY_BUSY_RETRIES: u32 = 100;
 
@@ -27,8 +29,8 @@ pub(super) fn run(
     ours: &Path,
     restored: &Snapshot,
     out: &Path,
-    options: MergeOptions,
-    only: Option<&std::collections::BTreeSet<String>>,
+    options: MergeOptions<'_>,
+    only: Option<&BTreeSet<String>>,
 ) -> Result<MergeReport, MergeError> {
     let base_conn = open_read_only(base, Role::Base)?;
     let base_schema = Schema::read(&base_conn, Role::Base)?;
@@ -74,7 +76,15 @@ pub(super) fn run(
     let tx = step("begin", || {
         conn.transaction_with_behavior(TransactionBehavior::Immediate)
     })?;
-    apply(&tx, &base_schema, &graph, &plans, &mut report)?;
+    let no_messages = BTreeSet::new();
+    let views = Views {
+        ours: &ours_versions,
+        base: &base_versions,
+        restored: &restored.sessions,
+        movable: options.own_messages.unwrap_or(&no_messages),
+        same_thread: options.same_thread,
+    };
+    apply(&tx, &base_schema, &graph, &plans, &views, &mut report)?;
     step("commit", || tx.commit())?;
     step("detach", || conn.execute_batch("DETACH DATABASE ours"))?;
     if options.verify == Verify::Full {
@@ -96,13 +106,6 @@ pub(super) fn run(
         })?;
     report.sync_time = started.elapsed();
     Ok(report)
-}
-
-fn step<T>(name: &str, f: impl FnOnce() -> rusqlite::Result<T>) -> Result<T, MergeError> {
-    f().map_err(|source| MergeError::Write {
-        step: name.to_string(),
-        source,
-    })
 }
 
 /// Copies the base into `out`. With no WAL content the main file is the whole database and a
@@ -176,24 +179,20 @@ fn backup(base: &Connection, dst: &mut Connection) -> rusqlite::Result<()> {
     }
 }
 
-/// `file:` URI for a path: `?`, `#` and `%` would end or escape the path, and bytes beyond ASCII
-/// are percent-encoded so any path (UTF-8 or not) reaches SQLite byte for byte.
-fn file_uri(path: &Path) -> String {
-    let mut uri = String::from("file:");
-    for &b in path.as_os_str().as_encoded_bytes() {
-        match b {
-            b'?' | b'#' | b'%' | 0x80..=0xff | 0..=0x1f => uri.push_str(&format!("%{b:02X}")),
-            _ => uri.push(char::from(b)),
-        }
-    }
-    uri.push_str("?mode=ro");
-    uri
-}
-
 fn attach_ours(conn: &Connection, ours: &Path) -> Result<(), MergeError> {
-    conn.execute("ATTACH DATABASE ?1 AS ours", [file_uri(ours)])
+    conn.execute("ATTACH DATABASE ?1 AS ours", [super::file_uri(ours)])
         .map_err(|e| super::open_error(Role::Ours, ours, e))?;
     Ok(())
+}
+
+/// The session versions of each side and this run's own new messages, for joining trees.
+struct Views<'a> {
+    ours: &'a Versions,
+    base: &'a Versions,
+    restored: &'a Versions,
+    movable: &'a BTreeSet<String>,
+    /// This run's thread session and the base's session of the same thread.
+    same_thread: Option<(&'a str, &'a str)>,
 }
 
 fn apply(
@@ -201,6 +200,7 @@ fn apply(
     schema: &Schema,
     graph: &Graph,
     plans: &[TreePlan],
+    views: &Views<'_>,
     report: &mut MergeReport,
 ) -> Result<(), MergeError> {
     step("temp tables", || {
@@ -209,48 +209,92 @@ fn apply(
              CREATE TEMP TABLE merge_ins(id PRIMARY KEY);
              CREATE TEMP TABLE merge_a(id PRIMARY KEY);
              CREATE TEMP TABLE merge_b(id PRIMARY KEY);
+             CREATE TEMP TABLE merge_one(id PRIMARY KEY);
+             CREATE TEMP TABLE merge_join(id PRIMARY KEY);
+             CREATE TEMP TABLE merge_move(old PRIMARY KEY, new, at);
+             CREATE TEMP TABLE merge_new(id PRIMARY KEY);
              CREATE TEMP TABLE merge_need(tbl, col, key, PRIMARY KEY(tbl, col, key));",
         )
     })?;
-    for p in plans {
-        record(conn, graph, p, report)?;
+    let joins = join_plans(conn, schema, graph, plans, views)?;
+    for (p, joining) in plans.iter().zip(&joins) {
+        record(conn, graph, p, joining.as_ref(), report)?;
     }
-    let writing: Vec<&TreePlan> = plans.iter().filter(|p| p.writes()).collect();
-    if writing.is_empty() {
+    let whole: Vec<&TreePlan> = plans
+        .iter()
+        .zip(&joins)
+        .filter(|(p, j)| p.writes() && !matches!(j, Some(Joining::Joined(_))))
+        .map(|(p, _)| p)
+        .collect();
+    let joined: Vec<&TreeJoin> = joins
+        .iter()
+        .filter_map(|j| match j {
+            Some(Joining::Joined(join)) => Some(join),
+            Some(Joining::Refused(_)) | None => None,
+        })
+        .collect();
+    if whole.is_empty() && joined.is_empty() {
         return Ok(());
     }
     fill(
         conn,
         "merge_del",
-        writing.iter().flat_map(|p| &p.base_members),
+        whole.iter().flat_map(|p| &p.base_members),
     )?;
     fill(
         conn,
         "merge_ins",
-        writing.iter().flat_map(|p| &p.ours_members),
+        whole.iter().flat_map(|p| &p.ours_members),
     )?;
-    for table in graph.tied_order().iter().rev() {
-        let sql = format!(
-            "DELETE FROM main.{} WHERE {}",
-            quote(table),
-            graph.predicate("main", table, "merge_del")
-        );
-        report.rows_deleted +=
-            step(&format!("deleting from {table}"), || conn.execute(&sql, []))? as u64;
+    report.rows_deleted += super::rows::delete_tied(conn, graph, "merge_del")?;
+    report.rows_inserted += super::rows::insert_tied(conn, schema, graph, "merge_ins")?;
+    for join in &joined {
+        report.rows_inserted += join::write(conn, schema, graph, join)?;
+        report
+            .reissued
+            .extend(join.moved().map(|m| (m.old.clone(), m.new.clone())));
     }
-    for table in graph.tied_order() {
-        let cols = column_list(schema, table);
-        let sql = format!(
-            "INSERT INTO main.{t} ({cols}) SELECT {cols} FROM {OURS}.{t} WHERE {p}",
-            t = quote(table),
-            p = graph.predicate(OURS, table, "merge_ins")
-        );
-        report.rows_inserted += step(&format!("inserting into {table}"), || {
-            conn.execute(&sql, [])
-        })? as u64;
-    }
+    // The joined trees' rows are checked, and their parents carried, like those inserted whole.
+    step("listing joined sessions", || {
+        let mut stmt = conn.prepare("INSERT OR IGNORE INTO temp.merge_ins VALUES (?1)")?;
+        for id in joined.iter().flat_map(|j| &j.members) {
+            stmt.execute([id])?;
+        }
+        Ok(())
+    })?;
     carry_parents(conn, schema, graph, report)?;
     check_written(conn, schema, graph)
+}
+
+/// For each tree both sides changed, how its exchanges are joined or why not (`None`: a tree only
+/// one side changed).
+fn join_plans(
+    conn: &Connection,
+    schema: &Schema,
+    graph: &Graph,
+    plans: &[TreePlan],
+    views: &Views<'_>,
+) -> Result<Vec<Option<Joining>>, MergeError> {
+    let sides = Sides {
+        conn,
+        schema,
+        graph,
+        ours: views.ours,
+        base: views.base,
+        restored: views.restored,
+        movable: views.movable,
+    };
+    plans
+        .iter()
+        .map(|p| match (&p.decision, views.same_thread) {
+            (Decision::Conflict { winner }, _) => exchanges::plan(&sides, p, *winner).map(Some),
+            // A thread this run started, which another run started too.
+            (Decision::Take(Change::Added), Some((ours, theirs))) if p.root == ours => {
+                exchanges::plan_fold(&sides, p, theirs)
+            }
+            (Decision::Take(_) | Decision::Identical, _) => Ok(None),
+        })
+        .collect()
 }
 
 /// Adds a plan's outcome to the report (before anything is deleted, so the loser's rows can
@@ -259,8 +303,27 @@ fn record(
     conn: &Connection,
     graph: &Graph,
     p: &TreePlan,
+    joining: Option<&Joining>,
     report: &mut MergeReport,
 ) -> Result<(), MergeError> {
+    if let Some(Joining::Joined(join)) = joining {
+        let moved = join.moved().count() as u64;
+        report.kept_both.push(KeptBoth {
+            root: join.root.clone(),
+            title: p.title.clone(),
+            sessions: join.members.clone(),
+            messages: join.sessions.iter().map(|s| s.new_messages as u64).sum(),
+            moved,
+        });
+        if let Some(from) = &join.folded {
+            report.folded.push((from.clone(), join.root.clone()));
+        }
+        return Ok(());
+    }
+    let refusal = match joining {
+        Some(Joining::Refused(refusal)) => Some(refusal.clone()),
+        Some(Joining::Joined(_)) | None => None,
+    };
     match &p.decision {
         Decision::Take(change) => report.taken.push(Taken {
             root: p.root.clone(),
@@ -291,6 +354,7 @@ fn record(
                     .cloned()
                     .collect(),
                 lost_messages,
+                refusal,
             });
         }
     }
@@ -322,30 +386,6 @@ fn lost_rows(
         conn.query_row(&sql, [], |r| r.get(0))
     })?;
     Ok(n.max(0) as u64)
-}
-
-fn fill<'a>(
-    conn: &Connection,
-    table: &str,
-    ids: impl Iterator<Item = &'a String>,
-) -> Result<(), MergeError> {
-    step(&format!("listing sessions ({table})"), || {
-        conn.execute(&format!("DELETE FROM temp.{table}"), [])?;
-        let mut stmt = conn.prepare(&format!("INSERT OR IGNORE INTO temp.{table} VALUES (?1)"))?;
-        for id in ids {
-            stmt.execute([id])?;
-        }
-        Ok(())
-    })
-}
-
-fn column_list(schema: &Schema, table: &str) -> String {
-    schema.tables[table]
-        .columns
-        .iter()
-        .map(|c| quote(c))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Parent rows (projects, workspaces) the inserted rows reference and the base lacks, then this
@@ -412,7 +452,7 @@ fn carry_parents(
                 "INSERT OR IGNORE INTO main.{t} ({cols}) SELECT {cols} FROM {OURS}.{t} \
                  WHERE {k} IN (SELECT key FROM temp.merge_need WHERE tbl = ?1 AND col = ?2)",
                 t = quote(p),
-                cols = column_list(schema, p),
+                cols = column_list(schema, p, None),
                 k = quote(&col),
             );
             report.rows_carried += run(&format!("carrying {p}"), &sql, &[p, &col])? as u64;
@@ -424,7 +464,7 @@ fn carry_parents(
                 "INSERT OR IGNORE INTO main.{t} ({cols}) SELECT {cols} FROM {OURS}.{t} \
                  WHERE {c} IN (SELECT key FROM temp.merge_need WHERE tbl = ?1 AND col = ?2)",
                 t = quote(table),
-                cols = column_list(schema, table),
+                cols = column_list(schema, table, None),
                 c = quote(&r.column),
             );
             report.rows_carried += run(

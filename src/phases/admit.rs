@@ -128,6 +128,7 @@ pub(crate) async fn admit(
         lease_holder,
         restored_copy: None,
         restored_sessions: None,
+        own_rows: Default::default(),
         provenance: crate::phases::context::Provenance::Unknown,
         report: PersistenceReport::default(),
         egress: None,

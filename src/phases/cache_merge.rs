@@ -4,19 +4,20 @@
 //! so the entry saved next holds every thread, and the next run (which restores only the newest)
 //! loses none. A failure at any step keeps this run's own database: never worse than no merge.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::cache::{self, RestoreOutcome};
 use crate::checkpoint::{self, ProbeOutcome};
 use crate::merge::{self, MergeReport, Snapshot};
+use crate::phases::context::OwnRows;
 use crate::phases::fallback::{Catalog, Listing};
 use crate::phases::paths::{check_marker, MarkerCheck, StatePaths, MARKER_FILE};
 use crate::phases::report::RestoreSource;
 use crate::phases::restore::shown;
 use crate::phases::sanitize::{self, SanitizeOutcome};
 use crate::phases::session_map::{self, Map};
-use crate::trust::TrustMap;
+use crate::trust::{SessionTrust, TrustMap};
 
 /// Entries merged at most per save: the newest ones, when a burst of runs saved since.
 const MAX_ENTRIES: usize = 8;
@@ -37,6 +38,8 @@ pub struct CacheMergeInputs<'a> {
     pub restored_key: Option<&'a str>,
     /// What was merged at restore, joined to what the save merges (`CacheMergeReport::then`).
     pub earlier: Option<&'a CacheMergeReport>,
+    /// What only this run's database holds, which a merge may move or fold (and then renames).
+    pub own_rows: &'a OwnRows,
 }
 
 /// What the merge did, for the summary.
@@ -53,6 +56,11 @@ pub struct CacheMergeReport {
     /// longer describes them).
     pub trust: TrustMap,
     pub from_them: BTreeSet<String>,
+    /// Sessions a merge joined (both runs' exchanges in one), with the merged entry's record of
+    /// each: the result holds both runs' text, so it keeps the lower record, or none.
+    pub joined: BTreeMap<String, Option<SessionTrust>>,
+    /// This run's thread sessions folded into another run's of the same thread (from, into).
+    pub folded: Vec<(String, String)>,
     /// Every key the listing before the save showed (`None`: no listing), so what appears
     /// during the save can be told apart.
     pub listed: Option<Vec<String>>,
@@ -64,6 +72,8 @@ struct Merged {
     sessions: Map,
     trust: TrustMap,
     from_them: BTreeSet<String>,
+    joined: BTreeMap<String, Option<SessionTrust>>,
+    folded: Vec<(String, String)>,
     /// It held a session, or a version of one, that this run's database lacked.
     new_to_us: bool,
 }
@@ -71,6 +81,8 @@ struct Merged {
 impl CacheMergeReport {
     fn take(&mut self, key: String, merged: Merged) {
         self.fold(merged.sessions, merged.trust, merged.from_them);
+        self.fold_joined(merged.joined);
+        self.folded.extend(merged.folded);
         self.merged.push((key, merged.report));
     }
 
@@ -83,11 +95,29 @@ impl CacheMergeReport {
         self.from_them.extend(from_them);
     }
 
+    /// Sessions joined again keep the lower record of every entry they were joined with.
+    fn fold_joined(&mut self, joined: BTreeMap<String, Option<SessionTrust>>) {
+        for (id, theirs) in joined {
+            let record = match (self.joined.remove(&id), theirs) {
+                (None, theirs) => theirs,
+                (Some(Some(held)), Some(theirs)) => Some(held.lowered_by(&theirs)),
+                (Some(None), _) | (Some(Some(_)), None) => None,
+            };
+            self.joined.insert(id, record);
+        }
+    }
+
     /// Joins what was merged into `map`, the threads fro-bot keeps: an entry's thread this run's
     /// map lacks is added (this run's mapping stands where both have one).
     pub fn join_sessions_into(&self, map: &mut Map) {
         for (k, v) in &self.sessions {
             map.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        // A thread session folded into another run's continues as that one.
+        for (from, into) in &self.folded {
+            for session in map.values_mut().filter(|s| *s == from) {
+                *session = into.clone();
+            }
         }
     }
 
@@ -95,14 +125,32 @@ impl CacheMergeReport {
     /// version is theirs takes their record, the lower one where both hold it
     /// (docs/security.md#trust-follows-memory).
     pub fn join_trust_into(&self, trust: &mut TrustMap) {
+        for (from, into) in &self.folded {
+            if let Some(record) = trust.remove(from) {
+                trust.insert(into.clone(), record);
+            }
+        }
         trust.retain(|id, _| !self.from_them.contains(id));
         crate::trust::join_lowering(trust, self.trust.clone());
+        // A joined session holds both runs' text: the lower of both records, none if either has
+        // none.
+        for (id, theirs) in &self.joined {
+            let record = match (trust.remove(id), theirs) {
+                (Some(ours), Some(theirs)) => Some(ours.lowered_by(theirs)),
+                (None, _) | (Some(_), None) => None,
+            };
+            if let Some(record) = record {
+                trust.insert(id.clone(), record);
+            }
+        }
     }
 
     /// These merges (the restore's), then `later`'s (the save's): one report for the summary
     /// (the restore's threads and records are joined into the run's own at restore). The listing is `later`'s, the one taken just before the save.
     pub fn then(mut self, later: CacheMergeReport) -> CacheMergeReport {
         self.fold(later.sessions, later.trust, later.from_them);
+        self.fold_joined(later.joined);
+        self.folded.extend(later.folded);
         self.merged.extend(later.merged);
         self.skipped.extend(later.skipped);
         self.listed = later.listed;
@@ -122,6 +170,7 @@ impl CacheMergeReport {
             })
             .collect();
         for (_, m) in &self.merged {
+            notes.extend(m.kept_both.iter().map(session_map::kept_both_note));
             notes.extend(
                 m.conflicts
                     .iter()
@@ -265,19 +314,35 @@ async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, S
     // sanitizer would otherwise clamp (and so change) as if it came from the future.
     let now_ms = crate::opencode::system_now_ms();
     let ours = inputs.paths.db();
+    let own = Own {
+        messages: inputs.own_rows.messages(),
+        // The entry's session of this run's thread, when another run started it too.
+        same_thread: inputs.own_rows.thread().and_then(|(key, mine)| {
+            let theirs = sessions.get(&key).filter(|theirs| **theirs != mine)?;
+            Some((mine, theirs.clone()))
+        }),
+    };
     let versions = {
         let (base, out) = (base.clone(), out.clone());
-        tokio::task::spawn_blocking(move || check_and_merge(&base, &ours, &out, now_ms))
+        tokio::task::spawn_blocking(move || check_and_merge(&base, &ours, &out, now_ms, &own))
             .await
             .map_err(|e| format!("merge task failed: {e}"))??
     };
     replace(&out, &inputs.paths.db())?;
+    // The result is this run's database now.
+    inputs.own_rows.adopted(&versions.report);
     let Versions {
         report,
         theirs,
         mine,
         merged,
     } = versions;
+    let joined: BTreeMap<String, Option<SessionTrust>> = report
+        .kept_both
+        .iter()
+        .flat_map(|k| &k.sessions)
+        .map(|id| (id.clone(), records.get(id).cloned()))
+        .collect();
     let from_them = merged
         .sessions
         .iter()
@@ -289,13 +354,21 @@ async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, S
         .iter()
         .any(|(id, v)| mine.sessions.get(id) != Some(v));
     Ok(Merged {
+        folded: report.folded.clone(),
         report,
         sessions,
         // A record of theirs holds only for a session whose merged version is theirs.
         trust: session_map::trust_after_merge(&records, &theirs, &theirs, &merged),
         from_them,
+        joined,
         new_to_us,
     })
+}
+
+/// What only this run's database holds, for the merge.
+struct Own {
+    messages: BTreeSet<String>,
+    same_thread: Option<(String, String)>,
 }
 
 /// The merge's report and the session versions of each side and of the result.
@@ -343,7 +416,13 @@ pub async fn merge_saved_meanwhile(
 /// that restored older memory, or from the store's lineage), so a session it lacks was not
 /// deleted by it: the merge is against an empty snapshot — every session on either side is kept,
 /// and where both hold one, the later activity wins.
-fn check_and_merge(base: &Path, ours: &Path, out: &Path, now_ms: i64) -> Result<Versions, String> {
+fn check_and_merge(
+    base: &Path,
+    ours: &Path,
+    out: &Path,
+    now_ms: i64,
+    own: &Own,
+) -> Result<Versions, String> {
     if !base.is_file() {
         return Err("it holds no session database".into());
     }
@@ -358,7 +437,16 @@ fn check_and_merge(base: &Path, ours: &Path, out: &Path, now_ms: i64) -> Result<
     }
     let theirs = Snapshot::capture(base).map_err(|e| e.to_string())?;
     let mine = Snapshot::capture(ours).map_err(|e| e.to_string())?;
-    let report = merge::merge(base, ours, &Snapshot::empty(), out).map_err(|e| e.to_string())?;
+    let options = merge::MergeOptions {
+        own_messages: Some(&own.messages),
+        same_thread: own
+            .same_thread
+            .as_ref()
+            .map(|(mine, theirs)| (mine.as_str(), theirs.as_str())),
+        ..Default::default()
+    };
+    let report = merge::merge_with(base, ours, &Snapshot::empty(), out, options)
+        .map_err(|e| e.to_string())?;
     let merged = Snapshot::capture(out).map_err(|e| e.to_string())?;
     Ok(Versions {
         report,
@@ -372,4 +460,63 @@ fn replace(merged: &Path, db: &Path) -> Result<(), String> {
     checkpoint::remove_stale_sidecars(db)
         .and_then(|()| std::fs::rename(merged, db))
         .map_err(|e| format!("cannot put the merged database in place: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(author: &str, association: &str) -> SessionTrust {
+        SessionTrust::new(author, association, false, false)
+    }
+
+    #[test]
+    fn a_joined_session_keeps_the_lower_record_and_none_when_either_has_none() {
+        let report = CacheMergeReport {
+            joined: BTreeMap::from([
+                ("ses_both".to_string(), Some(record("eve", "NONE"))),
+                ("ses_unrecorded".to_string(), None),
+            ]),
+            ..Default::default()
+        };
+        let mut trust = TrustMap::from([
+            ("ses_both".to_string(), record("mona", "OWNER")),
+            ("ses_unrecorded".to_string(), record("mona", "OWNER")),
+            ("ses_mine".to_string(), record("mona", "OWNER")),
+        ]);
+        report.join_trust_into(&mut trust);
+        assert_eq!(
+            trust["ses_both"].author, "eve",
+            "the lower of both: {trust:?}"
+        );
+        assert!(!trust.contains_key("ses_unrecorded"), "{trust:?}");
+        assert_eq!(trust["ses_mine"].author, "mona");
+    }
+
+    #[test]
+    fn a_folded_thread_session_continues_as_the_one_it_joined() {
+        let report = CacheMergeReport {
+            sessions: Map::from([("issue-12".to_string(), "ses_theirs".to_string())]),
+            joined: BTreeMap::from([(
+                "ses_theirs".to_string(),
+                Some(record("bob", "CONTRIBUTOR")),
+            )]),
+            folded: vec![("ses_mine".to_string(), "ses_theirs".to_string())],
+            ..Default::default()
+        };
+        let mut map = Map::from([("issue-12".to_string(), "ses_mine".to_string())]);
+        report.join_sessions_into(&mut map);
+        assert_eq!(map["issue-12"], "ses_theirs");
+        let mut trust = TrustMap::from([("ses_mine".to_string(), record("mona", "OWNER"))]);
+        report.join_trust_into(&mut trust);
+        assert!(!trust.contains_key("ses_mine"));
+        assert_eq!(trust["ses_theirs"].association, "CONTRIBUTOR", "{trust:?}");
+        // Another run's merges of the same session keep the lowest record seen.
+        let later = CacheMergeReport {
+            joined: BTreeMap::from([("ses_theirs".to_string(), Some(record("eve", "NONE")))]),
+            ..Default::default()
+        };
+        let both = report.then(later);
+        assert_eq!(both.joined["ses_theirs"].as_ref().unwrap().author, "eve");
+    }
 }

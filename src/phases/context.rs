@@ -95,6 +95,8 @@ pub(crate) struct RunContext {
     /// The sessions as restored, so a newer shared copy can be merged with this run's
     /// (`None`: they could not be read, and a newer copy is then not overwritten).
     pub(crate) restored_sessions: Option<Snapshot>,
+    /// The messages and thread session only this run's database holds (`OwnRows`).
+    pub(crate) own_rows: OwnRows,
     /// Whether restored memory was scrubbed when saved, so the save scrubs only this run's rows.
     pub(crate) provenance: Provenance,
     /// The summary's Session Persistence section, filled as the phases go.
@@ -103,6 +105,58 @@ pub(crate) struct RunContext {
     pub(crate) cache_saved: CacheSaved,
     /// The agent's network for the turn (`phases::egress`), until its summary row is written.
     pub(crate) egress: Option<crate::egress::AgentReach>,
+}
+
+/// What only this run's database holds (docs/persistence.md#session-level-merge): the messages
+/// its own turn wrote, which a merge may give new ids to keep an exchange together, and its
+/// thread's session (logical key, id), which a merge may fold into another run's session of the
+/// same thread. Both follow every merged result this run adopts (`adopted`).
+#[derive(Debug, Default)]
+pub struct OwnRows(std::sync::Mutex<Rows>);
+
+#[derive(Debug, Default, Clone)]
+struct Rows {
+    messages: std::collections::BTreeSet<String>,
+    thread: Option<(String, String)>,
+}
+
+impl OwnRows {
+    pub fn new(
+        messages: std::collections::BTreeSet<String>,
+        thread: Option<(String, String)>,
+    ) -> Self {
+        OwnRows(std::sync::Mutex::new(Rows { messages, thread }))
+    }
+
+    fn rows(&self) -> std::sync::MutexGuard<'_, Rows> {
+        // Every update below leaves whole values: a panic elsewhere cannot leave them half set.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn messages(&self) -> std::collections::BTreeSet<String> {
+        self.rows().messages.clone()
+    }
+
+    /// This run's thread and its session now.
+    pub fn thread(&self) -> Option<(String, String)> {
+        self.rows().thread.clone()
+    }
+
+    /// A merged result is this run's database now: its moved messages go by their new ids, and a
+    /// folded thread session by the session it joined.
+    pub fn adopted(&self, report: &crate::merge::MergeReport) {
+        let mut rows = self.rows();
+        for (old, new) in &report.reissued {
+            if rows.messages.remove(old) {
+                rows.messages.insert(new.clone());
+            }
+        }
+        if let Some((_, session)) = rows.thread.as_mut() {
+            if let Some((_, into)) = report.folded.iter().find(|(from, _)| from == session) {
+                *session = into.clone();
+            }
+        }
+    }
 }
 
 impl RunContext {

@@ -13,13 +13,13 @@ use crate::phases::agent::AgentRun;
 use crate::phases::context::RunContext;
 use crate::phases::git_guard::{self, GitGuard};
 use crate::phases::home_guard::{self, HomeGuard};
-use crate::phases::memory_guard::{self, MemoryGuard};
+use crate::phases::memory_guard::{self, Before};
 
 /// The three guards of one turn.
 pub(crate) struct Leftovers {
     git: Option<GitGuard>,
     home: Option<HomeGuard>,
-    memory: Option<MemoryGuard>,
+    memory: Before,
 }
 
 impl Leftovers {
@@ -47,7 +47,11 @@ pub(crate) fn put_back(ctx: &mut RunContext, guards: Leftovers, agent_run: &Agen
         .into_iter()
         .filter_map(|s| s.as_deref())
         .collect();
-    memory_guard::put_back(ctx, guards.memory, &own);
+    let thread = agent_run
+        .session_id
+        .clone()
+        .map(|id| (ctx.plan.logical_key.as_str().to_string(), id));
+    memory_guard::put_back(ctx, guards.memory, &own, thread);
 }
 
 /// Post: gives back what a killed main took from the runner's user for the turn besides its home

@@ -22,12 +22,23 @@ pub(crate) struct MemoryGuard {
     snapshot: Snapshot,
 }
 
-/// Copies the restored database before the turn (`None`: nothing restored, or it cannot be read;
-/// with nothing restored there is no other conversation to protect).
-pub(crate) fn take(ctx: &RunContext) -> Option<MemoryGuard> {
+/// Memory as it was before the turn.
+pub(crate) enum Before {
+    /// Nothing was restored: no other conversation to protect, and every message the database
+    /// holds after the turn is this run's.
+    Nothing,
+    /// A copy, out of the agent's reach.
+    Kept(MemoryGuard),
+    /// The copy could not be made: other conversations are not guarded, and which messages are
+    /// this run's is not known.
+    Unknown,
+}
+
+/// Copies the restored database before the turn.
+pub(crate) fn take(ctx: &RunContext) -> Before {
     let db = ctx.paths.db();
     if !db.is_file() {
-        return None;
+        return Before::Nothing;
     }
     let kept = (|| -> Result<MemoryGuard, String> {
         let dir = tempfile::Builder::new()
@@ -47,13 +58,13 @@ pub(crate) fn take(ctx: &RunContext) -> Option<MemoryGuard> {
         Ok(g) => {
             // Until `put_back`, post must not save what the agent leaves.
             ctx.set_state(state::MEMORY_GUARD, "pending");
-            Some(g)
+            Before::Kept(g)
         }
         Err(e) => {
             log::warning(&format!(
                 "cannot keep a copy of the restored memory, so other threads' conversations are not guarded this run: {e}"
             ));
-            None
+            Before::Unknown
         }
     }
 }
@@ -72,11 +83,25 @@ fn copy_db(db: &Path, to: &Path) -> std::io::Result<()> {
 /// how many other conversations the agent had changed. When the copy was memory fro-bot had
 /// scrubbed, `own` trees are scrubbed before they are written into it, so nothing in the rebuilt
 /// file ever held a secret and the save scrubs only those trees (`Provenance`).
-pub(crate) fn put_back(ctx: &mut RunContext, guard: Option<MemoryGuard>, own: &[&str]) {
+/// Also records the messages the turn wrote and its thread's session (`RunContext::own_rows`),
+/// which only this run's database holds.
+pub(crate) fn put_back(
+    ctx: &mut RunContext,
+    before: Before,
+    own: &[&str],
+    thread: Option<(String, String)>,
+) {
     let scrubbed_base = ctx.provenance == Provenance::Scrubbed;
     // Anything but a rebuild from scrubbed memory leaves the save to scrub the whole database.
     ctx.provenance = Provenance::Unknown;
-    let Some(guard) = guard else { return };
+    let guard = match before {
+        Before::Kept(guard) => guard,
+        Before::Nothing => {
+            record_own_rows(ctx, None, thread);
+            return;
+        }
+        Before::Unknown => return,
+    };
     let db = ctx.paths.db();
     let own: BTreeSet<String> = own.iter().map(|s| s.to_string()).collect();
     let prescrubbed = scrubbed_base && prescrub(&db, &own);
@@ -88,7 +113,24 @@ pub(crate) fn put_back(ctx: &mut RunContext, guard: Option<MemoryGuard>, own: &[
     if prescrubbed && rebuilt {
         ctx.provenance = Provenance::RebuiltFromScrubbed;
     }
+    record_own_rows(ctx, Some(&guard.copy), thread);
     ctx.set_state(state::MEMORY_GUARD, "");
+}
+
+/// The messages the database holds now and did not before the turn (`before`: its copy; `None`:
+/// there was none), and the thread's session. Unreadable: no messages (nothing of this run's then
+/// moves in a merge).
+fn record_own_rows(ctx: &mut RunContext, before: Option<&Path>, thread: Option<(String, String)>) {
+    let db = ctx.paths.db();
+    let messages = match db.is_file().then(|| merge::messages_added(before, &db)) {
+        Some(Ok(ids)) => ids,
+        Some(Err(e)) => {
+            tracing::debug!("this run's messages are not known: {e}");
+            Default::default()
+        }
+        None => Default::default(),
+    };
+    ctx.own_rows = crate::phases::context::OwnRows::new(messages, thread);
 }
 
 /// Scrubs the rows of `own` trees (and OpenCode's other tables) in the agent's database, the ones

@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig, LeaseHandle};
 use crate::merge::{self, MergeReport, Snapshot};
 use crate::object_store as store;
-use crate::phases::context::{PostLease, StoreContext};
+use crate::phases::context::{OwnRows, PostLease, StoreContext};
 use crate::phases::paths::{check_marker, write_marker, MarkerCheck, Scrubbed, StatePaths};
 use crate::phases::report::LeaseReport;
 use crate::phases::session_map;
@@ -44,6 +44,8 @@ pub struct PublishInputs<'a> {
     /// when the run did not restore from the store. `None`: unknown, so a newer copy is not
     /// merged, nor overwritten.
     pub restored: Option<&'a Snapshot>,
+    /// What only this run's database holds, which a merge may move or fold (and then renames).
+    pub own_rows: &'a OwnRows,
     /// For the marker rewritten after a merge.
     pub run_id: &'a str,
     pub now_ms: u64,
@@ -103,6 +105,7 @@ impl PublishReport {
                 m.taken.len(),
                 m.identical
             ));
+            notes.extend(m.kept_both.iter().map(session_map::kept_both_note));
             notes.extend(
                 m.conflicts
                     .iter()
@@ -379,11 +382,25 @@ async fn merge_newer(inputs: &PublishInputs<'_>) -> Result<Newer, String> {
     let base = dir.path().join(store::keys::SESSION_DB_NAME);
     let out = dir.path().join("merged.db");
     let ours = inputs.paths.db();
+    let own = inputs.own_rows.messages();
+    // The copy's session of this run's thread, when another run started it too.
+    let same_thread = inputs.own_rows.thread().and_then(|(key, mine)| {
+        let theirs = their_marker.as_ref()?.sessions.as_ref()?.get(&key)?;
+        (*theirs != mine).then(|| (mine, theirs.clone()))
+    });
     let (merged, theirs) = {
         let out = out.clone();
         tokio::task::spawn_blocking(move || {
             let theirs = Snapshot::capture(&base).ok();
-            (merge::merge(&base, &ours, &restored, &out), theirs)
+            let options = merge::MergeOptions {
+                own_messages: Some(&own),
+                same_thread: same_thread.as_ref().map(|(m, t)| (m.as_str(), t.as_str())),
+                ..Default::default()
+            };
+            (
+                merge::merge_with(&base, &ours, &restored, &out, options),
+                theirs,
+            )
         })
         .await
         .map_err(|e| format!("merge task failed: {e}"))?
@@ -419,14 +436,27 @@ fn adopt_merged(inputs: &PublishInputs<'_>, newer: &Newer) -> StorePublish {
         ));
         return StorePublish::Published;
     }
+    // The result is this run's database now.
+    inputs.own_rows.adopted(&newer.report);
     // The marker the save wrote just before the publish holds this run's map and trust records
     // (docs/security.md#trust-follows-memory).
-    let (ours_map, ours_trust) = match check_marker(&inputs.paths.marker()) {
+    let (mut ours_map, mut ours_trust) = match check_marker(&inputs.paths.marker()) {
         MarkerCheck::Compatible(marker) => (marker.sessions, marker.trust.unwrap_or_default()),
         MarkerCheck::Missing
         | MarkerCheck::Unreadable { .. }
         | MarkerCheck::VersionMismatch { .. } => (None, Default::default()),
     };
+    // This run's thread session folded into the other run's continues as that one.
+    for (from, into) in &newer.report.folded {
+        for session in ours_map.iter_mut().flat_map(|m| m.values_mut()) {
+            if session == from {
+                *session = into.clone();
+            }
+        }
+        if let Some(record) = ours_trust.remove(from) {
+            ours_trust.insert(into.clone(), record);
+        }
+    }
     let (their_map, their_trust) = match &newer.their_marker {
         Some(m) => (m.sessions.clone(), m.trust.clone().unwrap_or_default()),
         None => (None, Default::default()),
@@ -448,6 +478,8 @@ fn adopt_merged(inputs: &PublishInputs<'_>, newer: &Newer) -> StorePublish {
                 let kept = session_map::trust_after_merge(&their_trust, theirs, theirs, &merged);
                 crate::trust::join_lowering(&mut trust, kept);
             }
+            let joined = newer.report.kept_both.iter().flat_map(|k| &k.sessions);
+            session_map::trust_of_joined(&mut trust, &ours_trust, &their_trust, joined);
             trust
         }
         // Without the versions nothing tells whose a session is: no records (the lowest).

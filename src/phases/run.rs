@@ -320,6 +320,7 @@ fn cache_merge_inputs<'a>(
             .as_deref()
             .or_else(|| earlier.and_then(|e| e.merged.last().map(|(k, _)| k.as_str()))),
         earlier,
+        own_rows: &ctx.own_rows,
     })
 }
 
@@ -570,6 +571,7 @@ async fn cleanup_and_save(
                 RestoreSource::Storage => ctx.restored_sessions.as_ref(),
                 RestoreSource::Cache | RestoreSource::None => Some(&no_sessions),
             },
+            own_rows: &ctx.own_rows,
             run_id: &ctx.run_id,
             now_ms: now_ms(),
             lease_config: LeaseConfig::default(),
@@ -582,6 +584,13 @@ async fn cleanup_and_save(
     };
     failpoint::hit("run:after-save");
     record_save(ctx, saved);
+    // A merge folded the session this run started into the one another run started for the
+    // thread: the thread continues there.
+    if let Some((_, session)) = ctx.own_rows.thread() {
+        if agent_run.session_id.as_deref() != Some(session.as_str()) {
+            ctx.set_output(output::SESSION_ID, &session);
+        }
+    }
     ctx.report.record_phase("save", t.elapsed());
     Saved::InTime
 }

@@ -102,6 +102,36 @@ pub fn trust_after_merge(
         .collect()
 }
 
+/// The records of sessions a merge joined, both runs' exchanges in one
+/// (docs/security.md#trust-follows-memory): the lower of `ours` and `theirs`, none where either
+/// has none.
+pub fn trust_of_joined<'a>(
+    trust: &mut crate::trust::TrustMap,
+    ours: &crate::trust::TrustMap,
+    theirs: &crate::trust::TrustMap,
+    joined: impl IntoIterator<Item = &'a String>,
+) {
+    for id in joined {
+        trust.remove(id);
+        if let (Some(o), Some(t)) = (ours.get(id), theirs.get(id)) {
+            trust.insert(id.clone(), o.clone().lowered_by(t));
+        }
+    }
+}
+
+/// The summary's line for a thread whose session both runs continued and the merge kept whole,
+/// named by its logical key when fro-bot titled it.
+pub fn kept_both_note(kept: &crate::merge::KeptBoth) -> String {
+    let thread = match kept.title.as_deref() {
+        Some(title) => title.strip_prefix(TITLE_PREFIX).unwrap_or(title),
+        None => &kept.root,
+    };
+    format!(
+        "kept both exchanges of `{}` (a run beside this one answered too)",
+        crate::merge::shown(thread)
+    )
+}
+
 /// Drops entries whose session no longer exists (pruned or deleted), so the map stays bounded by
 /// the sessions kept. On a read error the map is kept as it is.
 pub fn retain_existing(db: &Path, map: &mut Map) {
@@ -184,6 +214,33 @@ mod tests {
         )
         .unwrap();
         path
+    }
+
+    #[test]
+    fn a_joined_session_gets_the_lower_of_both_records_and_its_note_names_the_thread() {
+        use crate::trust::{SessionTrust, TrustMap};
+        let (mona, eve) = (
+            SessionTrust::new("mona", "OWNER", false, false),
+            SessionTrust::new("eve", "NONE", false, false),
+        );
+        let ours = TrustMap::from([("ses_a".into(), mona.clone()), ("ses_b".into(), mona)]);
+        let theirs = TrustMap::from([("ses_a".into(), eve)]);
+        let mut trust = ours.clone();
+        let joined = ["ses_a".to_string(), "ses_b".to_string()];
+        trust_of_joined(&mut trust, &ours, &theirs, &joined);
+        assert_eq!(trust["ses_a"].author, "eve");
+        assert!(!trust.contains_key("ses_b"), "theirs has none: {trust:?}");
+        let kept = crate::merge::KeptBoth {
+            root: "ses_a".into(),
+            title: Some("fro-bot: issue-12`\n".into()),
+            sessions: vec!["ses_a".into()],
+            messages: 2,
+            moved: 0,
+        };
+        assert_eq!(
+            kept_both_note(&kept),
+            "kept both exchanges of `issue-12??` (a run beside this one answered too)"
+        );
     }
 
     #[test]

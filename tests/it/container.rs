@@ -17,6 +17,17 @@ crate::e2e::launched_scenarios!(crate::support::container::Launch::container();
     links::every_text_the_agent_writes_leaves_with_its_foreign_links_inert,
 );
 
+/// From the image only (the binary runs the same code): three mentions on one new issue with the
+/// Actions cache alone, the default set-up (docs/persistence.md#concurrent-runs-and-the-merge).
+#[tokio::test]
+async fn three_mentions_on_one_thread_with_the_cache_alone_are_all_answered_and_remembered() {
+    crate::e2e::concurrent::three_mentions_on_one_thread_are_all_answered_and_remembered(
+        crate::support::container::Launch::container(),
+        None,
+    )
+    .await;
+}
+
 mod image {
     use std::process::{Command, Stdio};
 

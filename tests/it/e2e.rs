@@ -1843,7 +1843,7 @@ mod local {
     }
 }
 
-mod concurrent;
+pub(crate) mod concurrent;
 /// Untrusted text in, nothing secret out (docs/security.md).
 mod untrusted;
 

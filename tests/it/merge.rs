@@ -152,6 +152,21 @@ async fn thread_text(agent: &Agent, thread: &str) -> String {
     msgs.iter().map(|m| m.text()).collect::<Vec<_>>().join("\n")
 }
 
+/// A follow-up turn on `thread`, which resumes its session.
+async fn follow_up(agent: &mut Agent, thread: &str, prompt: &str) {
+    let s = agent.resolve_session(thread).await.unwrap();
+    assert_eq!(s.resolution, fro_bot::opencode::Resolution::Resumed);
+    let r = agent
+        .run_turn(
+            s.session,
+            prompt,
+            &TurnOptions::default(),
+            &Cancellation::new(),
+        )
+        .await;
+    assert_eq!(r.outcome, TurnOutcome::Completed, "{r:?}");
+}
+
 #[tokio::test]
 async fn two_real_runs_on_different_threads_merge_and_opencode_resumes_both() {
     let repo = Repo::new().await;
@@ -190,6 +205,7 @@ async fn two_real_runs_on_different_threads_merge_and_opencode_resumes_both() {
         &out,
         MergeOptions {
             verify: Verify::Full,
+            ..Default::default()
         },
     )
     .unwrap();
@@ -240,53 +256,193 @@ async fn two_real_runs_on_different_threads_merge_and_opencode_resumes_both() {
     assert!(thread_text(&agent, "issue-2").await.contains("ALPHA-2222"));
     assert!(thread_text(&agent, "issue-3").await.contains("BRAVO-3333"));
     repo.llm.push(Reply::text("follow-up answered"));
-    let s = agent.resolve_session("issue-2").await.unwrap();
-    assert_eq!(s.resolution, fro_bot::opencode::Resolution::Resumed);
-    let r = agent
-        .run_turn(
-            s.session,
-            "Follow-up on issue 2",
-            &TurnOptions::default(),
-            &Cancellation::new(),
-        )
-        .await;
-    assert_eq!(r.outcome, TurnOutcome::Completed, "{r:?}");
+    follow_up(&mut agent, "issue-2", "Follow-up on issue 2").await;
     let last = request_text(repo.llm.requests().last().unwrap());
     assert!(last.contains("ALPHA-2222"), "the follow-up saw: {last}");
     agent.shutdown(Duration::from_secs(5)).await;
 }
 
+/// One run continuing `thread` with `prompt`: its database, and the messages its turn added.
+async fn turn_on(
+    repo: &Repo,
+    dirs: &Isolation,
+    thread: &str,
+    prompt: &str,
+) -> (PathBuf, std::collections::BTreeSet<String>) {
+    let before = dirs.home.join("before.db");
+    let db = dirs.data_dir().join("opencode.db");
+    std::fs::copy(&db, &before).unwrap();
+    let mut agent = repo.start(dirs).await;
+    let s = agent.resolve_session(thread).await.unwrap();
+    assert_eq!(s.resolution, fro_bot::opencode::Resolution::Resumed);
+    let options = TurnOptions {
+        timeout: Some(Duration::from_secs(90)),
+        ..Default::default()
+    };
+    let r = agent
+        .run_turn(s.session, prompt, &options, &Cancellation::new())
+        .await;
+    assert_eq!(r.outcome, TurnOutcome::Completed, "{r:?}");
+    agent.shutdown(Duration::from_secs(5)).await;
+    fro_bot::checkpoint::checkpoint(&db);
+    let own = merge::messages_added(Some(&before), &db).unwrap();
+    (db, own)
+}
+
+/// Where `needle` first appears among a request's messages (by index), if it does.
+fn position(request: &serde_json::Value, needle: &str) -> Option<usize> {
+    request["messages"]
+        .as_array()?
+        .iter()
+        .position(|m| m.to_string().contains(needle))
+}
+
+/// Two runs continue one thread at once: A asks first and works through a tool step, and B asks
+/// while A works (A's tool step is held until B's question reached the model), so in OpenCode's
+/// order their messages interleave.
+async fn two_overlapping_turns(
+    repo: &Repo,
+    restored: &Path,
+) -> (
+    (PathBuf, std::collections::BTreeSet<String>),
+    (PathBuf, std::collections::BTreeSet<String>),
+) {
+    let da = repo.run_dirs("run-a", Some(restored));
+    let db = repo.run_dirs("run-b", Some(restored));
+    repo.llm.push(Reply::tool(
+        "bash",
+        serde_json::json!({"command": "echo looked", "description": "look"}),
+    ));
+    repo.llm.push(Reply::text("LATER-BBBB"));
+    repo.llm.push(Reply::text("EARLIER-AAAA"));
+    repo.llm.hold_while(|request, all| {
+        let asked = request_text(request);
+        asked.contains("QUESTION-A")
+            && !asked.contains("looked")
+            && !all.iter().any(|r| request_text(r).contains("QUESTION-B"))
+    });
+    let b = async {
+        // B starts once A's question is at the model.
+        while !repo
+            .llm
+            .requests()
+            .iter()
+            .any(|r| request_text(r).contains("QUESTION-A"))
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        turn_on(repo, &db, "issue-7", "QUESTION-B").await
+    };
+    let pair = tokio::join!(turn_on(repo, &da, "issue-7", "QUESTION-A"), b);
+    repo.llm.release_holds();
+    pair
+}
+
 #[tokio::test]
-async fn two_real_runs_on_the_same_thread_keep_the_later_turn_and_report_the_other() {
+async fn two_real_runs_on_the_same_thread_keep_both_exchanges_each_answer_after_its_question() {
     let repo = Repo::new().await;
     let d0 = repo.run_dirs("run0", None);
     let restored = repo.run(&d0, &[("issue-7", text("BEFORE-7"))]).await;
     let snap = Snapshot::capture(&restored).unwrap();
-    let da = repo.run_dirs("run-a", Some(&restored));
-    let db = repo.run_dirs("run-b", Some(&restored));
-    let a = repo.run(&da, &[("issue-7", text("EARLIER-AAAA"))]).await;
-    let b = repo.run(&db, &[("issue-7", text("LATER-BBBB"))]).await;
+    let ((a, own_a), (b, own_b)) = two_overlapping_turns(&repo, &restored).await;
+    assert_eq!((own_a.len(), own_b.len()), (3, 2), "{own_a:?} {own_b:?}");
 
-    let out = repo.tmp.path().join("merged.db");
-    let report = merge::merge(&a, &b, &snap, &out).unwrap();
+    // A saved first; B merges into A's entry (the cache's case: an empty snapshot), and the other
+    // way round: whichever saves later keeps both, each question followed by its answer.
+    for (name, base, ours, own, snapshot) in [
+        ("b-into-a", &a, &b, &own_b, Snapshot::empty()),
+        ("a-into-b", &b, &a, &own_a, snap.clone()),
+    ] {
+        let out = repo.tmp.path().join(format!("{name}.db"));
+        let options = MergeOptions {
+            verify: Verify::Full,
+            own_messages: Some(own),
+            ..Default::default()
+        };
+        let report = merge::merge_with(base, ours, &snapshot, &out, options).unwrap();
+        assert!(report.conflicts.is_empty(), "{name}: {report:?}");
+        assert_eq!(report.kept_both.len(), 1, "{name}: {report:?}");
+        assert!(
+            report.kept_both[0].moved > 0,
+            "{name}: the turns interleaved: {report:?}"
+        );
+        assert_sound(&out);
+
+        // OpenCode reads the merged memory, and a follow-up's request carries both exchanges.
+        let dm = repo.run_dirs(&format!("merged-{name}"), Some(&out));
+        let mut agent = repo.start(&dm).await;
+        let all = thread_text(&agent, "issue-7").await;
+        for word in ["BEFORE-7", "EARLIER-AAAA", "LATER-BBBB"] {
+            assert!(all.contains(word), "{name}: {all}");
+        }
+        repo.llm.push(Reply::text("FOLLOW-UP"));
+        follow_up(&mut agent, "issue-7", "QUESTION-C").await;
+        let request = repo.llm.requests().last().unwrap().clone();
+        let at = |needle: &str| {
+            position(&request, needle)
+                .unwrap_or_else(|| panic!("{name}: {needle} not in {request:#}"))
+        };
+        let order = [
+            at("QUESTION-A"),
+            at("looked"),
+            at("EARLIER-AAAA"),
+            at("QUESTION-B"),
+            at("LATER-BBBB"),
+            at("QUESTION-C"),
+        ];
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "{name}: each question followed by its own answer: {order:?} in {request:#}"
+        );
+        agent.shutdown(Duration::from_secs(5)).await;
+    }
+
+    // Without knowing which messages are this run's own, none may move: the later turn is kept
+    // and the other reported, as before, saying why.
+    let out = repo.tmp.path().join("unknown.db");
+    let report = merge::merge(&a, &b, &Snapshot::empty(), &out).unwrap();
     assert_eq!(report.conflicts.len(), 1, "{report:?}");
     let c = &report.conflicts[0];
-    assert_eq!(c.winner, Side::Ours, "B's turn is the later one");
-    assert_eq!(c.title.as_deref(), Some("fro-bot: issue-7"));
-    assert!(c.lost_messages >= 2, "A's question and answer: {c:?}");
-    assert!(c.base_activity < c.ours_activity);
-    assert_sound(&out);
-
-    // The other order: A is ours, B already published; B's later turn stays.
-    let out2 = repo.tmp.path().join("merged2.db");
-    let report = merge::merge(&b, &a, &snap, &out2).unwrap();
-    assert_eq!(report.conflicts[0].winner, Side::Base);
-    let dm = repo.run_dirs("merged", Some(&out2));
-    let mut agent = repo.start(&dm).await;
-    let text = thread_text(&agent, "issue-7").await;
-    assert!(
-        text.contains("BEFORE-7") && text.contains("LATER-BBBB") && !text.contains("EARLIER-AAAA"),
-        "{text}"
+    assert_eq!(
+        c.winner,
+        Side::Base,
+        "A worked on after B answered: its turn is the later one"
     );
-    agent.shutdown(Duration::from_secs(5)).await;
+    assert!(c.lost_messages >= 2, "B's question and answer: {c:?}");
+    assert!(c.describe().contains("interleave"), "{}", c.describe());
+}
+
+#[tokio::test]
+async fn a_run_that_compacted_the_thread_falls_back_to_the_later_turn_and_says_so() {
+    let repo = Repo::new().await;
+    let d0 = repo.run_dirs("run0", None);
+    let restored = repo.run(&d0, &[("issue-7", text("BEFORE-7"))]).await;
+    let da = repo.run_dirs("run-a", Some(&restored));
+    let db = repo.run_dirs("run-b", Some(&restored));
+    let (a, _) = turn_on(&repo, &da, "issue-7", "QUESTION-A").await;
+    // B's model overflows its context: OpenCode compacts the session (a summary), then answers.
+    repo.llm.push(Reply::Error(
+        crate::support::fake_llm::LlmError::ContextOverflow,
+    ));
+    repo.llm.push(Reply::text("SUMMARY-OF-IT"));
+    repo.llm.push(Reply::text("LATER-BBBB"));
+    let (b, own_b) = turn_on(&repo, &db, "issue-7", "QUESTION-B").await;
+    let out = repo.tmp.path().join("merged.db");
+    let options = MergeOptions {
+        verify: Verify::Full,
+        own_messages: Some(&own_b),
+        ..Default::default()
+    };
+    let report = merge::merge_with(&a, &b, &Snapshot::empty(), &out, options).unwrap();
+    assert!(report.kept_both.is_empty(), "{report:?}");
+    assert_eq!(report.conflicts.len(), 1, "{report:?}");
+    let c = &report.conflicts[0];
+    assert_eq!(c.refusal, Some(merge::Refusal::Compacted), "{c:?}");
+    assert!(c.lost_a_turn());
+    assert!(
+        c.describe().contains("one run compacted the session"),
+        "{}",
+        c.describe()
+    );
+    assert_sound(&out);
 }

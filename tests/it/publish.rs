@@ -139,6 +139,7 @@ async fn publish_run(
         workspace: Path::new("/ws"),
         expected_etag: etag,
         restored: Some(restored),
+        own_rows: &Default::default(),
         run_id: &run_id.to_string(),
         now_ms: fro_bot::runner::now_ms(),
         lease_config: LeaseConfig::default(),

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::scenarios::{main_step, with_s3, World};
-use crate::support::action::{comment_event, explain, Job, StepResult};
+use crate::support::action::{comment_event, explain, Job, Launch, StepResult};
 use crate::support::fake_llm::{request_text, Reply};
 use fro_bot::cache::{Backend, RestoreOutcome, RestoreRequest};
 use fro_bot::object_store::sync::{fetch_marker, restore_session_db, StoreRestore};
@@ -627,4 +627,132 @@ async fn a_save_that_reached_only_the_cache_is_not_shadowed_by_the_stores_older_
             .unwrap();
         assert_eq!(n, 1, "{id} in the store's copy");
     }
+}
+
+const CODEWORD_ISSUE: u64 = 50;
+
+fn codeword(i: u64) -> String {
+    format!("walrus-{i}-narwhal")
+}
+
+/// Mention `i` on the codeword thread: run `6000 + i`, comment `800 + i`.
+fn codeword_job(world: &World, i: u64, body: &str, prefix: Option<&str>) -> Job {
+    let mut job = world.job(6000 + i);
+    job.at_fixed_root();
+    if let Some(prefix) = prefix {
+        with_s3(&mut job, prefix);
+    }
+    job.event(
+        "issue_comment",
+        &comment_event(CODEWORD_ISSUE, 800 + i, body),
+    );
+    job
+}
+
+/// Three mentions on one new issue, 0.3 s apart (docs/persistence.md#concurrent-runs-and-the-merge):
+/// each is answered once, and a follow-up's first request to the model carries all three
+/// questions, each followed by its own answer. With the Actions cache alone the runs overlap (no
+/// answer comes before every mention reached the model, so each run restored before any saved)
+/// and their exchanges are merged; with the store they take turns, as before.
+pub async fn three_mentions_on_one_thread_are_all_answered_and_remembered(
+    launch: Launch,
+    prefix: Option<&str>,
+) {
+    let world = World::start_with(launch).await;
+    world
+        .github
+        .seed_issue(CODEWORD_ISSUE, "Codewords", "Remember what I say.");
+    world.llm.set_default(Reply::Echo {
+        containing: "-narwhal".into(),
+    });
+    if prefix.is_none() {
+        world.llm.hold_while(|_, all| {
+            (0..3).any(|i| !all.iter().any(|r| request_text(r).contains(&codeword(i))))
+        });
+    }
+    let mut runs = tokio::task::JoinSet::new();
+    for i in 0..3 {
+        let body = format!("@fro-bot remember the codeword {}", codeword(i));
+        let job = codeword_job(&world, i, &body, prefix);
+        runs.spawn(async move { (i, main_step(job).await.1) });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut summaries = Vec::new();
+    while let Some(joined) = runs.join_next().await {
+        let (i, r) = joined.unwrap();
+        assert_eq!(r.code, 0, "mention {i}: {}", explain(&r));
+        assert_eq!(
+            r.output("cache-save-result"),
+            "durable",
+            "mention {i}: {}",
+            explain(&r)
+        );
+        summaries.push(r.summary);
+    }
+    world.llm.release_holds();
+    let answered = world.github.created_comments();
+    for i in 0..3 {
+        let answer = format!("Noted {}.", codeword(i));
+        assert_eq!(
+            answered
+                .iter()
+                .filter(|(_, body)| body.contains(&answer))
+                .count(),
+            1,
+            "mention {i} answered once: {answered:?}"
+        );
+    }
+    if prefix.is_none() {
+        let kept = summaries
+            .iter()
+            .filter(|s| {
+                s.contains("kept both exchanges of `issue-50` (a run beside this one answered too)")
+            })
+            .count();
+        assert!(
+            kept >= 2,
+            "the later saves kept the others' exchanges: {summaries:#?}"
+        );
+    }
+    follow_up_remembers_every_codeword(&world, prefix).await;
+}
+
+/// The next mention resumes the thread, and its first request holds each earlier question
+/// immediately followed by its own answer.
+async fn follow_up_remembers_every_codeword(world: &World, prefix: Option<&str>) {
+    let question = "@fro-bot what were the codewords?";
+    let (_, r) = main_step(codeword_job(world, 3, question, prefix)).await;
+    assert_eq!(r.code, 0, "{}", explain(&r));
+    assert_eq!(r.output("cache-status"), "hit", "{}", explain(&r));
+    let requests = world.llm.requests();
+    let first = requests
+        .iter()
+        .find(|body| {
+            let last = body["messages"].as_array().and_then(|m| m.last());
+            last.is_some_and(|m| m.to_string().contains("what were the codewords"))
+        })
+        .unwrap_or_else(|| panic!("the follow-up reached the model: {}", explain(&r)));
+    let messages = first["messages"].as_array().unwrap();
+    let history = &messages[..messages.len() - 1];
+    for i in 0..3 {
+        let asked = format!("remember the codeword {}", codeword(i));
+        let at = history
+            .iter()
+            .position(|m| m["role"] == "user" && m.to_string().contains(&asked))
+            .unwrap_or_else(|| panic!("mention {i} is not in the follow-up's request: {first:#}"));
+        let next = &history[at + 1..];
+        let answer = next.iter().find(|m| m["role"] != "tool");
+        assert!(
+            answer.is_some_and(|m| m["role"] == "assistant"
+                && m.to_string().contains(&format!("Noted {}.", codeword(i)))),
+            "mention {i} is followed by its own answer: {first:#}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn three_mentions_on_one_thread_with_the_store_take_turns_and_are_all_remembered() {
+    let prefix = crate::support::s3::unique_prefix("e2e-codewords");
+    three_mentions_on_one_thread_are_all_answered_and_remembered(Launch::Binary, Some(&prefix))
+        .await;
 }

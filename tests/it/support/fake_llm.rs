@@ -40,6 +40,11 @@ pub enum Reply {
     Delayed(Duration, Box<Reply>),
     /// Starts streaming, then never finishes (until the client hangs up, or 10 minutes).
     Stall,
+    /// Streamed text naming the first word of the request (in the newest user message, after its
+    /// first `## Task` or `### Triggering comment`) that contains `containing`: "Noted {word}."
+    /// Concurrent runs pop replies in the order they reach the model, so a reply that must answer
+    /// its own question is made from the question.
+    Echo { containing: String },
 }
 
 impl Reply {
@@ -341,8 +346,34 @@ async fn chat(
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    let reply = reply.unwrap_or_else(|| Reply::text("Fake session title"));
+    let reply = match reply {
+        Some(Reply::Echo { containing }) => Reply::Text(echo(&body, &containing)),
+        Some(reply) => reply,
+        None => Reply::text("Fake session title"),
+    };
     respond(reply, true).await
+}
+
+/// The answer of [`Reply::Echo`] to `body`.
+fn echo(body: &Value, containing: &str) -> String {
+    let last_user = body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"));
+    let mut text = String::new();
+    if let Some(m) = last_user {
+        collect_text(&m["content"], &mut text);
+    }
+    // The request is the task (a trusted commenter's words) or the triggering comment; the first
+    // of them: prior work quoted later may hold earlier prompts.
+    let trigger = ["## Task", "### Triggering comment"]
+        .iter()
+        .find_map(|h| text.find(h))
+        .map_or(text.as_str(), |at| &text[at..]);
+    let word = trigger
+        .split_whitespace()
+        .find(|w| w.contains(containing))
+        .unwrap_or("nothing");
+    format!("Noted {word}.")
 }
 
 /// `reply` as an SSE stream, or (`stream: false`, the threat check's requests) as one chat
@@ -401,6 +432,8 @@ async fn respond(mut reply: Reply, stream: bool) -> Response<Body> {
                 chunks.push(chunk(json!({}), Some("tool_calls")));
                 return sse(chunks, false);
             }
+            // Resolved from the request in `chat`.
+            Reply::Echo { .. } => return sse(vec![chunk(json!({}), Some("stop"))], false),
             Reply::Stall => {
                 let chunks = vec![chunk(
                     json!({"role": "assistant", "content": "Thinking"}),
