@@ -3,6 +3,7 @@
 //! input, the bad value (unless secret) and what is accepted.
 
 pub mod inputs;
+pub mod review;
 pub mod safe_outputs;
 
 use std::time::Duration;
@@ -187,6 +188,8 @@ pub struct Settings {
     pub safe_outputs: safe_outputs::SafeOutputSettings,
     /// What the agent may reach (`agent-network`, `allowed-domains`, `agent-ports`).
     pub network: crate::egress::NetworkSettings,
+    /// Pull request review (`review`, `review-events`, `max-review-comments`).
+    pub review: review::ReviewSettings,
 }
 
 /// Whether `auth-json` must be given (the action) or may default to `{}` (a local run).
@@ -269,6 +272,7 @@ impl Settings {
             agent_env: parse_agent_env(optional(env, &input::AGENT_ENV))?,
             safe_outputs: safe_outputs::parse(env)?,
             network: parse_network(env)?,
+            review: review::parse(env)?,
         })
     }
 }
@@ -733,6 +737,8 @@ mod tests {
                 "a.example, *.b.example, node, ::1",
             ),
             Parser::Ports => (Some("80,http"), "3000, 5432"),
+            Parser::Review => (Some("always"), "Auto"),
+            Parser::ReviewEvents => (Some("COMMENT, MERGE"), "comment, approve"),
         }
     }
 

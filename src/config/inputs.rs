@@ -97,6 +97,10 @@ pub enum Parser {
     Hosts,
     /// TCP port numbers.
     Ports,
+    /// `on-request` or `auto`, any case.
+    Review,
+    /// Review events (`COMMENT`, `REQUEST_CHANGES`, `APPROVE`), comma- or newline-separated.
+    ReviewEvents,
 }
 
 impl Parser {
@@ -121,6 +125,8 @@ impl Parser {
             Parser::ThreatCheck => "block|warn|strict|off",
             Parser::Hosts => "HOSTS",
             Parser::Ports => "PORTS",
+            Parser::Review => "on-request|auto",
+            Parser::ReviewEvents => "EVENTS",
         }
     }
 }
@@ -424,6 +430,28 @@ pub const MAX_ISSUES: InputSpec = spec(
 .parser(Parser::Count)
 .not_local();
 
+pub const REVIEW: InputSpec = spec(
+    "review",
+    "When fro-bot reviews a pull request: 'on-request' when someone asks it to (e.g. '@fro-bot review'); 'auto' also on every pull_request opened, synchronize (a push) and ready_for_review event the workflow receives.",
+)
+.default(Value("on-request"))
+.parser(Parser::Review)
+.not_local();
+pub const REVIEW_EVENTS: InputSpec = spec(
+    "review-events",
+    "What a review may do besides comment: COMMENT, REQUEST_CHANGES, APPROVE (comma-separated). fro-bot never approves a pull request its own token opened.",
+)
+.default(Value("COMMENT"))
+.parser(Parser::ReviewEvents)
+.not_local();
+pub const MAX_REVIEW_COMMENTS: InputSpec = spec(
+    "max-review-comments",
+    "Inline comments one review may carry; further findings go into the review's body.",
+)
+.default(Value("20"))
+.parser(Parser::Count)
+.not_local();
+
 /// Every input, in `action.yaml`'s order.
 pub const INPUTS: &[InputSpec] = &[
     GITHUB_TOKEN,
@@ -469,6 +497,9 @@ pub const INPUTS: &[InputSpec] = &[
     ALLOWED_LABELS,
     MAX_COMMENTS,
     MAX_ISSUES,
+    REVIEW,
+    REVIEW_EVENTS,
+    MAX_REVIEW_COMMENTS,
 ];
 
 /// The input of that name.

@@ -87,7 +87,7 @@ impl ApiError {
     }
 }
 
-fn one_line(s: &str) -> String {
+pub(crate) fn one_line(s: &str) -> String {
     let first = s.lines().next().unwrap_or("");
     let mut out = log::redact(first);
     if out.len() > 300 {

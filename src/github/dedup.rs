@@ -254,6 +254,7 @@ mod tests {
             locked: false,
             draft: Flag::No,
             fork: Flag::No,
+            head_sha: None,
         }
     }
 

@@ -153,6 +153,8 @@ pub struct Target {
     pub draft: Flag,
     /// The head repository differs from the base repository (or is gone).
     pub fork: Flag,
+    /// The head commit a `pull_request` event names: what a review of it is pinned to.
+    pub head_sha: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -459,6 +461,7 @@ fn pull_request_target(payload: &Value) -> Result<Target, &'static str> {
     let mut target = entity(pr, "pull_request.number")?;
     target.kind = TargetKind::PullRequest;
     target.draft = Flag::from_bool(bool_at(pr, "/draft"));
+    target.head_sha = str_at(pr, "/head/sha").map(str::to_string);
     let base = str_at(pr, "/base/repo/full_name");
     target.fork = match (pr.pointer("/head/repo"), base) {
         // A deleted head repository is a fork that went away: never trust it.
@@ -493,6 +496,7 @@ fn entity(v: &Value, number_field: &'static str) -> Result<Target, &'static str>
         locked: bool_at(v, "/locked").unwrap_or(false),
         draft: Flag::No,
         fork: Flag::No,
+        head_sha: None,
     })
 }
 

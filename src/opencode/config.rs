@@ -10,7 +10,7 @@ use serde_json::{json, Map, Value};
 use crate::config::ModelRef;
 use crate::runner::env::{
     FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_OUTPUT_POLICY, FRO_BOT_PROPOSALS,
-    FRO_BOT_SESSION_TRUST, FRO_BOT_WORKSPACE,
+    FRO_BOT_REVIEW_VIEW, FRO_BOT_SESSION_TRUST, FRO_BOT_WORKSPACE,
 };
 
 /// Name of the MCP server entry that gives the agent `session_*` tools.
@@ -60,6 +60,9 @@ pub fn config_content(input: &ConfigInput<'_>) -> String {
             environment[FRO_BOT_PROPOSALS] = json!(p.file.to_string_lossy());
             if let Some(policy) = &p.policy {
                 environment[FRO_BOT_OUTPUT_POLICY] = json!(policy.to_string_lossy());
+            }
+            if let Some(view) = &p.review_view {
+                environment[FRO_BOT_REVIEW_VIEW] = json!(view.to_string_lossy());
             }
         }
         let entry = json!({"mcp": {SESSION_TOOLS_MCP: {

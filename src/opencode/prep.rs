@@ -246,6 +246,8 @@ pub struct PromptInput {
     pub rules: ResponseRules,
     /// Whether fro-bot delivers the files the agent changes (a commit and pull request).
     pub changes_delivered: bool,
+    /// The pull request the agent may review, and how (a response rule).
+    pub review: Option<String>,
     /// Characters; 0 = [`DEFAULT_PROMPT_BUDGET`].
     pub budget: usize,
     /// Fences everything not written by the triggering directive (random per run).
@@ -262,7 +264,10 @@ pub fn build_prompt(input: &PromptInput) -> String {
     };
     let env = environment_section(input);
     let task = task_section(input);
-    let rules = rules_section(input.rules, input.changes_delivered);
+    let mut rules = rules_section(input.rules, input.changes_delivered);
+    if let Some(review) = &input.review {
+        rules.push_str(&format!("- {review}\n"));
+    }
     let fixed = env.len() + task.len() + rules.len();
     let mut prior = input.prior_work.clone();
     let mut ctx = input.context.clone();
@@ -568,6 +573,7 @@ mod tests {
             prompt_replaces_directive: false,
             rules: ResponseRules::HarnessPosts,
             changes_delivered: true,
+            review: None,
             budget: 0,
             fence: Fence::new([0xab; 16]),
         }

@@ -238,6 +238,8 @@ pub(crate) struct AgentInputs<'a> {
     pub(crate) progress: ProgressSink,
     /// Whether the files the agent changes are delivered (the prompt says so).
     pub(crate) changes_delivered: bool,
+    /// What the prompt says of the review (`ReviewPrep::brief`), and an automatic review's task.
+    pub(crate) review: Option<(String, Option<String>)>,
 }
 
 /// The thread's context for the prompt. With `context-authors: trusted` comments of authors without
@@ -473,7 +475,11 @@ async fn prepare_prompt(
         context: entity,
         prior_work: prior.excerpts,
         withheld_prior: prior.withheld,
-        directive: plan.directive.clone(),
+        directive: match &inputs.review {
+            Some((_, Some(task))) => Some(task.clone()),
+            _ => plan.directive.clone(),
+        },
+        review: inputs.review.as_ref().map(|(brief, _)| brief.clone()),
         prompt: settings.prompt.clone(),
         prompt_replaces_directive: schedule_like,
         rules: response_rules(settings.response_mode, plan),

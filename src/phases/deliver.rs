@@ -139,6 +139,8 @@ pub(crate) struct DeliveryReport {
     /// Proposals fro-bot could not read (malformed lines, an unreadable file).
     pub(crate) notes: Vec<String>,
     pub(crate) threat: ThreatReport,
+    /// Why the threat check holds what the agent wrote: the review is not posted either.
+    pub(crate) held: Option<String>,
 }
 
 /// Reads, checks and carries out what the agent proposed.
@@ -159,6 +161,7 @@ pub(crate) async fn deliver(
             actions: Vec::new(),
             notes,
             threat: ThreatReport::default(),
+            held: None,
         };
     }
     let Some(gh) = ctx.gh.as_ref() else {
@@ -168,6 +171,7 @@ pub(crate) async fn deliver(
             actions: Vec::new(),
             notes,
             threat: ThreatReport::default(),
+            held: None,
         };
     };
     let mut threat = ThreatCheck::new(ctx, agent_run, &read.proposals);
@@ -189,12 +193,14 @@ pub(crate) async fn deliver(
         Some(held) => held,
         None => actions::carry_out(gh, &read.proposals, &plan.policy).await,
     };
+    let held = threat.held();
     let threat = threat.report(&mut notes);
     DeliveryReport {
         changes,
         actions,
         notes,
         threat,
+        held,
     }
 }
 

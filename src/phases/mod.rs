@@ -26,6 +26,7 @@ pub mod project_identity;
 pub mod publish;
 pub mod report;
 pub mod restore;
+pub mod review;
 pub mod run;
 pub mod sanitize;
 pub mod save;

@@ -5,6 +5,7 @@
 
 use crate::config::safe_outputs::ChangesMode;
 use crate::phases::context::{Mode, RunContext};
+use crate::phases::review::ReviewPrep;
 use crate::runner::log;
 use crate::safe_outputs::branch::{self, Target, TargetInputs};
 use crate::safe_outputs::capture::{self, Base};
@@ -31,6 +32,8 @@ pub(crate) struct OutputsPlan {
     /// Kept alive for the turn: the tools read them.
     policy_file: Option<tempfile::NamedTempFile>,
     proposals: Option<ProposalsDir>,
+    /// The pull request the turn may review (`phases::review`).
+    pub(crate) review: ReviewPrep,
 }
 
 impl OutputsPlan {
@@ -39,6 +42,7 @@ impl OutputsPlan {
         Some(ProposalTools {
             file: self.proposals.as_ref()?.file(),
             policy: self.policy_file.as_ref().map(|f| f.path().to_path_buf()),
+            review_view: self.review.view_file(),
         })
     }
 
@@ -59,6 +63,7 @@ impl OutputsPlan {
             policy: OutputPolicy::default(),
             policy_file: None,
             proposals: None,
+            review: ReviewPrep::NotOffered,
         }
     }
 }
@@ -95,13 +100,15 @@ pub(crate) async fn prepare(ctx: &mut RunContext) -> OutputsPlan {
             ChangesMode::PullRequest => plan_changes(ctx, &gh).await,
         }
     };
-    // Neither waits for the other's round trip to GitHub.
-    let (labels, changes) = tokio::join!(labels, changes);
+    // None waits for another's round trips to GitHub.
+    let (labels, changes, review) =
+        tokio::join!(labels, changes, crate::phases::review::prepare(ctx, &gh));
     let policy = OutputPolicy {
         changes: matches!(changes, ChangesPlan::Deliver { .. }),
         labels,
         max_comments: so.max_comments,
         max_issues: so.max_issues,
+        review: review.policy(),
     };
     let policy_file = policy
         .write_file()
@@ -122,6 +129,7 @@ pub(crate) async fn prepare(ctx: &mut RunContext) -> OutputsPlan {
         policy,
         policy_file,
         proposals,
+        review,
     }
 }
 

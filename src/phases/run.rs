@@ -387,6 +387,7 @@ async fn run_agent(
             started: ctx.started,
             progress,
             changes_delivered: outputs.delivers_changes(),
+            review: outputs.review.brief(),
         };
         drive_agent(&mut agent, &inputs, &mut agent_run).await;
         let prep = agent_run.prep_time;
@@ -483,12 +484,34 @@ async fn deliver_outputs(
             ctx.set_output(output::PR_URL, url);
         }
     }
-    let rows = report.summary_rows();
+    let review = crate::phases::review::carry_out(
+        ctx,
+        (&outputs.review, outputs.proposals_file()),
+        agent_run,
+        report.held.as_deref(),
+    )
+    .await;
+    if let Some(url) = review.url() {
+        ctx.set_output(output::REVIEW_URL, url);
+    }
+    let rows: Vec<_> = report
+        .summary_rows()
+        .into_iter()
+        .chain(review.summary_row())
+        .collect();
     for (k, v) in &rows {
         tracing::info!("{k}: {v}");
     }
     ctx.report.delivery_rows = rows;
-    ctx.report.delivery_answer = report.answer_section();
+    let answer = [report.answer_section(), review.answer_line()];
+    ctx.report.delivery_answer = Some(
+        answer
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join("\n\n"),
+    )
+    .filter(|a| !a.is_empty());
     ctx.report.record_phase("deliver", t.elapsed());
     report.threat.usage
 }

@@ -139,18 +139,29 @@ pub(crate) struct ThreatReport {
 /// Whether a proposal posts the agent's text (what brings in the model check without a change).
 fn is_text_action(p: &Proposal) -> bool {
     match p {
-        Proposal::Comment { .. } | Proposal::CreateIssue { .. } => true,
+        Proposal::Comment { .. }
+        | Proposal::CreateIssue { .. }
+        | Proposal::ReviewComment { .. }
+        | Proposal::SubmitReview { .. }
+        | Proposal::ReplyToThread { .. } => true,
         Proposal::DescribeChange { .. }
         | Proposal::DiscardChanges { .. }
         | Proposal::AddLabels { .. }
-        | Proposal::RemoveLabels { .. } => false,
+        | Proposal::RemoveLabels { .. }
+        | Proposal::ResolveThread { .. } => false,
     }
 }
 
-/// Whether a proposal is an action (carried out after the change), not about the change.
+/// Whether a proposal is an action (carried out after the change), not about the change. The
+/// review's are the review phase's, which asks `held`.
 fn is_action(p: &Proposal) -> bool {
     match p {
-        Proposal::DescribeChange { .. } | Proposal::DiscardChanges { .. } => false,
+        Proposal::DescribeChange { .. }
+        | Proposal::DiscardChanges { .. }
+        | Proposal::ReviewComment { .. }
+        | Proposal::SubmitReview { .. }
+        | Proposal::ReplyToThread { .. }
+        | Proposal::ResolveThread { .. } => false,
         Proposal::Comment { .. }
         | Proposal::CreateIssue { .. }
         | Proposal::AddLabels { .. }
@@ -233,6 +244,12 @@ impl<'a> ThreatCheck<'a> {
                 })
                 .collect(),
         )
+    }
+
+    /// Why the actions (and the review) are held, once `actions` has asked.
+    pub(crate) fn held(&self) -> Option<String> {
+        self.blocking()
+            .map(|why| format!("held by the threat check: {}", why.join("; ")))
     }
 
     /// A needs-review pull request gets its label (GitHub creates a label it does not have), and

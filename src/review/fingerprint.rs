@@ -10,7 +10,10 @@ const SUFFIX: &str = " -->";
 /// Hex digits kept: 64 bits, plenty for the findings of one pull request.
 const LEN: usize = 16;
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
 pub struct Fingerprint(String);
 
 impl Fingerprint {
@@ -43,9 +46,7 @@ impl Fingerprint {
     pub fn in_body(body: &str) -> Option<Fingerprint> {
         let at = body.rfind(PREFIX)?;
         let rest = &body[at + PREFIX.len()..];
-        let hex = rest
-            .strip_suffix(SUFFIX)
-            .or_else(|| rest.split(SUFFIX).next())?;
+        let hex = rest.split(SUFFIX).next()?;
         (hex.len() == LEN && hex.bytes().all(|b| b.is_ascii_hexdigit()))
             .then(|| Fingerprint(hex.to_ascii_lowercase()))
     }
@@ -100,7 +101,9 @@ mod tests {
     fn the_marker_round_trips_and_a_forged_one_is_not_believed() {
         let f = Fingerprint::of("a", &["b"], "c");
         let body = format!("Finding text.\n\n{}", f.marker());
-        assert_eq!(Fingerprint::in_body(&body), Some(f));
+        assert_eq!(Fingerprint::in_body(&body), Some(f.clone()));
+        let followed = format!("{body}\n<!-- fro-bot:response -->");
+        assert_eq!(Fingerprint::in_body(&followed), Some(f));
         assert_eq!(
             Fingerprint::in_body("<!-- fro-bot:finding:zz' onload=x -->"),
             None

@@ -118,6 +118,8 @@ pub const FRO_BOT_SESSION_TRUST: &str = "FRO_BOT_SESSION_TRUST";
 pub const FRO_BOT_PROPOSALS: &str = "FRO_BOT_PROPOSALS";
 /// The run's output policy the proposal tools check against (fro-bot's file, read-only to them).
 pub const FRO_BOT_OUTPUT_POLICY: &str = "FRO_BOT_OUTPUT_POLICY";
+/// fro-bot's view of the pull request the review tools read (`review::view`, read-only to them).
+pub const FRO_BOT_REVIEW_VIEW: &str = "FRO_BOT_REVIEW_VIEW";
 
 // Action inputs (`INPUT_<NAME>`) are declared, with their defaults and syntax, in the table at
 // `crate::config::inputs`.
@@ -138,6 +140,7 @@ pub mod output {
     pub const BRANCH: &str = "branch";
     pub const COMMIT_SHA: &str = "commit-sha";
     pub const PR_URL: &str = "pr-url";
+    pub const REVIEW_URL: &str = "review-url";
 
     /// Every output, in `action.yaml`'s order.
     pub const ALL: &[&str] = &[
@@ -153,6 +156,7 @@ pub mod output {
         BRANCH,
         COMMIT_SHA,
         PR_URL,
+        REVIEW_URL,
     ];
 }
 

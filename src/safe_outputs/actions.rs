@@ -46,7 +46,7 @@ pub async fn carry_out(
 ) -> Vec<ActionOutcome> {
     let mut out = Vec::new();
     let (mut comments, mut issues) = (0u64, 0u64);
-    for p in proposals {
+    for p in proposals.iter().filter(|p| !p.is_review()) {
         let what = describe(p);
         if let Err(why) = proposals::validate(p, policy) {
             out.push(ActionOutcome::Refused { what, why });
@@ -76,10 +76,16 @@ pub async fn carry_out(
     out
 }
 
-/// One proposal carried out; `None` for the change proposals, which `deliver` handles.
+/// One proposal carried out; `None` for the change proposals, which `deliver` handles, and the
+/// review's, which `phases::review` does.
 async fn act(gh: &GitHub, p: &Proposal) -> Option<Result<(), String>> {
     let r = match p {
-        Proposal::DescribeChange { .. } | Proposal::DiscardChanges { .. } => return None,
+        Proposal::DescribeChange { .. }
+        | Proposal::DiscardChanges { .. }
+        | Proposal::ReviewComment { .. }
+        | Proposal::SubmitReview { .. }
+        | Proposal::ReplyToThread { .. }
+        | Proposal::ResolveThread { .. } => return None,
         Proposal::AddLabels { number, labels } => gh.add_labels(*number, labels).await,
         Proposal::RemoveLabels { number, labels } => {
             let mut r = Ok(());
@@ -125,6 +131,17 @@ pub fn describe(p: &Proposal) -> String {
                 "open the issue {}",
                 super::checks::code(&crate::redact::redact(title))
             )
+        }
+        Proposal::ReviewComment { path, line, .. } => format!(
+            "comment on {}",
+            super::checks::code(&format!("{path}:{line}"))
+        ),
+        Proposal::SubmitReview { event, .. } => format!("submit the review ({})", event.as_str()),
+        Proposal::ReplyToThread { thread, .. } => {
+            format!("reply in the thread {}", super::checks::code(thread))
+        }
+        Proposal::ResolveThread { thread } => {
+            format!("resolve the thread {}", super::checks::code(thread))
         }
     }
 }

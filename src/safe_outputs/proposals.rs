@@ -1,5 +1,7 @@
 //! What the agent proposes through its tools (`describe_change`, `discard_changes`, `add_labels`,
-//! `remove_labels`, `comment`, `create_issue`), and the policy it proposes against.
+//! `remove_labels`, `comment`, `create_issue`, and the review tools: `review_comment`,
+//! `submit_review`, `reply_to_review_thread`, `resolve_review_thread`), and the policy it
+//! proposes against.
 //!
 //! The tools run as the agent's uid (OpenCode starts them), so anything they write the agent could
 //! write itself: they only check the arguments' shape, tell the agent early what the policy will
@@ -12,6 +14,9 @@ use std::io::{Read as _, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::config::review::ReviewEvent;
+use crate::review::diff::Side;
 
 /// The most a proposals file may hold; the rest is not read (and the summary says so).
 pub const MAX_PROPOSALS_BYTES: u64 = 1 << 20;
@@ -48,6 +53,48 @@ pub enum Proposal {
         body: String,
         labels: Vec<String>,
     },
+    /// An inline comment of the run's review.
+    ReviewComment {
+        path: String,
+        line: u32,
+        #[serde(default)]
+        start_line: Option<u32>,
+        side: Side,
+        body: String,
+        /// What the lines should read: fro-bot writes the suggestion block itself.
+        #[serde(default)]
+        suggestion: Option<String>,
+    },
+    /// The review's body and event; the last one counts.
+    SubmitReview {
+        body: String,
+        event: ReviewEvent,
+    },
+    ReplyToThread {
+        thread: String,
+        body: String,
+    },
+    ResolveThread {
+        thread: String,
+    },
+}
+
+impl Proposal {
+    /// Whether the review phase carries it out (not `actions` or `deliver`).
+    pub fn is_review(&self) -> bool {
+        match self {
+            Proposal::ReviewComment { .. }
+            | Proposal::SubmitReview { .. }
+            | Proposal::ReplyToThread { .. }
+            | Proposal::ResolveThread { .. } => true,
+            Proposal::DescribeChange { .. }
+            | Proposal::DiscardChanges { .. }
+            | Proposal::AddLabels { .. }
+            | Proposal::RemoveLabels { .. }
+            | Proposal::Comment { .. }
+            | Proposal::CreateIssue { .. } => false,
+        }
+    }
 }
 
 /// What fro-bot allows this run, as the tools read it (fro-bot checks again after the turn).
@@ -59,6 +106,16 @@ pub struct OutputPolicy {
     pub labels: Option<Vec<String>>,
     pub max_comments: u64,
     pub max_issues: u64,
+    /// `None`: the run has no pull request to review.
+    #[serde(default)]
+    pub review: Option<ReviewPolicy>,
+}
+
+/// What a review may carry this run (`review-events`, `max-review-comments`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewPolicy {
+    pub events: Vec<ReviewEvent>,
+    pub max_comments: u64,
 }
 
 impl OutputPolicy {
@@ -134,6 +191,63 @@ pub fn validate(p: &Proposal, policy: &OutputPolicy) -> Result<(), String> {
         } => title(t)
             .and(body(b))
             .and(if l.is_empty() { Ok(()) } else { labels(l) }),
+        review => validate_review(review, policy.review.as_ref()).and_then(|()| match review {
+            Proposal::ReviewComment { body: b, .. }
+            | Proposal::SubmitReview { body: b, .. }
+            | Proposal::ReplyToThread { body: b, .. } => body(b),
+            _ => Ok(()),
+        }),
+    }
+}
+
+/// The review proposals' own checks (anchoring and thread ownership are the tools' and
+/// `review::compose`'s, against the pull request's diff and threads).
+fn validate_review(p: &Proposal, policy: Option<&ReviewPolicy>) -> Result<(), String> {
+    let Some(policy) = policy else {
+        return Err("this run has no pull request to review".into());
+    };
+    let filled = |what: &str, text: &str| match text.trim().is_empty() {
+        true => Err(format!("the {what} is empty")),
+        false => Ok(()),
+    };
+    match p {
+        Proposal::ReviewComment {
+            line,
+            start_line,
+            side,
+            body,
+            suggestion,
+            ..
+        } => {
+            if *line == 0 || *start_line == Some(0) {
+                return Err("line numbers start at 1".into());
+            }
+            if suggestion.is_some() && *side == Side::Left {
+                return Err(
+                    "a suggestion replaces lines of the new version: use side RIGHT".into(),
+                );
+            }
+            match suggestion {
+                Some(_) => Ok(()),
+                None => filled("body", body),
+            }
+        }
+        Proposal::SubmitReview { event, .. } if !policy.events.contains(event) => Err(format!(
+            "`{}` is not allowed in this run (the `review-events` input allows {})",
+            event.as_str(),
+            policy
+                .events
+                .iter()
+                .map(|e| e.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        Proposal::SubmitReview { .. } => Ok(()),
+        Proposal::ReplyToThread { thread, body } => {
+            filled("thread", thread).and(filled("body", body))
+        }
+        Proposal::ResolveThread { thread } => filled("thread", thread),
+        _ => Ok(()),
     }
 }
 
@@ -237,6 +351,7 @@ mod tests {
             labels: Some(vec!["bug".into()]),
             max_comments: 1,
             max_issues: 1,
+            review: None,
         }
     }
 

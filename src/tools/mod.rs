@@ -1,11 +1,13 @@
 //! `fro-bot session-tools`: the MCP server (JSON-RPC 2.0 over stdio, one message per line) that
 //! OpenCode starts for the agent. Each family of tools is a file of its own — `sessions` (earlier
-//! conversations, through the OpenCode server's API) and `proposals` (what fro-bot carries out
-//! after the turn) — giving its `NAMES`, its `definitions()` and a `call`; this file serves them.
+//! conversations, through the OpenCode server's API), `proposals` (what fro-bot carries out
+//! after the turn) and `review` (a pull request's review) — giving its `NAMES`, its
+//! `definitions()` and a `call`; this file serves them.
 //! A tool's failure is a result with `isError: true`, never a crash.
 
 mod args;
 pub mod proposals;
+pub mod review;
 pub mod sessions;
 
 use std::path::PathBuf;
@@ -13,9 +15,10 @@ use std::path::PathBuf;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::runner::env::{FRO_BOT_OUTPUT_POLICY, FRO_BOT_PROPOSALS};
+use crate::runner::env::{FRO_BOT_OUTPUT_POLICY, FRO_BOT_PROPOSALS, FRO_BOT_REVIEW_VIEW};
 use crate::runner::Env;
 use proposals::ProposalTools;
+use review::ReviewTools;
 use sessions::SessionTools;
 
 const PROTOCOL_VERSION: &str = "2024-11-05";
@@ -40,16 +43,27 @@ pub struct ToolsConfig {
     pub sessions: SessionTools,
     /// `None`: the proposal tools are not offered.
     pub proposals: Option<ProposalTools>,
+    /// `None`: no pull request to review (or no proposal tools).
+    pub review: Option<ReviewTools>,
 }
 
 impl ToolsConfig {
     pub fn from_env(env: &Env) -> Self {
+        let proposals = env.get(FRO_BOT_PROPOSALS).map(|file| ProposalTools {
+            file: PathBuf::from(file),
+            policy: env.get(FRO_BOT_OUTPUT_POLICY).map(PathBuf::from),
+            review_view: env.get(FRO_BOT_REVIEW_VIEW).map(PathBuf::from),
+        });
+        let review = proposals.as_ref().and_then(|p| {
+            Some(ReviewTools {
+                view: p.review_view.clone()?,
+                proposals: p.clone(),
+            })
+        });
         Self {
             sessions: SessionTools::from_env(env),
-            proposals: env.get(FRO_BOT_PROPOSALS).map(|file| ProposalTools {
-                file: PathBuf::from(file),
-                policy: env.get(FRO_BOT_OUTPUT_POLICY).map(PathBuf::from),
-            }),
+            proposals,
+            review,
         }
     }
 
@@ -58,19 +72,22 @@ impl ToolsConfig {
         if self.proposals.is_some() {
             tools.extend(proposals::definitions());
         }
+        if self.review.is_some() {
+            tools.extend(review::definitions());
+        }
         tools
     }
 
     async fn call(&self, name: &str, args: &Value) -> Value {
-        if proposals::NAMES.contains(&name) {
-            if let Some(tools) = &self.proposals {
-                return match tools.call(name, args) {
-                    Ok(text) => answered(&text),
-                    Err(e) => failed(&e),
-                };
-            }
+        let result = match (&self.proposals, &self.review) {
+            (Some(tools), _) if proposals::NAMES.contains(&name) => tools.call(name, args),
+            (_, Some(tools)) if review::NAMES.contains(&name) => tools.call(name, args),
+            _ => return self.sessions.call(name, args).await,
+        };
+        match result {
+            Ok(text) => answered(&text),
+            Err(e) => failed(&e),
         }
-        self.sessions.call(name, args).await
     }
 }
 
@@ -183,6 +200,7 @@ mod tests {
                 trust: TrustSource::Fixed(TrustView::unknown()),
             },
             proposals: None,
+            review: None,
         }
     }
 
@@ -251,6 +269,7 @@ mod tests {
                 trust: TrustSource::Fixed(TrustView::unknown()),
             },
             proposals: None,
+            review: None,
         };
         let r = cfg.call("session_list", &json!({})).await;
         assert_eq!(r["isError"], true);

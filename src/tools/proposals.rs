@@ -13,6 +13,8 @@ use crate::safe_outputs::proposals::{self, OutputPolicy, Proposal};
 pub struct ProposalTools {
     pub file: PathBuf,
     pub policy: Option<PathBuf>,
+    /// fro-bot's view of the pull request, when the run can review one (`tools::review`).
+    pub review_view: Option<PathBuf>,
 }
 
 /// The tools' names, for the dispatcher.
@@ -125,12 +127,17 @@ impl ProposalTools {
 
     /// One tool call: the text for the agent, or the error it gets.
     pub fn call(&self, name: &str, args: &Value) -> Result<String, String> {
-        let p = proposal(name, args)?;
-        proposals::validate(&p, &self.policy())?;
-        write(&self.file, &p)?;
+        self.record(&proposal(name, args)?)
+    }
+
+    /// Checks a proposal against the policy and appends it; what the agent is told.
+    pub fn record(&self, p: &Proposal) -> Result<String, String> {
+        proposals::validate(p, &self.policy())?;
+        write(&self.file, p)?;
         Ok(match p {
             Proposal::DescribeChange { .. } => "Recorded. After your turn fro-bot checks your work-tree changes (protected paths, size limits, secrets) and commits them to this thread's branch with a draft pull request; your reply is told the result.".into(),
             Proposal::DiscardChanges { .. } => "Recorded: nothing from the work tree will be delivered.".into(),
+            p if p.is_review() => "Recorded: fro-bot posts it with this run's one review after your turn; do not repeat it.".into(),
             _ => "Recorded. fro-bot carries it out after your turn if the run's policy allows it; do not repeat it.".into(),
         })
     }
@@ -152,11 +159,13 @@ mod tests {
             labels: Some(vec!["bug".into()]),
             max_comments: 1,
             max_issues: 1,
+            review: None,
         };
         let policy_file = policy.write_file().unwrap();
         let tools = ProposalTools {
             file: dir.path().join("p.jsonl"),
             policy: Some(policy_file.path().to_path_buf()),
+            review_view: None,
         };
         let ok = tools.call("add_labels", &json!({"number": "#4", "labels": "bug"}));
         assert!(ok.unwrap().starts_with("Recorded"));

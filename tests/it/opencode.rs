@@ -596,6 +596,7 @@ async fn writeback_is_searchable_through_the_session_tools() {
             ),
         },
         proposals: None,
+        review: None,
     };
     let call = |name: &str, args: Value| {
         json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",

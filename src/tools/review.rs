@@ -1,0 +1,221 @@
+//! The agent's review tools (docs/design.md#pull-request-review): `review_diff`,
+//! `review_comment`, `submit_review`, `list_review_threads`, `reply_to_review_thread`,
+//! `resolve_review_thread`. They read fro-bot's view of the pull request (`review::view`), tell
+//! the agent at once when a line is not in the diff (with the nearest hunk) or a thread is not
+//! fro-bot's, and append proposals like the other proposal tools; fro-bot checks everything again
+//! after the turn and posts one review.
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use super::args::{arg_str, arg_usize, required};
+use super::proposals::ProposalTools;
+use crate::config::review::ReviewEvent;
+use crate::review::diff::{PullDiff, Side};
+use crate::review::fingerprint::Fingerprint;
+use crate::review::view::{ReviewView, Since};
+use crate::safe_outputs::proposals::Proposal;
+
+/// The most of a diff one `review_diff` answer holds.
+const MAX_ANSWER_BYTES: usize = 200_000;
+
+#[derive(Debug, Clone)]
+pub struct ReviewTools {
+    /// fro-bot's view file (read-only to the agent).
+    pub view: PathBuf,
+    pub proposals: ProposalTools,
+}
+
+pub const NAMES: &[&str] = &[
+    "review_diff",
+    "review_comment",
+    "submit_review",
+    "list_review_threads",
+    "reply_to_review_thread",
+    "resolve_review_thread",
+];
+
+pub fn definitions() -> Vec<Value> {
+    let side = json!({"type": "string", "enum": ["RIGHT", "LEFT"]});
+    vec![
+        json!({"name": "review_diff",
+         "description": "The pull request's diff to review: the changes since your last review when there was one, else the whole pull request. Optional `path`: one file's part.",
+         "inputSchema": {"type": "object", "properties": {"path": {"type": "string"}}}}),
+        json!({"name": "review_comment",
+         "description": "An inline comment of your review, on a line of the pull request's diff. `line` (and `start_line` for several lines) count in the new file on side RIGHT (added or unchanged lines), in the old file on side LEFT (deleted lines). `suggestion`: what those lines should read instead (RIGHT only); fro-bot writes the suggestion block the author applies with one click. Posted after your turn in one review; a line not in the diff is refused at once with the nearest hunk.",
+         "inputSchema": {"type": "object", "required": ["path", "line", "body"], "properties": {
+             "path": {"type": "string"}, "line": {"type": "integer"},
+             "start_line": {"type": "integer"}, "side": side,
+             "body": {"type": "string"}, "suggestion": {"type": "string"}}}}),
+        json!({"name": "submit_review",
+         "description": "The review's summary and event (COMMENT by default; REQUEST_CHANGES or APPROVE only where the workflow allows them). fro-bot posts it with your inline comments after your turn, as one review.",
+         "inputSchema": {"type": "object", "required": ["body"], "properties": {
+             "body": {"type": "string"},
+             "event": {"type": "string", "enum": ["COMMENT", "REQUEST_CHANGES", "APPROVE"]}}}}),
+        json!({"name": "list_review_threads",
+         "description": "The review threads you started on this pull request in earlier runs: id, path, line, whether resolved or outdated, what you said. A finding you already raised in an open thread is not posted again.",
+         "inputSchema": {"type": "object", "properties": {}}}),
+        json!({"name": "reply_to_review_thread",
+         "description": "Reply in one of your review threads (an id from list_review_threads).",
+         "inputSchema": {"type": "object", "required": ["thread", "body"], "properties": {
+             "thread": {"type": "string"}, "body": {"type": "string"}}}}),
+        json!({"name": "resolve_review_thread",
+         "description": "Resolve one of your review threads (an id from list_review_threads), e.g. when the author fixed what it raised.",
+         "inputSchema": {"type": "object", "required": ["thread"], "properties": {
+             "thread": {"type": "string"}}}}),
+    ]
+}
+
+fn side(args: &Value) -> Result<Side, String> {
+    match arg_str(args, "side")
+        .map(str::to_ascii_uppercase)
+        .as_deref()
+    {
+        None | Some("RIGHT") => Ok(Side::Right),
+        Some("LEFT") => Ok(Side::Left),
+        Some(other) => Err(format!("side must be RIGHT or LEFT, not {other:?}")),
+    }
+}
+
+fn line_arg(args: &Value, name: &str) -> Result<Option<u32>, String> {
+    match (&args[name], arg_usize(args, name)) {
+        (Value::Null, _) => Ok(None),
+        (_, Some(n)) => u32::try_from(n)
+            .map(Some)
+            .map_err(|_| format!("{name} is too large")),
+        (_, None) => Err(format!("{name} must be a line number")),
+    }
+}
+
+/// The proposal a call makes (`None`: the call only reads).
+fn proposal(name: &str, args: &Value) -> Result<Option<Proposal>, String> {
+    let text = |n: &str| args[n].as_str().unwrap_or("").to_string();
+    Ok(Some(match name {
+        "review_comment" => Proposal::ReviewComment {
+            path: required(args, "path")?.trim_start_matches("./").to_string(),
+            line: line_arg(args, "line")?.ok_or("missing required argument \"line\"")?,
+            start_line: line_arg(args, "start_line")?,
+            side: side(args)?,
+            body: text("body"),
+            suggestion: args["suggestion"].as_str().map(str::to_string),
+        },
+        "submit_review" => Proposal::SubmitReview {
+            body: text("body"),
+            event: match arg_str(args, "event") {
+                None => ReviewEvent::Comment,
+                Some(e) => ReviewEvent::parse(e).ok_or_else(|| {
+                    format!("event must be COMMENT, REQUEST_CHANGES or APPROVE, not {e:?}")
+                })?,
+            },
+        },
+        "reply_to_review_thread" => Proposal::ReplyToThread {
+            thread: required(args, "thread")?.to_string(),
+            body: text("body"),
+        },
+        "resolve_review_thread" => Proposal::ResolveThread {
+            thread: required(args, "thread")?.to_string(),
+        },
+        _ => return Ok(None),
+    }))
+}
+
+impl ReviewTools {
+    /// One tool call: the text for the agent, or the error it gets.
+    pub fn call(&self, name: &str, args: &Value) -> Result<String, String> {
+        let view = ReviewView::read_file(&self.view)
+            .ok_or("the pull request's review data is unavailable in this run")?;
+        let Some(p) = proposal(name, args)? else {
+            return match name {
+                "review_diff" => Ok(diff_answer(&view, arg_str(args, "path"))),
+                "list_review_threads" => Ok(threads_answer(&view)),
+                other => Err(format!("unknown tool {other:?}")),
+            };
+        };
+        check(&view, &p)?;
+        self.proposals.record(&p)
+    }
+}
+
+/// What the tools can tell at once: the anchor, a repeated finding, the thread's owner.
+fn check(view: &ReviewView, p: &Proposal) -> Result<(), String> {
+    match p {
+        Proposal::ReviewComment {
+            path,
+            line,
+            start_line,
+            side,
+            body,
+            suggestion,
+        } => {
+            let diff = PullDiff::parse(&view.diff);
+            diff.anchor(path, *line, *start_line, *side)
+                .map_err(|e| format!("{}; comment on a line of the diff (review_diff shows it)", e.describe()))?;
+            let at = diff.lines(path, *side, start_line.unwrap_or(*line), *line);
+            let finding = match body.trim() {
+                "" => suggestion.as_deref().unwrap_or(""),
+                b => b,
+            };
+            let print = Fingerprint::of(path, &at, finding);
+            match view
+                .threads
+                .iter()
+                .find(|t| !t.resolved && t.fingerprint.as_ref() == Some(&print))
+            {
+                Some(t) => Err(format!(
+                    "you already raised this in the open thread {} (list_review_threads); it is not posted again",
+                    t.id
+                )),
+                None => Ok(()),
+            }
+        }
+        Proposal::ReplyToThread { thread, .. } | Proposal::ResolveThread { thread }
+            if view.thread(thread).is_none() =>
+        {
+            Err(format!(
+                "{thread:?} is not a thread you started on this pull request (list_review_threads names yours)"
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn diff_answer(view: &ReviewView, path: Option<&str>) -> String {
+    let intro = match &view.since {
+        Since::FirstReview => "The whole pull request".to_string(),
+        Since::Range { from, .. } => format!(
+            "The changes since your last review (at {from}); comment on lines of the pull request's whole diff"
+        ),
+        Since::Rewritten { from } => format!(
+            "The whole pull request: its history was rewritten since your last review (at {from})"
+        ),
+        Since::Unchanged => "The whole pull request (you reviewed this head already)".to_string(),
+    };
+    let text = view.review_diff();
+    let part = match path {
+        None => text.to_string(),
+        Some(p) => text
+            .split_inclusive("\ndiff --git ")
+            .filter(|chunk| chunk.contains(&format!(" b/{p}\n")))
+            .collect(),
+    };
+    let (part, cut) = crate::review::view::cap_diff(part, MAX_ANSWER_BYTES);
+    let mut out = format!("{intro}, at head {}:\n\n{part}", view.head_sha);
+    if cut || view.diff_cut {
+        out.push_str("\n[the diff is cut here for its size; ask for one file with `path`]");
+    }
+    out
+}
+
+fn threads_answer(view: &ReviewView) -> String {
+    let list: Vec<Value> = view
+        .threads
+        .iter()
+        .map(|t| {
+            json!({"id": t.id, "path": t.path, "line": t.line, "start_line": t.start_line,
+                "side": t.side.as_str(), "resolved": t.resolved, "outdated": t.outdated,
+                "replies": t.replies, "said": t.said})
+        })
+        .collect();
+    json!({"threads": list}).to_string()
+}
