@@ -109,7 +109,7 @@ fn inline_body(finding: &str, suggestion: Option<&str>, print: &Fingerprint) -> 
 }
 
 /// What the comment is about, for its fingerprint: the finding's words, else the suggestion.
-fn finding_of<'a>(body: &'a str, suggestion: Option<&'a str>) -> &'a str {
+pub fn finding_of<'a>(body: &'a str, suggestion: Option<&'a str>) -> &'a str {
     match body.trim() {
         "" => suggestion.unwrap_or(""),
         b => b,
@@ -149,7 +149,37 @@ impl Draft {
         for p in i.proposals {
             draft.take(p, i, &diff, &mut seen);
         }
+        draft.drop_superseded(i.proposals, &diff);
         draft
+    }
+
+    /// A comment off the diff that the agent then made again on a line of it (the tool told it
+    /// to) is not also in the body.
+    fn drop_superseded(&mut self, proposals: &[Proposal], diff: &PullDiff) {
+        let inline: Vec<(&str, &str)> = proposals
+            .iter()
+            .filter_map(|p| match p {
+                Proposal::ReviewComment {
+                    path,
+                    line,
+                    start_line,
+                    side,
+                    body,
+                    suggestion,
+                } if diff.anchor(path, *line, *start_line, *side).is_ok() => Some((
+                    path.as_str(),
+                    finding_of(body, suggestion.as_deref()).trim(),
+                )),
+                _ => None,
+            })
+            .collect();
+        // A moved comment's text is its finding through `prose`, as here.
+        self.moved.retain(|m| {
+            !matches!(m.why, MovedWhy::NotInDiff(_))
+                || !inline
+                    .iter()
+                    .any(|(path, f)| *path == m.path && m.text == crate::outbound::prose(f, None))
+        });
     }
 
     fn take(&mut self, p: &Proposal, i: &Inputs<'_>, diff: &PullDiff, seen: &mut Vec<Fingerprint>) {
@@ -480,6 +510,24 @@ mod tests {
         assert!(own.refused[0].contains("opened this pull request itself"));
         assert!(same_login("github-actions", "github-actions[bot]"));
         assert!(!same_login("", ""));
+    }
+
+    #[test]
+    fn a_comment_off_the_diff_made_again_on_it_is_not_also_in_the_body() {
+        let p = [
+            comment(40, None, "Unwrap can panic.", None),
+            comment(2, None, "Unwrap can panic.", None),
+            comment(41, None, "Another.", None),
+        ];
+        let d = compose(
+            &view(Vec::new()),
+            &p,
+            &policy(20, &[ReviewEvent::Comment]),
+            "bot",
+        );
+        assert_eq!(d.comments.len(), 1);
+        assert_eq!(d.moved.len(), 1);
+        assert_eq!(d.moved[0].line, 41);
     }
 
     #[test]

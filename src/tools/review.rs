@@ -132,13 +132,19 @@ impl ReviewTools {
                 other => Err(format!("unknown tool {other:?}")),
             };
         };
-        check(&view, &p)?;
-        self.proposals.record(&p)
+        let note = check(&view, &p)?;
+        let recorded = self.proposals.record(&p)?;
+        Ok(match note {
+            Some(note) => format!("{note}. {recorded}"),
+            None => recorded,
+        })
     }
 }
 
-/// What the tools can tell at once: the anchor, a repeated finding, the thread's owner.
-fn check(view: &ReviewView, p: &Proposal) -> Result<(), String> {
+/// What the tools can tell at once. A comment off the diff or already said is still recorded —
+/// its place is the review's body, or nowhere — and the agent is told (`Ok(Some(note))`); a
+/// thread that is not fro-bot's is refused.
+fn check(view: &ReviewView, p: &Proposal) -> Result<Option<String>, String> {
     match p {
         Proposal::ReviewComment {
             path,
@@ -149,25 +155,24 @@ fn check(view: &ReviewView, p: &Proposal) -> Result<(), String> {
             suggestion,
         } => {
             let diff = PullDiff::parse(&view.diff);
-            diff.anchor(path, *line, *start_line, *side)
-                .map_err(|e| format!("{}; comment on a line of the diff (review_diff shows it)", e.describe()))?;
+            if let Err(e) = diff.anchor(path, *line, *start_line, *side) {
+                return Ok(Some(format!(
+                    "Not inline: {}. It goes into the review's body; to put it on the diff instead, call review_comment again with a line of the diff (review_diff shows it) and the body copy is dropped",
+                    e.describe()
+                )));
+            }
             let at = diff.lines(path, *side, start_line.unwrap_or(*line), *line);
-            let finding = match body.trim() {
-                "" => suggestion.as_deref().unwrap_or(""),
-                b => b,
-            };
-            let print = Fingerprint::of(path, &at, finding);
-            match view
+            let print = Fingerprint::of(path, &at, crate::review::compose::finding_of(body, suggestion.as_deref()));
+            Ok(view
                 .threads
                 .iter()
                 .find(|t| !t.resolved && t.fingerprint.as_ref() == Some(&print))
-            {
-                Some(t) => Err(format!(
-                    "you already raised this in the open thread {} (list_review_threads); it is not posted again",
-                    t.id
-                )),
-                None => Ok(()),
-            }
+                .map(|t| {
+                    format!(
+                        "You already raised this in your open thread {} (list_review_threads): it is not posted again",
+                        t.id
+                    )
+                }))
         }
         Proposal::ReplyToThread { thread, .. } | Proposal::ResolveThread { thread }
             if view.thread(thread).is_none() =>
@@ -176,7 +181,7 @@ fn check(view: &ReviewView, p: &Proposal) -> Result<(), String> {
                 "{thread:?} is not a thread you started on this pull request (list_review_threads names yours)"
             ))
         }
-        _ => Ok(()),
+        _ => Ok(None),
     }
 }
 
@@ -218,4 +223,71 @@ fn threads_answer(view: &ReviewView) -> String {
         })
         .collect();
     json!({"threads": list}).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::safe_outputs::proposals::{self, OutputPolicy, ReviewPolicy};
+
+    const DIFF: &str =
+        "diff --git a/a.rs b/a.rs\n--- a/a.rs\n+++ b/a.rs\n@@ -1,2 +1,3 @@\n x\n+y\n z\n";
+
+    #[test]
+    fn the_tools_answer_from_the_view_and_record_what_fro_bot_checks_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let view = ReviewView {
+            number: 3,
+            head_sha: "abc".into(),
+            diff: DIFF.into(),
+            since: Since::Range {
+                from: "old".into(),
+                diff: "diff --git a/a.rs b/a.rs\n+only the new range\n".into(),
+            },
+            ..ReviewView::default()
+        };
+        let view_file = view.write_file().unwrap();
+        let policy = OutputPolicy {
+            review: Some(ReviewPolicy {
+                events: vec![ReviewEvent::Comment],
+                max_comments: 20,
+            }),
+            ..OutputPolicy::default()
+        };
+        let policy_file = policy.write_file().unwrap();
+        let tools = ReviewTools {
+            view: view_file.path().to_path_buf(),
+            proposals: ProposalTools {
+                file: dir.path().join("p.jsonl"),
+                policy: Some(policy_file.path().to_path_buf()),
+                review_view: None,
+            },
+        };
+        let off = tools
+            .call(
+                "review_comment",
+                &json!({"path": "a.rs", "line": 9, "body": "x"}),
+            )
+            .unwrap();
+        assert!(off.contains("nearest hunk there covers lines 1-3"), "{off}");
+        let on = tools
+            .call(
+                "review_comment",
+                &json!({"path": "./a.rs", "line": "2", "body": "y?"}),
+            )
+            .unwrap();
+        assert!(on.starts_with("Recorded"), "{on}");
+        let approve = tools.call("submit_review", &json!({"body": "ok", "event": "approve"}));
+        assert!(approve.unwrap_err().contains("review-events"));
+        let theirs = tools.call("resolve_review_thread", &json!({"thread": "PRRT_x"}));
+        assert!(theirs.unwrap_err().contains("not a thread you started"));
+        let diff = tools.call("review_diff", &json!({})).unwrap();
+        assert!(diff.contains("only the new range") && diff.contains("since your last review"));
+        assert_eq!(proposals::read(&tools.proposals.file).proposals.len(), 2);
+        let names: Vec<String> = definitions()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(names, NAMES);
+    }
 }
