@@ -379,3 +379,42 @@ async fn thread_acts(gh: &GitHub, number: u64, draft: &Draft) -> ThreadActs {
     }
     acts
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::review::diff::Side;
+
+    fn thread(author: &str, body: &str) -> Thread {
+        Thread {
+            id: "PRRT_1".into(),
+            resolved: false,
+            outdated: true,
+            path: "a.rs".into(),
+            line: None,
+            start_line: None,
+            side: Side::Right,
+            comments: vec![
+                (11, author.into(), body.into()),
+                (12, "mona".into(), "ok".into()),
+            ],
+        }
+    }
+
+    #[test]
+    fn only_threads_fro_bot_started_with_a_fingerprint_are_its_own() {
+        let marked = format!(
+            "Unwrap.\n\n{}\n<!-- fro-bot:response -->",
+            Fingerprint::of("a.rs", &["x"], "Unwrap.").marker()
+        );
+        let own = ours(&thread("github-actions", &marked), "github-actions[bot]").unwrap();
+        assert_eq!(
+            (own.comment_id, own.replies, own.said.as_str()),
+            (11, 1, "Unwrap.")
+        );
+        assert!(own.outdated && own.fingerprint.is_some());
+        // A person who copies fro-bot's marker into a thread of theirs does not silence a finding.
+        assert!(ours(&thread("mona", &marked), "github-actions[bot]").is_none());
+        assert!(ours(&thread("github-actions", "Unwrap."), "github-actions[bot]").is_none());
+    }
+}
