@@ -154,13 +154,10 @@ fn comment(path: &str, line: u64, extra: Value) -> Value {
     c
 }
 
-#[tokio::test]
-async fn diffs_are_real_gits_and_a_valid_review_becomes_its_threads() {
-    let tmp = tempfile::tempdir().unwrap();
-    let fake = seeded(tmp.path()).await;
-    let api = Api::new(&fake);
+/// The diff media type answers real git's diff, the JSON one the JSON; the head commit.
+async fn assert_diffs(fake: &FakeGitHub, api: &Api) -> String {
     let head = fake.branch_head(BRANCH).unwrap();
-    let want = git_diff(&fake, "main", BRANCH);
+    let want = git_diff(fake, "main", BRANCH);
     assert!(
         want.contains("+THREE\n") && want.contains("-seventeen\n"),
         "{want}"
@@ -180,6 +177,15 @@ async fn diffs_are_real_gits_and_a_valid_review_becomes_its_threads() {
         serde_json::from_str::<Value>(&body).unwrap()["message"],
         "Not Found"
     );
+    head
+}
+
+#[tokio::test]
+async fn diffs_are_real_gits_and_a_valid_review_becomes_its_threads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = seeded(tmp.path()).await;
+    let api = Api::new(&fake);
+    let head = assert_diffs(&fake, &api).await;
 
     let comments = json!([
         comment("src.txt", 3, json!({"side": "RIGHT"})),
@@ -367,7 +373,7 @@ async fn replies_resolution_and_outdated_threads() {
     );
     let message = "Could not resolve to a node with the global id of 'PRRT_nope'";
     assert_eq!(error["message"], message);
-    assert_eq!(fake.resolved_threads(), [human.clone()]);
+    assert_eq!(fake.resolved_threads(), std::slice::from_ref(&human));
 
     let threads = api.threads().await;
     let nodes = &threads["nodes"];

@@ -622,6 +622,9 @@ fn comments_of(d: &Data, full: &str, pr: u64) -> Vec<Value> {
     list.into_iter().map(|(_, v)| v).collect()
 }
 
+/// GitHub's refusal of a request, boxed: a `Response` is large for an `Err`.
+type Refusal = Box<Response>;
+
 /// What a `POST /reviews` body asks for, once its shape is valid.
 struct ReviewRequest {
     commit: Option<String>,
@@ -632,12 +635,12 @@ struct ReviewRequest {
 }
 
 impl ReviewRequest {
-    fn parse(body: &Value) -> Result<ReviewRequest, Response> {
+    fn parse(body: &Value) -> Result<ReviewRequest, Refusal> {
         let bad = |field: &str, what: &str| {
-            invalid(
+            Box::new(invalid(
                 &format!("For 'properties/{field}', {} is not {what}.", body[field]),
                 CREATE_DOCS,
-            )
+            ))
         };
         let text = |field: &str| match &body[field] {
             Value::Null => Ok(None),
@@ -671,12 +674,12 @@ impl ReviewRequest {
 }
 
 /// Where one requested comment goes in `files`, or GitHub's refusal.
-fn place(files: &Files, c: &Value) -> Result<(Placement, String), Response> {
+fn place(files: &Files, c: &Value) -> Result<(Placement, String), Refusal> {
     let bad = |field: &str, what: &str| {
-        invalid(
+        Box::new(invalid(
             &format!("For 'items/{field}', {} is not {what}.", c[field]),
             CREATE_DOCS,
-        )
+        ))
     };
     let sides = "a member of [\"LEFT\", \"RIGHT\"]";
     let Some(path) = c["path"].as_str() else {
@@ -693,7 +696,7 @@ fn place(files: &Files, c: &Value) -> Result<(Placement, String), Response> {
         Value::Null => None,
         v => Some(v.as_u64().ok_or_else(|| bad("start_line", "an integer"))?),
     };
-    let fail = |message: &str| Err(unprocessable(&[message], CREATE_DOCS));
+    let fail = |message: &str| Err(Box::new(unprocessable(&[message], CREATE_DOCS)));
     if body.chars().count() > MAX_BODY {
         return fail(TOO_LONG);
     }
@@ -730,11 +733,11 @@ fn place(files: &Files, c: &Value) -> Result<(Placement, String), Response> {
 }
 
 /// The review-level checks, in the order GitHub makes them; the commit the review is on.
-fn check_review(d: &Data, pr: u64, req: &ReviewRequest) -> Result<String, Response> {
+fn check_review(d: &Data, pr: u64, req: &ReviewRequest) -> Result<String, Refusal> {
     let (Some(repo), Some(pull)) = (d.git.repo(), d.pulls.get(&pr)) else {
-        return Err(not_found());
+        return Err(Box::new(not_found()));
     };
-    let fail = |message: &str| Err(unprocessable(&[message], CREATE_DOCS));
+    let fail = |message: &str| Err(Box::new(unprocessable(&[message], CREATE_DOCS)));
     let head = pull["head"]["sha"].as_str().unwrap_or("");
     let wanted = req.commit.as_deref().unwrap_or(head);
     let Some(commit) = repo.resolve(wanted).filter(|c| repo.is_ancestor(c, head)) else {
@@ -763,11 +766,11 @@ fn check_review(d: &Data, pr: u64, req: &ReviewRequest) -> Result<String, Respon
 fn create_review(d: &mut Data, full: &str, pr: u64, body: &Value) -> Response {
     let req = match ReviewRequest::parse(body) {
         Ok(req) => req,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let commit = match check_review(d, pr, &req) {
         Ok(commit) => commit,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let (Some(repo), Some(pull)) = (d.git.repo(), d.pulls.get(&pr)) else {
         return not_found();
@@ -778,7 +781,7 @@ fn create_review(d: &mut Data, full: &str, pr: u64, body: &Value) -> Response {
     for c in &req.comments {
         match place(&files, c) {
             Ok(p) => placed.push(p),
-            Err(response) => return response,
+            Err(response) => return *response,
         }
         if let Some(i) = d.review.reject.iter().position(|p| c["path"] == p.as_str()) {
             d.review.reject.remove(i);
