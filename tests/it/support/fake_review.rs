@@ -295,6 +295,8 @@ fn parse_diff(text: &str) -> Files {
         if let Some(rest) = raw.strip_prefix("diff --git ") {
             path = same_path(rest);
         } else if let Some(p) = raw.strip_prefix("+++ ").filter(|p| *p != "/dev/null") {
+            // git ends the name with a tab when it has a space (as GNU diff does).
+            let p = p.strip_suffix('\t').unwrap_or(p);
             path = unquote(p).strip_prefix("b/").map(str::to_string);
         } else if let Some(p) = raw.strip_prefix("rename to ") {
             path = Some(unquote(p));
