@@ -7,6 +7,7 @@ mod cache;
 mod container;
 mod e2e;
 mod experience;
+mod fake_review;
 mod github;
 mod inputs;
 mod lease;

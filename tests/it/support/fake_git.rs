@@ -52,7 +52,7 @@ pub(super) struct GitState {
 }
 
 impl GitState {
-    fn repo(&self) -> Option<Repo> {
+    pub(super) fn repo(&self) -> Option<Repo> {
         self.dir.as_ref().map(|d| Repo {
             path: d.path().join("repo.git"),
         })
@@ -125,7 +125,7 @@ struct CommitInfo {
 }
 
 impl Repo {
-    fn git_with(
+    pub(super) fn git_with(
         &self,
         args: &[&str],
         stdin: Option<&[u8]>,
@@ -140,13 +140,13 @@ impl Repo {
     }
 
     /// Stdout as trimmed text.
-    fn git(&self, args: &[&str]) -> Result<String, String> {
+    pub(super) fn git(&self, args: &[&str]) -> Result<String, String> {
         self.git_with(args, None, &[])
             .map(|out| String::from_utf8_lossy(&out).trim().to_string())
     }
 
     /// The commit `rev` names (a sha, branch or `refs/...`), if any.
-    fn resolve(&self, rev: &str) -> Option<String> {
+    pub(super) fn resolve(&self, rev: &str) -> Option<String> {
         if rev.is_empty() || rev.starts_with('-') {
             return None;
         }
@@ -168,7 +168,7 @@ impl Repo {
         !sha.starts_with('-') && self.git(&["cat-file", "-e", sha]).is_ok()
     }
 
-    fn is_ancestor(&self, a: &str, b: &str) -> bool {
+    pub(super) fn is_ancestor(&self, a: &str, b: &str) -> bool {
         self.git(&["merge-base", "--is-ancestor", a, b]).is_ok()
     }
 

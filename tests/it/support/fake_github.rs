@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 
 use super::cache_server::{CacheHandle, Entry};
 use super::fake_git::{self, GitState};
+use super::fake_review::{self, ReviewState};
 
 pub const TOKEN: &str = "ghs_faketoken0123456789";
 const DOCS: &str = "https://docs.github.com/rest";
@@ -107,8 +108,8 @@ pub(super) struct Data {
     permissions: BTreeMap<String, String>,
     /// `GET /user`'s login: set, the token is a personal token of that user; unset, it is an
     /// installation token, which GitHub refuses there (403).
-    user: Option<String>,
-    next_id: u64,
+    pub(super) user: Option<String>,
+    pub(super) next_id: u64,
     /// The Actions cache behind `/actions/caches` (none: those routes answer 404).
     cache: Option<CacheHandle>,
     /// The repository's labels: (name, color).
@@ -119,6 +120,8 @@ pub(super) struct Data {
     created_issues: Vec<Value>,
     /// The bare repository and what goes with it.
     pub(super) git: GitState,
+    /// Pull-request reviews, review threads and their comments.
+    pub(super) review: ReviewState,
     /// How long every answer waits, as a round trip to github.com would (zero: at once).
     latency: std::time::Duration,
 }
@@ -558,7 +561,18 @@ async fn handle(
             Some(Ok(cgi)) => cgi,
             Some(Err(response)) => return response,
             None if routes == Routes::Git => return web_not_found(),
-            None => return api(&mut d, method, &uri, &path, auth.as_deref(), &body_json),
+            None => {
+                let accept = headers.get("accept").and_then(|v| v.to_str().ok());
+                return api(
+                    &mut d,
+                    method,
+                    &uri,
+                    &path,
+                    auth.as_deref(),
+                    accept,
+                    &body_json,
+                );
+            }
         }
     };
     fake_git::run_http_backend(cgi).await
@@ -608,6 +622,7 @@ fn api(
     uri: &Uri,
     path: &str,
     auth: Option<&str>,
+    accept: Option<&str>,
     body_json: &Value,
 ) -> Response {
     if auth != Some(&format!("Bearer {TOKEN}")) {
@@ -625,7 +640,8 @@ fn api(
         })
         .unwrap_or_default();
 
-    if let Some(response) = fake_git::route(d, &method, &segments, &query, body_json)
+    if let Some(response) = fake_review::route(d, &method, &segments, &query, body_json, accept)
+        .or_else(|| fake_git::route(d, &method, &segments, &query, body_json))
         .or_else(|| labels_route(d, &method, &segments, &query, body_json))
     {
         return response;
@@ -997,6 +1013,9 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
             *n -= 1;
         }
         return gql_error("Could not resolve to a node (scripted fault)");
+    }
+    if let Some(response) = fake_review::graphql(d, query, &vars) {
+        return response;
     }
     if query.contains("createCommitOnBranch") {
         return fake_git::create_commit_on_branch(d, &vars);
