@@ -1859,3 +1859,4 @@ pub(crate) mod cancel;
 pub(crate) mod egress;
 pub(crate) mod leftovers;
 pub(crate) mod links;
+pub(crate) mod review;

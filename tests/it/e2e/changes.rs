@@ -462,7 +462,7 @@ async fn a_schedule_run_labels_through_its_tools_within_the_allowlist_and_holds_
 }
 
 /// A comment on pull request `n` by mona, as GitHub sends it (no fork/draft flags: fro-bot asks).
-fn pull_comment(n: u64, id: u64, body: &str) -> serde_json::Value {
+pub(crate) fn pull_comment(n: u64, id: u64, body: &str) -> serde_json::Value {
     let mut event = comment_event(n, id, body);
     event["issue"]["pull_request"] =
         json!({"url": format!("https://api.github.com/repos/octo/hello/pulls/{n}")});
