@@ -17,6 +17,18 @@ use crate::safe_outputs::proposals::{Proposal, ReviewPolicy};
 
 /// Marks a review body as fro-bot's, with the head it reviewed (`last_reviewed`).
 const REVIEWED_PREFIX: &str = "<!-- fro-bot:review head=";
+/// Room left under GitHub's body limit for fro-bot's markers.
+const MAX_TEXT_CHARS: usize = crate::safe_outputs::proposals::MAX_BODY_CHARS - 512;
+
+/// `text` within [`MAX_TEXT_CHARS`], saying so when cut: a review or comment GitHub refuses for
+/// its size would lose everything in it.
+fn capped(mut text: String) -> String {
+    if let Some((at, _)) = text.char_indices().nth(MAX_TEXT_CHARS) {
+        text.truncate(at);
+        text.push_str("\n\n[cut here: over GitHub's size limit]");
+    }
+    text
+}
 
 /// One inline comment, ready to post.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +117,7 @@ fn inline_body(finding: &str, suggestion: Option<&str>, print: &Fingerprint) -> 
         }
         body.push_str(&fenced("suggestion", &crate::redact::redact(s)));
     }
-    format!("{body}\n\n{}\n{MARKER}", print.marker())
+    format!("{}\n\n{}\n{MARKER}", capped(body), print.marker())
 }
 
 /// What the comment is about, for its fingerprint: the finding's words, else the suggestion.
@@ -337,7 +349,7 @@ impl Draft {
         }
         format!(
             "{}\n\n{REVIEWED_PREFIX}{} -->\n{MARKER}",
-            body.trim_end(),
+            capped(body.trim_end().to_string()),
             self.head_sha
         )
     }
@@ -528,6 +540,27 @@ mod tests {
         assert_eq!(d.comments.len(), 1);
         assert_eq!(d.moved.len(), 1);
         assert_eq!(d.moved[0].line, 41);
+    }
+
+    #[test]
+    fn a_body_over_githubs_limit_is_cut_and_keeps_its_markers() {
+        let long = "word ".repeat(3000);
+        let p: Vec<Proposal> = (0..10)
+            .map(|n| comment(40 + n, None, &long, None))
+            .collect();
+        let d = compose(
+            &view(Vec::new()),
+            &p,
+            &policy(20, &[ReviewEvent::Comment]),
+            "bot",
+        );
+        let body = d.body();
+        assert!(body.chars().count() <= crate::safe_outputs::proposals::MAX_BODY_CHARS);
+        assert!(
+            body.contains("[cut here") && body.ends_with(MARKER),
+            "{}",
+            &body[body.len() - 200..]
+        );
     }
 
     #[test]
