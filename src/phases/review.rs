@@ -140,7 +140,7 @@ async fn ready(ctx: &RunContext, gh: &GitHub, number: u64) -> Result<Ready, Stri
         ));
         Vec::new()
     });
-    let since = since(
+    let since = api::since(
         gh,
         crate::review::compose::last_reviewed(&reviews, &own),
         &head,
@@ -168,35 +168,6 @@ async fn ready(ctx: &RunContext, gh: &GitHub, number: u64) -> Result<Ready, Stri
         own_login: own,
         auto: is_auto(ctx),
     })
-}
-
-/// What this review covers, from the head fro-bot last reviewed.
-async fn since(gh: &GitHub, last: Option<String>, head: &str) -> Since {
-    let Some(from) = last else {
-        return Since::FirstReview;
-    };
-    if from == head {
-        return Since::Unchanged;
-    }
-    match api::contains(gh, head, &from).await {
-        Ok(true) => match api::diff(gh, &from, head).await {
-            Ok(diff) => Since::Range {
-                from,
-                diff: cap_diff(diff, MAX_DIFF_BYTES).0,
-            },
-            Err(e) => {
-                log::warning(&format!(
-                    "cannot read the changes since the last review: {e}"
-                ));
-                Since::Rewritten { from }
-            }
-        },
-        Ok(false) => Since::Rewritten { from },
-        Err(e) => {
-            log::warning(&format!("cannot compare with the last reviewed head: {e}"));
-            Since::Rewritten { from }
-        }
-    }
 }
 
 /// A thread fro-bot started (its first comment is fro-bot's and carries a fingerprint), as the

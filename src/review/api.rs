@@ -5,7 +5,9 @@
 use serde_json::{json, Value};
 
 use super::diff::Side;
+use super::view::{cap_diff, Since, MAX_DIFF_BYTES};
 use crate::github::api::{one_line, ApiError, GitHub};
+use crate::runner::log;
 
 /// The pull request as a review reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -128,6 +130,36 @@ pub async fn contains(gh: &GitHub, to: &str, from: &str) -> Result<bool, ApiErro
         // A commit a force-push dropped may be gone from the repository.
         Err(e) if e.status() == Some(404) => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+/// What a review at `head` covers, from the head fro-bot last reviewed: the commits after it when
+/// `head` still contains it, else (a force-push, or GitHub cannot say) the whole pull request.
+pub async fn since(gh: &GitHub, last: Option<String>, head: &str) -> Since {
+    let Some(from) = last else {
+        return Since::FirstReview;
+    };
+    if from == head {
+        return Since::Unchanged;
+    }
+    match contains(gh, head, &from).await {
+        Ok(true) => match diff(gh, &from, head).await {
+            Ok(diff) => Since::Range {
+                from,
+                diff: cap_diff(diff, MAX_DIFF_BYTES).0,
+            },
+            Err(e) => {
+                log::warning(&format!(
+                    "cannot read the changes since the last review: {e}"
+                ));
+                Since::Rewritten { from }
+            }
+        },
+        Ok(false) => Since::Rewritten { from },
+        Err(e) => {
+            log::warning(&format!("cannot compare with the last reviewed head: {e}"));
+            Since::Rewritten { from }
+        }
     }
 }
 

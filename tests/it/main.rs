@@ -19,6 +19,7 @@ mod outbound;
 mod persistence;
 mod proxy;
 mod publish;
+mod review;
 mod structure;
 mod tracking;
 mod watchdog;
