@@ -254,6 +254,30 @@ impl GitHub {
         Ok(pulls)
     }
 
+    /// Makes an open pull request a draft again (GraphQL `convertPullRequestToDraft`);
+    /// `Ok(false)` when it already was one.
+    pub async fn convert_to_draft(&self, number: u64) -> Result<bool, ApiError> {
+        let v: Value = self
+            .client
+            .get(format!("{}/pulls/{number}", self.repo_path()), None::<&()>)
+            .await
+            .map_err(Self::op("get pull request"))?;
+        if v["draft"].as_bool() == Some(true) {
+            return Ok(false);
+        }
+        let id = v["node_id"].as_str().ok_or(ApiError::Transport {
+            operation: "get pull request",
+            message: "the answer has no node_id".into(),
+        })?;
+        let query = "mutation($id:ID!){convertPullRequestToDraft(input:{pullRequestId:$id}){pullRequest{isDraft}}}";
+        self.graphql(
+            "convert pull request to draft",
+            json!({"query": query, "variables": {"id": id}}),
+        )
+        .await
+        .map(|_| true)
+    }
+
     /// One pull request.
     pub async fn pull_request(&self, number: u64) -> Result<PullRequest, ApiError> {
         let v: Value = self

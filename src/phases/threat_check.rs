@@ -253,8 +253,8 @@ impl<'a> ThreatCheck<'a> {
     }
 
     /// A needs-review pull request gets its label (GitHub creates a label it does not have), and
-    /// one opened by an earlier run — whose body this run does not write — a comment with the
-    /// findings.
+    /// one opened by an earlier run — whose body this run does not write, and which someone may
+    /// have marked ready since — is made a draft again and gets a comment with the findings.
     pub(crate) async fn after_pull(&mut self, gh: &GitHub, terms: &Terms, pull: &PullOutcome) {
         let number = match pull {
             PullOutcome::Opened { number, .. } | PullOutcome::Existing { number, .. } => *number,
@@ -266,6 +266,13 @@ impl<'a> ThreatCheck<'a> {
             if let Err(e) = gh.add_labels(number, &[REVIEW_LABEL.to_string()]).await {
                 self.notes.push(format!(
                     "the label `{REVIEW_LABEL}` could not be added to #{number}: {e}"
+                ));
+            }
+        }
+        if let (PullOutcome::Existing { .. }, true) = (pull, terms.review) {
+            if let Err(e) = gh.convert_to_draft(number).await {
+                self.notes.push(format!(
+                    "#{number} could not be made a draft again for review: {e}"
                 ));
             }
         }
@@ -363,7 +370,7 @@ impl<'a> ThreatCheck<'a> {
             row.push(gate_text(g));
             if self.delivered_for_review {
                 answer.push(format!(
-                    "**Needs review**: fro-bot's threat check found what a person must look at before this change is merged or installed (a pull request fro-bot opens for it is a draft labelled `{REVIEW_LABEL}`):\n{}",
+                    "**Needs review**: fro-bot's threat check found what a person must look at before this change is merged or installed (its pull request is a draft labelled `{REVIEW_LABEL}`):\n{}",
                     bullets(&g.review.lines())
                 ));
             }

@@ -30,7 +30,7 @@ fn job(world: &World, run_id: u64) -> Job {
 }
 
 /// A new job's checkout: the repository's `main` again, as `actions/checkout` leaves it.
-fn fresh_workspace(job: &mut Job) {
+pub(crate) fn fresh_workspace(job: &mut Job) {
     fresh_checkout(&job.workspace(), "hello\n");
     crate::support::action::chown_r(&job.workspace(), RUNNER_UID);
 }
@@ -209,6 +209,17 @@ pub(crate) async fn issue_run(
     inputs: &[(&str, &str)],
     extra: Option<Reply>,
 ) -> StepResult {
+    issue_run_job(world, n, command, inputs, extra).await.1
+}
+
+/// [`issue_run`], with the job for a follow-up run.
+pub(crate) async fn issue_run_job(
+    world: &World,
+    n: u64,
+    command: &str,
+    inputs: &[(&str, &str)],
+    extra: Option<Reply>,
+) -> (Job, StepResult) {
     world.github.seed_issue(n, "Change things", "Please.");
     let mut job = job(world, 3100 + n);
     for (k, v) in inputs {
@@ -224,7 +235,7 @@ pub(crate) async fn issue_run(
         "issue_comment",
         &comment_event(n, 600 + n, "@fro-bot change things"),
     );
-    main_step(job).await.1
+    main_step(job).await
 }
 
 #[tokio::test]

@@ -4,8 +4,10 @@
 
 use serde_json::{json, Value};
 
-use super::changes::{answer, issue_run, tool};
+use super::changes::{answer, bash, fresh_workspace, issue_run, issue_run_job, tool};
+use super::scenarios::main_step;
 use super::scenarios::World;
+use crate::support::action::comment_event;
 use crate::support::action::{explain, Launch};
 use crate::support::fake_llm::Reply;
 
@@ -51,7 +53,7 @@ async fn the_gate_refuses_hidden_controls_and_unlisted_binaries_and_a_postinstal
         r#"{png} && printf '{{\n  "name": "x",\n  "scripts": {{"postinstall": "node setup.js"}}\n}}\n' > package.json"#
     );
     let inputs = [("allowed-binary-paths", "assets/"), ("pr-draft", "false")];
-    let r = issue_run(&world, 52, &hook, &inputs, None).await;
+    let (job, r) = issue_run_job(&world, 52, &hook, &inputs, None).await;
     assert_eq!(r.output("changes"), "delivered", "{}", explain(&r));
     let files = world.github.branch_files("fro-bot/issue-52");
     assert_eq!(files.get("assets/logo.png").map(Vec::as_slice), Some(PNG));
@@ -84,6 +86,42 @@ async fn the_gate_refuses_hidden_controls_and_unlisted_binaries_and_a_postinstal
         r.summary
     );
     assert_eq!(world.llm.judge_requests().len(), 1, "the model checked it");
+    needs_review_again_makes_the_ready_pull_request_a_draft(&world, job, number).await;
+}
+
+/// Someone marks the needs-review pull request ready; a later run adds another install hook to
+/// it: the pull request is a draft again, with the findings in a comment.
+async fn needs_review_again_makes_the_ready_pull_request_a_draft(
+    world: &World,
+    mut job: crate::support::action::Job,
+    number: u64,
+) {
+    world.github.set_pull_draft(number, false);
+    job.next_run(3253);
+    fresh_workspace(&mut job);
+    world.llm.push(bash(
+        r#"printf '{\n  "name": "x",\n  "scripts": {"postinstall": "node setup.js", "preinstall": "node pre.js"}\n}\n' > package.json"#,
+    ));
+    world.llm.push(Reply::text("Done."));
+    job.event(
+        "issue_comment",
+        &comment_event(52, 653, "@fro-bot one more hook"),
+    );
+    let (_job, r) = main_step(job).await;
+    assert_eq!(r.output("changes"), "delivered", "{}", explain(&r));
+    assert!(
+        answer(world).contains("Added to pull request"),
+        "{}",
+        answer(world)
+    );
+    assert_eq!(world.github.drafted_pulls(), [format!("PR_{number}")]);
+    let comments = world.github.created_comments();
+    assert!(
+        comments
+            .iter()
+            .any(|(k, body)| k == &format!("issue-{number}") && body.contains("preinstall")),
+        "{comments:?}"
+    );
 }
 
 /// What the model check was asked: its system prompt and its user message.

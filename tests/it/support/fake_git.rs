@@ -42,6 +42,8 @@ pub(super) struct GitState {
     created_pulls: Vec<u64>,
     next_pull: Option<u64>,
     forbid_pulls: bool,
+    /// Node ids of the pull requests `convertPullRequestToDraft` made drafts, in order.
+    drafted: Vec<String>,
     /// `git-receive-pack` requests (push attempts), all refused.
     pushes: usize,
     /// Concurrent writers: (branch, path, contents) committed just before the next
@@ -750,6 +752,14 @@ fn create_pull(d: &mut Data, o: &str, r: &str, body: &Value) -> Response {
     pr["draft"] = json!(body["draft"].as_bool().unwrap_or(false));
     let _ = repo.git(&["update-ref", &format!("refs/pull/{number}/head"), &head_sha]);
     d.pulls.insert(number, pr.clone());
+    // On GitHub a pull request is also an issue: its conversation takes comments and labels.
+    d.issues.insert(
+        number,
+        json!({"number": number, "title": title, "body": text("body"), "state": "open",
+               "locked": false, "node_id": format!("PR_{number}"), "html_url": pr["html_url"],
+               "user": pr["user"], "author_association": "NONE",
+               "pull_request": {"url": pr["url"]}}),
+    );
     d.git.created_pulls.push(number);
     ok(StatusCode::CREATED, pr)
 }
@@ -771,6 +781,32 @@ fn sync_pulls(d: &mut Data) {
             pr["head"]["sha"] = json!(sha);
             let _ = repo.git(&["update-ref", &format!("refs/pull/{n}/head"), &sha]);
         }
+    }
+}
+
+/// GraphQL `convertPullRequestToDraft` (`variables.id`, the pull request's node id): an open pull
+/// request becomes a draft; an unknown id is GitHub's NOT_FOUND.
+pub(super) fn convert_to_draft(d: &mut Data, vars: &Value) -> Response {
+    let id = vars["id"].as_str().unwrap_or("");
+    match d
+        .pulls
+        .values_mut()
+        .find(|pr| pr["node_id"] == id && pr["state"] == "open")
+    {
+        Some(pr) => {
+            pr["draft"] = json!(true);
+            d.git.drafted.push(id.to_string());
+            ok(
+                StatusCode::OK,
+                json!({"data": {"convertPullRequestToDraft": {"pullRequest": {"isDraft": true}}}}),
+            )
+        }
+        None => ok(
+            StatusCode::OK,
+            json!({"data": {"convertPullRequestToDraft": null},
+                   "errors": [{"type": "NOT_FOUND", "path": ["convertPullRequestToDraft"],
+                               "message": format!("Could not resolve to a node with the global id of '{id}'")}]}),
+        ),
     }
 }
 
@@ -1183,6 +1219,19 @@ impl FakeGitHub {
             path.to_string(),
             contents.as_ref().to_vec(),
         ));
+    }
+
+    /// Someone marks pull request `number` ready for review (or a draft again).
+    pub fn set_pull_draft(&self, number: u64, draft: bool) {
+        self.lock()
+            .pulls
+            .get_mut(&number)
+            .expect("a known pull request")["draft"] = json!(draft);
+    }
+
+    /// The pull requests `convertPullRequestToDraft` made drafts (node ids), in order.
+    pub fn drafted_pulls(&self) -> Vec<String> {
+        self.lock().git.drafted.clone()
     }
 
     /// `POST /pulls` answers 403 as when Actions may not create pull requests.

@@ -1020,6 +1020,9 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
     if query.contains("createCommitOnBranch") {
         return fake_git::create_commit_on_branch(d, &vars);
     }
+    if query.contains("convertPullRequestToDraft") {
+        return fake_git::convert_to_draft(d, &vars);
+    }
     // Who the token is in GraphQL: a personal token's user, else the Actions app (no `[bot]`).
     let viewer = d.user.clone().unwrap_or_else(|| "github-actions".into());
     let web = d.site.web.clone();
