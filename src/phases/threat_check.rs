@@ -370,7 +370,7 @@ impl<'a> ThreatCheck<'a> {
             row.push(gate_text(g));
             if self.delivered_for_review {
                 answer.push(format!(
-                    "**Needs review**: fro-bot's threat check found what a person must look at before this change is merged or installed (its pull request is a draft labelled `{REVIEW_LABEL}`):\n{}",
+                    "**Needs review**: fro-bot's threat check found what a person must look at before this change is merged or installed (a pull request fro-bot opens for it or adds it to is a draft labelled `{REVIEW_LABEL}`):\n{}",
                     bullets(&g.review.lines())
                 ));
             }
