@@ -128,6 +128,18 @@ pub fn finding_of<'a>(body: &'a str, suggestion: Option<&'a str>) -> &'a str {
     }
 }
 
+/// Where a comment lands in the diff, as the finding it is: the fingerprint of `finding` on the
+/// lines it points at, or why it cannot be anchored (the tools and `Draft::compose` alike).
+pub fn placed(
+    diff: &PullDiff,
+    (path, line, start_line, side): (&str, u32, Option<u32>, Side),
+    finding: &str,
+) -> Result<Fingerprint, super::diff::Unanchored> {
+    diff.anchor(path, line, start_line, side)?;
+    let at = diff.lines(path, side, start_line.unwrap_or(line), line);
+    Ok(Fingerprint::of(path, &at, finding))
+}
+
 pub struct Inputs<'a> {
     pub view: &'a ReviewView,
     pub proposals: &'a [Proposal],
@@ -278,12 +290,13 @@ impl Draft {
             text: crate::outbound::prose(finding.trim(), None),
             why,
         };
-        if let Err(e) = diff.anchor(path, line, start_line, side) {
-            self.moved.push(moved(MovedWhy::NotInDiff(e.describe())));
-            return;
-        }
-        let at = diff.lines(path, side, start_line.unwrap_or(line), line);
-        let print = Fingerprint::of(path, &at, finding);
+        let print = match placed(diff, (path, line, start_line, side), finding) {
+            Ok(print) => print,
+            Err(e) => {
+                self.moved.push(moved(MovedWhy::NotInDiff(e.describe())));
+                return;
+            }
+        };
         if seen.contains(&print) {
             self.repeated += 1;
             return;

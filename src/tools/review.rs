@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 use super::args::{arg_str, arg_usize, required};
 use super::proposals::ProposalTools;
 use crate::config::review::ReviewEvent;
+use crate::review::compose;
 use crate::review::diff::{PullDiff, Side};
-use crate::review::fingerprint::Fingerprint;
 use crate::review::view::{ReviewView, Since};
 use crate::safe_outputs::proposals::Proposal;
 
@@ -155,14 +155,16 @@ fn check(view: &ReviewView, p: &Proposal) -> Result<Option<String>, String> {
             suggestion,
         } => {
             let diff = PullDiff::parse(&view.diff);
-            if let Err(e) = diff.anchor(path, *line, *start_line, *side) {
-                return Ok(Some(format!(
-                    "Not inline: {}. It goes into the review's body; to put it on the diff instead, call review_comment again with a line of the diff (review_diff shows it) and the body copy is dropped",
-                    e.describe()
-                )));
-            }
-            let at = diff.lines(path, *side, start_line.unwrap_or(*line), *line);
-            let print = Fingerprint::of(path, &at, crate::review::compose::finding_of(body, suggestion.as_deref()));
+            let finding = compose::finding_of(body, suggestion.as_deref());
+            let print = match compose::placed(&diff, (path, *line, *start_line, *side), finding) {
+                Ok(print) => print,
+                Err(e) => {
+                    return Ok(Some(format!(
+                        "Not inline: {}. It goes into the review's body; to put it on the diff instead, call review_comment again with a line of the diff (review_diff shows it) and the body copy is dropped",
+                        e.describe()
+                    )))
+                }
+            };
             Ok(view
                 .threads
                 .iter()
