@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use super::client::{
     Condition, DownloadOutcome, GetOutcome, ObjectKind, ObjectStore, Operation, PutOutcome,
-    StoreError,
+    StoreError, TempDownload,
 };
 use super::keys::{StoreKeys, SESSION_DB_NAME};
 use super::validate::confine_path;
@@ -96,29 +96,38 @@ async fn restore_inner(
         DownloadOutcome::Downloaded(d) => d,
         DownloadOutcome::NotFound => return Ok(None),
     };
-    // A WAL from an older database would be replayed into the new one: remove it first.
-    for suffix in ["-wal", "-shm"] {
-        let side = sidecar(&target, suffix);
-        match tokio::fs::remove_file(&side).await {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(StoreError::local(op, &key, &side, e)),
-        }
-    }
     let (etag, bytes, sha256) = (
         download.etag.clone(),
         download.bytes,
         download.sha256.clone(),
     );
     let tmp_path = download.path().to_path_buf();
+    // One blocking task, which runs to its end even when the restore is cancelled: the old
+    // database keeps its WAL, or the new one is complete, never the old one without its WAL.
     tokio::task::spawn_blocking({
         let target = target.clone();
-        move || download.persist(&target)
+        move || swap_in(download, &target)
     })
     .await
     .map_err(|e| StoreError::local(op, &key, &tmp_path, std::io::Error::other(e)))?
-    .map_err(|e| StoreError::local(op, &key, &target, e))?;
+    .map_err(|(path, e)| StoreError::local(op, &key, &path, e))?;
     Ok(Some((etag, bytes, sha256)))
+}
+
+/// Puts the downloaded database in place of `target`. A WAL from an older database would be
+/// replayed into the new one: it goes first.
+fn swap_in(download: TempDownload, target: &Path) -> Result<(), (PathBuf, std::io::Error)> {
+    for suffix in ["-wal", "-shm"] {
+        let side = sidecar(target, suffix);
+        match std::fs::remove_file(&side) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err((side, e)),
+        }
+    }
+    download
+        .persist(target)
+        .map_err(|e| (target.to_path_buf(), e))
 }
 
 /// The most a store marker may hold: a session map and trust records for tens of thousands of
