@@ -76,6 +76,31 @@ impl Fence {
     }
 }
 
+impl Fence {
+    /// Code someone else wrote (a pull request's diff) inside the fence with its label: kept as
+    /// it is, for a review must see what the page hides, except that an invisible character is
+    /// shown by name (`⟨U+202E⟩`), so a "Trojan Source" line reads as what it does.
+    pub fn wrap_code(&self, label: &Label<'_>, text: &str) -> String {
+        let mut body = String::with_capacity(text.len());
+        for c in text.chars() {
+            match is_invisible(c) {
+                true => body.push_str(&format!("⟨U+{:04X}⟩", c as u32)),
+                false => body.push(c),
+            }
+        }
+        let body = body.replace(&self.token, "(fence)");
+        format!(
+            "{} item=\"{}\" author=\"{}\" association=\"{}\"\n{}\n{}\n",
+            self.open(),
+            attr(label.item),
+            attr(label.author),
+            attr(label.association),
+            body.trim_end(),
+            self.close()
+        )
+    }
+}
+
 fn attr(s: &str) -> String {
     s.chars()
         .filter(|c| !c.is_control() && !matches!(c, '"' | '<' | '>') && !is_invisible(*c))
@@ -271,6 +296,24 @@ mod tests {
         );
         let text = "a <DETAILS open>\nhidden\n</Details> b";
         assert_eq!(strip_hidden(text), "a  b");
+    }
+
+    #[test]
+    fn code_keeps_what_the_page_hides_and_names_invisible_characters() {
+        let f = Fence::new([7; 16]);
+        let label = Label {
+            item: "pull request diff",
+            author: "mona",
+            association: "pull request author",
+        };
+        let code = format!("+/* <!-- x --> */ if (a) {{\u{202E} }}\n+{}", f.token());
+        let out = f.wrap_code(&label, &code);
+        assert!(out.contains("<!-- x -->"), "{out}");
+        assert!(
+            out.contains("⟨U+202E⟩") && !out.contains('\u{202E}'),
+            "{out}"
+        );
+        assert!(!out[f.open().len()..out.len() - f.close().len() - 1].contains(f.token()));
     }
 
     #[test]

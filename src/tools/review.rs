@@ -207,7 +207,23 @@ fn diff_answer(view: &ReviewView, path: Option<&str>) -> String {
             .collect(),
     };
     let (part, cut) = crate::review::view::cap_diff(part, MAX_ANSWER_BYTES);
-    let mut out = format!("{intro}, at head {}:\n\n{part}", view.head_sha);
+    // The diff is the pull request's authors' text: data, never instructions.
+    let fence = crate::untrusted::Fence::default();
+    let author = match view.author.as_str() {
+        "" => "unknown",
+        a => a,
+    };
+    let label = crate::untrusted::Label {
+        item: "pull request diff",
+        author,
+        association: "pull request author",
+    };
+    let mut out = format!(
+        "{intro}, at head {}:\n\n{}{}",
+        view.head_sha,
+        fence.preamble(),
+        fence.wrap_code(&label, &part)
+    );
     if cut || view.diff_cut {
         out.push_str("\n[the diff is cut here for its size; ask for one file with `path`]");
     }
@@ -285,6 +301,7 @@ mod tests {
         assert!(theirs.unwrap_err().contains("not a thread you started"));
         let diff = tools.call("review_diff", &json!({})).unwrap();
         assert!(diff.contains("only the new range") && diff.contains("since your last review"));
+        assert!(diff.contains("<<<untrusted-") && diff.contains("item=\"pull request diff\""));
         assert_eq!(proposals::read(&tools.proposals.file).proposals.len(), 2);
         let names: Vec<String> = definitions()
             .iter()
