@@ -64,6 +64,11 @@ impl Fence {
         // Whatever the text holds, it cannot end the fence (the token is unguessable, but a
         // quote of an earlier prompt of this same run is not).
         body = body.replace(&self.token, "(fence)");
+        self.fenced(label, &body)
+    }
+
+    /// `body` (its token defused already) between the fence's lines, with its label.
+    fn fenced(&self, label: &Label<'_>, body: &str) -> String {
         format!(
             "{} item=\"{}\" author=\"{}\" association=\"{}\"\n{}\n{}\n",
             self.open(),
@@ -88,16 +93,7 @@ impl Fence {
                 false => body.push(c),
             }
         }
-        let body = body.replace(&self.token, "(fence)");
-        format!(
-            "{} item=\"{}\" author=\"{}\" association=\"{}\"\n{}\n{}\n",
-            self.open(),
-            attr(label.item),
-            attr(label.author),
-            attr(label.association),
-            body.trim_end(),
-            self.close()
-        )
+        self.fenced(label, &body.replace(&self.token, "(fence)"))
     }
 }
 
