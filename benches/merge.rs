@@ -20,7 +20,7 @@ use rusqlite::Connection;
 mod opencode_db;
 use opencode_db::{generate, session, turn, TURNS_PER_SESSION};
 
-use fro_bot::merge::{self, MergeOptions, Snapshot, Verify};
+use fro_bot::memory::merge::{self, MergeOptions, Snapshot, Verify};
 use rusqlite::params;
 
 const MB: u64 = 1_000_000;

@@ -8,7 +8,7 @@
 //!   plus one new session, with main's scrub scope in the state. Once per size also with no scope
 //!   (memory of unknown provenance: the whole scrub). Against `saveCache` of the same files.
 //! - restore: this binary re-invoked as `restore-child`, running the restore phase
-//!   (`phases::restore::restore`: download, extraction, checkpoint/probe, `quick_check` and
+//!   (`memory::restore::restore`: download, extraction, checkpoint/probe, `quick_check` and
 //!   sanitizing) and then what the main step does with it before the turn (the restored digest and
 //!   the marker check, the session snapshot). Against `restoreCache` of the toolkit's own entry.
 //!
@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use fro_bot::phases::paths::{write_marker, Scrubbed, StatePaths};
+use fro_bot::memory::state_paths::{write_marker, Scrubbed, StatePaths};
 
 const MB: u64 = 1_000_000;
 const REPO: &str = "octo/bench";
@@ -184,14 +184,14 @@ fn bench_size(
     let t = Instant::now();
     let sessions = opencode_db::generate(&db, mb * MB);
     // Memory a fro-bot saved: scrubbed whole, its marker naming it and saying so.
-    fro_bot::scrub::scrub(&db, &fro_bot::scrub::Scope::Whole).expect("scrub");
+    fro_bot::memory::scrub::scrub(&db, &fro_bot::memory::scrub::Scope::Whole).expect("scrub");
     write_marker(&layout.paths, "0", 1, None, None, Scrubbed::Whole, None).expect("marker");
     // The run: one new thread of ten turns.
     {
         let c = rusqlite::Connection::open(&db).expect("db");
         opencode_db::session(&c, NEW_SESSION, 10, 9_000_000_000);
     }
-    fro_bot::checkpoint::checkpoint(&db);
+    fro_bot::memory::checkpoint::checkpoint(&db);
     for f in ["opencode.db", "fro-bot.json"] {
         fs::copy(layout.paths.data_dir.join(f), layout.pristine.join(f)).expect("pristine");
     }
@@ -200,7 +200,7 @@ fn bench_size(
         fs::metadata(&db).expect("db").len() as f64 / MB as f64,
         t.elapsed().as_secs_f64()
     );
-    let scope = serde_json::to_string(&fro_bot::scrub::Scope::Changed {
+    let scope = serde_json::to_string(&fro_bot::memory::scrub::Scope::Changed {
         sessions: [NEW_SESSION.to_string()].into(),
     })
     .expect("scope");
@@ -248,7 +248,7 @@ fn parts(layout: &Layout, reps: usize) {
             .fold(f64::MAX, f64::min)
     };
     let probe = time(&mut || {
-        fro_bot::checkpoint::probe(&db);
+        fro_bot::memory::checkpoint::probe(&db);
     });
     let quick_check = time(&mut || {
         let c = rusqlite::Connection::open(&db).expect("open");
@@ -257,7 +257,7 @@ fn parts(layout: &Layout, reps: usize) {
             .expect("quick_check");
     });
     let sanitize = time(&mut || {
-        fro_bot::phases::sanitize::sanitize(&db, i64::MAX);
+        fro_bot::memory::sanitize::sanitize(&db, i64::MAX);
     });
     let digest = time(&mut || {
         use sha2::Digest;
@@ -265,7 +265,7 @@ fn parts(layout: &Layout, reps: usize) {
         std::io::copy(&mut fs::File::open(&db).expect("db"), &mut h).expect("hash");
     });
     let snapshot = time(&mut || {
-        fro_bot::merge::Snapshot::capture(&db).expect("snapshot");
+        fro_bot::memory::merge::Snapshot::capture(&db).expect("snapshot");
     });
     eprintln!(
         "restore parts: probe {probe:.3} s, quick_check {quick_check:.3} s, sanitize (with its \
@@ -451,7 +451,7 @@ fn restore_child(args: &[String]) {
     let [url, token, workspace, data_dir, temp, key] = args else {
         panic!("usage: restore-child <url> <token> <workspace> <data dir> <temp> <key>");
     };
-    use fro_bot::phases::restore::{restore, RestoreInputs, StoreAttempt};
+    use fro_bot::memory::restore::{restore, RestoreInputs, StoreAttempt};
     let t = Instant::now();
     let env = fro_bot::runner::Env::from_pairs([
         ("ACTIONS_RESULTS_URL", url.as_str()),
@@ -474,14 +474,14 @@ fn restore_child(args: &[String]) {
             cache: Some(&backend),
             key,
             restore_keys: &restore_keys,
-            catalog: fro_bot::phases::fallback::Catalog::Unavailable { reason: "bench" },
+            catalog: fro_bot::memory::fallback::Catalog::Unavailable { reason: "bench" },
             now_ms: fro_bot::opencode::system_now_ms(),
         },
         async { StoreAttempt::Disabled },
     ));
     assert_eq!(
         report.status,
-        fro_bot::phases::report::CacheStatus::Hit,
+        fro_bot::memory::report::CacheStatus::Hit,
         "{:?}",
         report.notes
     );
@@ -492,6 +492,6 @@ fn restore_child(args: &[String]) {
         fro_bot::phases::context::Provenance::Scrubbed,
         "the saved marker vouches for what it saved"
     );
-    fro_bot::merge::Snapshot::capture(&paths.db()).expect("snapshot");
+    fro_bot::memory::merge::Snapshot::capture(&paths.db()).expect("snapshot");
     println!("RESTORED {:.3}", t.elapsed().as_secs_f64());
 }

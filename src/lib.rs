@@ -6,7 +6,6 @@
 //! protocol (inputs, outputs, state, summary, log commands).
 
 pub mod cache;
-pub mod checkpoint;
 pub mod config;
 pub mod confine;
 pub mod egress;
@@ -15,7 +14,7 @@ pub mod egress;
 pub mod fuzzing;
 pub mod github;
 pub mod lease;
-pub mod merge;
+pub mod memory;
 pub mod net;
 pub mod object_store;
 pub mod opencode;
@@ -25,8 +24,6 @@ pub mod redact;
 pub mod review;
 pub mod runner;
 pub mod safe_outputs;
-pub mod save_result;
-pub mod scrub;
 pub mod threat;
 pub mod tools;
 pub mod trust;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fro_bot::cache::{extract_tar, CacheError, Limits};
-use fro_bot::phases::paths::StatePaths;
+use fro_bot::memory::state_paths::StatePaths;
 use libfuzzer_sys::fuzz_target;
 
 fn tree(dir: &Path, out: &mut Vec<String>) {

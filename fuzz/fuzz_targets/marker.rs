@@ -1,7 +1,7 @@
 //! The marker (`fro-bot.json`) parser on arbitrary restored text.
 #![no_main]
 
-use fro_bot::phases::paths::{parse_marker, MarkerCheck, STORAGE_VERSION};
+use fro_bot::memory::state_paths::{parse_marker, MarkerCheck, STORAGE_VERSION};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

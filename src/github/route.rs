@@ -392,7 +392,7 @@ fn label_route(
     let mut plan = entity_plan(target, None);
     plan.author = Some(sender.login.clone());
     // Labelling takes triage access, which maintainers grant. The entity's author is read (the
-    // directive is its text), which lowers the session's record (phases::agent).
+    // directive is its text), which lowers the session's record (phases::turn::agent).
     plan.requester = crate::trust::SessionTrust::new(
         &sender.login,
         crate::trust::WORKFLOW,

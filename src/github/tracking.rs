@@ -1,7 +1,7 @@
 //! The tracking comment (`docs/design.md#the-github-surface`): the one response comment, posted
 //! when the run is admitted ("working", with the run link), edited with the agent's progress, and
 //! replaced by the final answer. This module holds its bodies and the API calls that post, find and
-//! edit it; `phases::tracking` decides when.
+//! edit it; `phases::tracking_comment` decides when.
 
 use serde::Deserialize;
 use serde_json::{json, Value};

@@ -13,7 +13,7 @@ pub struct StoreKeys {
 }
 
 /// The files restore ever downloads from `sessions/` (an allowlist): the database, and the marker
-/// that names it (the same name as the marker beside the database, `phases::paths::MARKER_FILE`).
+/// that names it (the same name as the marker beside the database, `memory::state_paths::MARKER_FILE`).
 pub const SESSION_DB_NAME: &str = "opencode.db";
 pub const SESSION_MARKER_NAME: &str = "fro-bot.json";
 

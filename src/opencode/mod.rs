@@ -595,7 +595,7 @@ impl Agent {
         session::resolve(&self.client, logical_key, session::Ownership::ByTitle).await
     }
 
-    /// Resolution as fro-bot's session map allows (`phases::session_map`).
+    /// Resolution as fro-bot's session map allows (`memory::session_map`).
     pub async fn resolve_owned_session(
         &self,
         logical_key: &str,

@@ -1,5 +1,5 @@
 //! Which OpenCode session a run continues: the one fro-bot's session map records for the logical
-//! key (`phases::session_map`), or — for memory written before the map existed — the newest live
+//! key (`memory::session_map`), or — for memory written before the map existed — the newest live
 //! root session of this workspace titled `fro-bot: {logical key}`; else a new one with that title
 //! (a title also saves OpenCode's extra title-generator LLM call).
 

@@ -8,13 +8,13 @@ use crate::cache;
 use crate::config::{AuthRequirement, ConfigError, Settings};
 use crate::github::{self, dedup, keys, route::RouteSettings, CacheKeys, Event, Route, RunPlan};
 use crate::lease::Holder;
+use crate::memory::report::PersistenceReport;
+use crate::memory::save_result::StorePublish;
+use crate::memory::state_paths::{PathsError, StatePaths};
 use crate::object_store::{ObjectStore, StoreKeys, StoreSettings, ValidationError};
 use crate::phases::context::{CacheSaved, Mode, RunContext, StoreContext};
-use crate::phases::paths::{PathsError, StatePaths};
-use crate::phases::report::PersistenceReport;
 use crate::runner::env;
 use crate::runner::{log, now_ms, Cancellation, Env, FileCommands};
-use crate::save_result::StorePublish;
 
 /// Why a run could not even be set up: each names what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -286,7 +286,7 @@ async fn check_dedup(ctx: &RunContext) -> Option<String> {
     }
 }
 
-/// Who asks for the repository lease when this run publishes (`phases::publish`).
+/// Who asks for the repository lease when this run publishes (`memory::publish`).
 fn lease_holder(env: &Env, repository: &str, run_id: &str, identity: Option<String>) -> Holder {
     Holder {
         repo: repository.to_string(),

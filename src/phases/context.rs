@@ -8,14 +8,14 @@ use crate::cache;
 use crate::config::Settings;
 use crate::github::{self, CacheKeys, Event, RunPlan};
 use crate::lease::Holder;
-use crate::merge::Snapshot;
+use crate::memory::merge::Snapshot;
+use crate::memory::report::{PersistenceReport, RestoreReport, RestoreSource};
+use crate::memory::save_result::StateValue;
+use crate::memory::state_paths::{check_marker, MarkerCheck, StatePaths};
 use crate::object_store::{ObjectStore, StoreKeys};
-use crate::phases::dedup::CacheSentinels;
-use crate::phases::paths::{check_marker, MarkerCheck, StatePaths};
-use crate::phases::report::{PersistenceReport, RestoreReport, RestoreSource};
+use crate::phases::sentinels::CacheSentinels;
 use crate::runner::env::{output, state};
 use crate::runner::{Cancellation, Env, FileCommands};
-use crate::save_result::StateValue;
 
 #[derive(Debug, Clone)]
 pub enum Mode {
@@ -103,7 +103,7 @@ pub(crate) struct RunContext {
     pub(crate) report: PersistenceReport,
     /// State `cacheSaved` and output `cache-save-result`.
     pub(crate) cache_saved: CacheSaved,
-    /// The agent's network for the turn (`phases::egress`), until its summary row is written.
+    /// The agent's network for the turn (`phases::turn::network`), until its summary row is written.
     pub(crate) egress: Option<crate::egress::AgentReach>,
 }
 
@@ -144,7 +144,7 @@ impl OwnRows {
 
     /// A merged result is this run's database now: its moved messages go by their new ids, and a
     /// folded thread session by the session it joined.
-    pub fn adopted(&self, report: &crate::merge::MergeReport) {
+    pub fn adopted(&self, report: &crate::memory::merge::MergeReport) {
         let mut rows = self.rows();
         for (old, new) in &report.reissued {
             if rows.messages.remove(old) {
@@ -242,7 +242,7 @@ impl Drop for CacheSavedInner {
     }
 }
 
-/// The sentinel lives at one fixed path beside OpenCode's data dir (see `phases::dedup`).
+/// The sentinel lives at one fixed path beside OpenCode's data dir (see `phases::sentinels`).
 pub(crate) fn sentinel_file(paths: &StatePaths) -> PathBuf {
     paths
         .data_dir
@@ -282,7 +282,7 @@ pub(crate) struct PostLease {
 }
 
 impl PostLease {
-    /// The repository lease of the store publish (`phases::publish`).
+    /// The repository lease of the store publish (`memory::publish`).
     pub(crate) const REPO: PostLease = PostLease {
         key: state::LEASE_KEY,
         etag: state::LEASE_ETAG,
@@ -404,7 +404,7 @@ impl Provenance {
         };
         match check_marker(&paths.marker()) {
             MarkerCheck::Compatible(m)
-                if m.scrubbed == Some(crate::scrub::SCRUB_VERSION)
+                if m.scrubbed == Some(crate::memory::scrub::SCRUB_VERSION)
                     && m.db_sha256.eq_ignore_ascii_case(&hex::encode(copy.sha256)) =>
             {
                 Provenance::Scrubbed
@@ -418,7 +418,7 @@ impl Provenance {
 }
 
 pub(crate) fn sha256_file(path: &Path) -> std::io::Result<[u8; 32]> {
-    crate::phases::paths::FileDigest::of(path).map(|d| d.sha256)
+    crate::memory::state_paths::FileDigest::of(path).map(|d| d.sha256)
 }
 
 #[cfg(test)]
@@ -432,7 +432,7 @@ mod tests {
 
     #[test]
     fn only_a_marker_naming_the_restored_database_and_its_scrub_vouches_for_it() {
-        use crate::phases::paths::{write_marker, Scrubbed};
+        use crate::memory::state_paths::{write_marker, Scrubbed};
         let dir = tempfile::tempdir().unwrap();
         let paths = StatePaths::new(dir.path().to_path_buf());
         std::fs::write(paths.db(), b"restored database").unwrap();
@@ -468,7 +468,7 @@ mod tests {
         let text = std::fs::read_to_string(paths.marker()).unwrap();
         let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
         json["db_sha256"] = hex::encode(copy(&paths).sha256).into();
-        json["scrubbed"] = (crate::scrub::SCRUB_VERSION + 1).into();
+        json["scrubbed"] = (crate::memory::scrub::SCRUB_VERSION + 1).into();
         std::fs::write(paths.marker(), json.to_string()).unwrap();
         assert_eq!(
             Provenance::of_restored(&paths, Some(&copy(&paths))),

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 use crate::config::Settings;
 use crate::github::response::ResponseOutcome;
 use crate::github::{self, CacheKeys, RunPlan};
+use crate::memory::report::{PersistenceReport, RestoreReport};
+use crate::memory::state_paths::StatePaths;
 use crate::object_store as store;
 use crate::opencode::TurnOutcome;
-use crate::phases::agent::AgentRun;
 use crate::phases::context::{RunContext, StoreContext};
-use crate::phases::paths::StatePaths;
-use crate::phases::report::{PersistenceReport, RestoreReport};
-use crate::phases::tracking::{self, Tracker};
+use crate::phases::tracking_comment::{self, Tracker};
+use crate::phases::turn::agent::AgentRun;
 use crate::runner::{log, now_ms, Env, FileCommands};
 
 /// Puts the answer (or, for a failed run, what stopped it) into the tracking comment — or, without
@@ -145,7 +145,7 @@ async fn reply(
         return post_new(gh, settings, plan, text?, footer).await;
     };
     let body = github::response::render(text.unwrap_or(""), footer, plan.author.as_deref());
-    match t.finish(&body, tracking::FINAL_TIMEOUT).await {
+    match t.finish(&body, tracking_comment::FINAL_TIMEOUT).await {
         Ok(edited) => edited.url.or_else(|| t.url().map(str::to_string)),
         Err(e) => {
             log::warning(&format!("{e}; posting the answer as a new comment"));

@@ -7,8 +7,8 @@ use crate::cache;
 use crate::config::inputs as input;
 use crate::config::{AuthRequirement, Settings};
 use crate::github::keys::{invocation_identity, CacheKeys};
+use crate::memory::state_paths::StatePaths;
 use crate::object_store::StoreKeys;
-use crate::phases::paths::StatePaths;
 use crate::runner::env;
 use crate::runner::Env;
 

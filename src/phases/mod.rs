@@ -5,32 +5,13 @@
 //! `project_identity`, `dedup` sentinels, the `report` the summary is made of, and `inspect`.
 
 pub mod admit;
-pub mod agent;
-pub mod cache_merge;
-pub mod cleanup;
 pub mod context;
-pub mod dedup;
-pub mod deliver;
-pub mod egress;
-pub mod fallback;
+pub mod delivery;
 pub mod finalize;
-pub mod git_guard;
-pub mod home_guard;
 pub mod inspect;
-pub mod leftovers;
-pub mod memory_guard;
-pub mod paths;
 pub mod post;
-pub mod prepare_outputs;
-pub mod project_identity;
-pub mod publish;
-pub mod report;
-pub mod restore;
-pub mod review;
 pub mod run;
-pub mod sanitize;
-pub mod save;
-pub mod session_map;
+pub mod sentinels;
 pub mod thread_turn;
-pub mod threat_check;
-pub mod tracking;
+pub mod tracking_comment;
+pub mod turn;

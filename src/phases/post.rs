@@ -10,12 +10,14 @@ use crate::config;
 use crate::config::inputs as input;
 use crate::github::keys::{invocation_identity, CacheKeys};
 use crate::lease;
+use crate::memory::save::{save, SaveInputs};
+use crate::memory::save_result::{
+    post_decision, GateInputs, PostDecision, StateValue, StorePublish,
+};
+use crate::memory::state_paths::StatePaths;
 use crate::object_store::{ObjectStore, StoreSettings};
-use crate::phases::paths::StatePaths;
-use crate::phases::save::{save, SaveInputs};
 use crate::runner::env::state;
 use crate::runner::{log, Env, FileCommands};
-use crate::save_result::{post_decision, GateInputs, PostDecision, StateValue, StorePublish};
 
 /// The whole post step gets this long: the job's own timeout is not ours to spend.
 pub const POST_TIME_BOX: Duration = Duration::from_secs(240);
@@ -49,9 +51,9 @@ where
     // First: what a killed main left in .git must not outlive this step.
     let git = env
         .get(crate::runner::env::GITHUB_WORKSPACE)
-        .and_then(|w| crate::phases::git_guard::post_restore(env, std::path::Path::new(w)));
-    let turn = crate::phases::leftovers::post_give_back_turn(env);
-    let home = crate::phases::home_guard::post_give_back(env);
+        .and_then(|w| crate::phases::turn::git_guard::post_restore(env, std::path::Path::new(w)));
+    let turn = crate::phases::turn::leftovers::post_give_back_turn(env);
+    let home = crate::phases::turn::home_guard::post_give_back(env);
     for text in [&git, &turn, &home].into_iter().flatten() {
         if let Err(e) = files.append_summary(&format!("### fro-bot (post)\n\n{text}\n\n")) {
             tracing::warn!("{e}");
@@ -183,12 +185,12 @@ async fn save_with_key(
     workspace: &str,
     backend: Option<&cache::Backend>,
     save_key: &str,
-) -> crate::phases::save::SaveReport {
+) -> crate::memory::save::SaveReport {
     let run_id = env
         .get(crate::runner::env::GITHUB_RUN_ID)
         .unwrap_or("unknown");
     // Main hands its session map over in the state; without it the marker on disk keeps its own.
-    let sessions: Option<crate::phases::session_map::Map> = env
+    let sessions: Option<crate::memory::session_map::Map> = env
         .state(state::SESSION_MAP)
         .and_then(|json| serde_json::from_str(json).ok());
     // Without main's records none are kept: the marker on disk is where the agent could write
@@ -198,10 +200,10 @@ async fn save_with_key(
         .and_then(|json| serde_json::from_str(json).ok())
         .unwrap_or_default();
     // Main's scope holds only once it limited memory to its own conversation; without it, whole.
-    let scrub_scope: crate::scrub::Scope = env
+    let scrub_scope: crate::memory::scrub::Scope = env
         .state(state::SCRUB_SCOPE)
         .and_then(|json| serde_json::from_str(json).ok())
-        .unwrap_or(crate::scrub::Scope::Whole);
+        .unwrap_or(crate::memory::scrub::Scope::Whole);
     save(
         SaveInputs {
             paths,
@@ -236,7 +238,7 @@ async fn save_with_key(
 /// The post step as the binary runs it: releases a lease main left behind (from main's state and
 /// the same `s3-*` inputs), then decides and retries.
 pub async fn run_post(env: &Env) -> PostOutcome {
-    crate::phases::tracking::finish_left_behind(env).await;
+    crate::phases::tracking_comment::finish_left_behind(env).await;
     post(env, release_left_behind(env)).await
 }
 

@@ -10,35 +10,35 @@ use std::time::Instant;
 use crate::config::CommentMode;
 use crate::github::dedup;
 use crate::lease::LeaseConfig;
-use crate::merge::Snapshot;
+use crate::memory::cache_merge::{CacheMergeInputs, CacheMergeReport};
+use crate::memory::merge::Snapshot;
+use crate::memory::project_identity::{self, IdentityOutcome};
+use crate::memory::publish::{publish, PublishInputs, PublishReport, LEASE_WAIT};
+use crate::memory::report::{RestoreReport, RestoreSource};
+use crate::memory::restore::{restore, store_attempt, RestoreInputs};
+use crate::memory::save::{save, SaveInputs, SaveReport};
+use crate::memory::save_result::{GateInputs, StateValue, StorePublish};
+use crate::memory::scrub::Scope;
+use crate::memory::session_map::SessionMap;
+use crate::memory::state_paths::StatePaths;
 use crate::opencode::progress::ProgressSink;
 use crate::opencode::{Agent, TurnOutcome};
 use crate::phases::admit::{admit, Admission};
-use crate::phases::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
-use crate::phases::cache_merge::{CacheMergeInputs, CacheMergeReport};
-use crate::phases::cleanup::{stop_agent, Stopped};
 use crate::phases::context::{
     CacheSaved, ExitStatus, Mode, Provenance, RestoredCopy, RunContext, RunExit,
 };
-use crate::phases::deliver::{deliver, ChangesOutcome};
+use crate::phases::delivery::change::{deliver, ChangesOutcome};
+use crate::phases::delivery::prepare::{self, OutputsPlan};
 use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
 };
-use crate::phases::leftovers;
-use crate::phases::paths::StatePaths;
-use crate::phases::prepare_outputs::{self, OutputsPlan};
-use crate::phases::project_identity::{self, IdentityOutcome};
-use crate::phases::publish::{publish, PublishInputs, PublishReport, LEASE_WAIT};
-use crate::phases::report::{RestoreReport, RestoreSource};
-use crate::phases::restore::{restore, store_attempt, RestoreInputs};
-use crate::phases::save::{save, SaveInputs, SaveReport};
-use crate::phases::session_map::SessionMap;
 use crate::phases::thread_turn::{self, ThreadTurn};
-use crate::phases::tracking::{self, Tracker};
+use crate::phases::tracking_comment::{self, Tracker};
+use crate::phases::turn::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
+use crate::phases::turn::cleanup::{stop_agent, Stopped};
+use crate::phases::turn::leftovers;
 use crate::runner::env::{output, state};
 use crate::runner::{failpoint, log, now_ms, Cancellation, Env, FileCommands};
-use crate::save_result::{GateInputs, StateValue, StorePublish};
-use crate::scrub::Scope;
 
 pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     let files = FileCommands::from_env(&env);
@@ -76,14 +76,14 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     let own_turn = async {
         match ctx.settings.comment_mode {
             CommentMode::Run => {
-                let tracker = tracking::open(&ctx).await;
+                let tracker = tracking_comment::open(&ctx).await;
                 let turn = thread_turn::take(&ctx, tracker.as_deref()).await;
                 (tracker, turn)
             }
             CommentMode::Sticky => match thread_turn::take(&ctx, None).await {
                 // The thread's comment is the other run's: the reply is a comment of its own.
                 turn @ ThreadTurn::NotOurs { .. } => (None, turn),
-                turn => (tracking::open(&ctx).await, turn),
+                turn => (tracking_comment::open(&ctx).await, turn),
             },
         }
     };
@@ -170,7 +170,7 @@ async fn take_turn(
         let stopped = stop_agent(None, &agent_run, retention, &ctx.cancel).await;
         return (agent_run, stopped);
     }
-    let outputs = prepare_outputs::prepare(ctx).await;
+    let outputs = prepare::prepare(ctx).await;
     let guards = leftovers::take(ctx);
     let private_home = guards.private_home().map(std::path::Path::to_path_buf);
     let (agent, mut agent_run) =
@@ -178,7 +178,7 @@ async fn take_turn(
     // The agent is stopped (and everything it left running killed) before .git is put back and
     // its change read.
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
-    crate::phases::egress::record(ctx);
+    crate::phases::turn::network::record(ctx);
     leftovers::put_back(ctx, guards, &agent_run);
     if !ctx.cancel.is_cancelled() {
         if let Some(usage) = deliver_outputs(ctx, &outputs, &agent_run).await {
@@ -203,7 +203,7 @@ async fn restoring(ctx: &RunContext) -> (Option<RestoreReport>, Instant) {
             cache: ctx.cache.as_ref(),
             key: &ctx.keys.primary,
             restore_keys: &restore_keys,
-            catalog: crate::phases::fallback::catalog(ctx.cache.as_ref(), ctx.gh.as_ref()),
+            catalog: crate::memory::fallback::catalog(ctx.cache.as_ref(), ctx.gh.as_ref()),
             now_ms: crate::opencode::system_now_ms(),
         };
         restore(inputs, store_attempt(ctx.store.as_ref(), &ctx.paths)).await
@@ -292,7 +292,7 @@ async fn merge_cache_into_store_copy(
     }
     let restore_keys = ctx.keys.restore_prefixes().to_vec();
     let inputs = cache_merge_inputs(ctx, &restore_keys, restored, None)?;
-    let merged = crate::phases::cache_merge::merge_newer_entries(&inputs).await;
+    let merged = crate::memory::cache_merge::merge_newer_entries(&inputs).await;
     for (key, _) in &merged.merged {
         tracing::info!("merged the newer cache entry {key} into the store's copy before the turn");
     }
@@ -309,7 +309,7 @@ fn cache_merge_inputs<'a>(
     let cache = ctx.cache.as_ref()?;
     Some(CacheMergeInputs {
         cache,
-        catalog: crate::phases::fallback::catalog(Some(cache), ctx.gh.as_ref()),
+        catalog: crate::memory::fallback::catalog(Some(cache), ctx.gh.as_ref()),
         restore_keys,
         primary_key: &ctx.keys.primary,
         paths: &ctx.paths,
@@ -352,7 +352,7 @@ async fn run_agent(
     let agent = match ctx.cancel.is_cancelled() {
         true => Err("the run was cancelled before OpenCode started".to_string()),
         false => {
-            let view = crate::phases::agent::trust_view(&ctx.plan, restored);
+            let view = crate::phases::turn::agent::trust_view(&ctx.plan, restored);
             start_agent(ctx, &view, outputs.tools(), private_home).await
         }
     };
@@ -374,7 +374,7 @@ async fn run_agent(
         let _g = log::Group::new("Agent");
         let t = Instant::now();
         let progress = ProgressSink::log();
-        let interval = tracking::progress_interval(&ctx.env);
+        let interval = tracking_comment::progress_interval(&ctx.env);
         // Dropped when the turn is over: progress edits stop before the final body.
         let _watch = tracker.map(|tr| tr.watch(progress.clone(), interval));
         let inputs = AgentInputs {
@@ -423,7 +423,7 @@ async fn respond(
             .cancel
             .remaining()
             .unwrap_or_default()
-            .min(tracking::CANCEL_EDIT_TIMEOUT);
+            .min(tracking_comment::CANCEL_EDIT_TIMEOUT);
         return Some(tokio::spawn(async move {
             if let Err(e) = tracker.finish(&body, limit).await {
                 log::warning(&e.to_string());
@@ -484,7 +484,7 @@ async fn deliver_outputs(
             ctx.set_output(output::PR_URL, url);
         }
     }
-    let review = crate::phases::review::carry_out(
+    let review = crate::phases::delivery::pr_review::carry_out(
         ctx,
         (&outputs.review, outputs.proposals_file()),
         agent_run,

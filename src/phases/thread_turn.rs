@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::lease::{self, AcquireOutcome, Lease, LeaseConfig, LeaseHandle};
 use crate::phases::context::{PostLease, RunContext};
-use crate::phases::tracking::Tracker;
+use crate::phases::tracking_comment::Tracker;
 use crate::runner::{log, FileCommands};
 
 /// Whether this run may go on, and on what terms.

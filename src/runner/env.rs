@@ -179,7 +179,7 @@ pub mod state {
     /// empty once main restored it).
     pub const GIT_SNAPSHOT: &str = "gitSnapshot";
     /// `pending` while the agent's changes to memory are not yet limited to its own conversation
-    /// (`phases::memory_guard`): post then does not save what the agent left.
+    /// (`memory::guard`): post then does not save what the agent left.
     pub const MEMORY_GUARD: &str = "memoryGuard";
     /// What main took from the agent's uid in the runner's home for the turn (JSON), which post
     /// gives back when main could not; empty once given back.

@@ -77,7 +77,7 @@ pub async fn carry_out(
 }
 
 /// One proposal carried out; `None` for the change proposals, which `deliver` handles, and the
-/// review's, which `phases::review` does.
+/// review's, which `phases::delivery::pr_review` does.
 async fn act(gh: &GitHub, p: &Proposal) -> Option<Result<(), String>> {
     let r = match p {
         Proposal::DescribeChange { .. }

@@ -44,7 +44,7 @@ impl Layout {
             .iter()
             .map(|p| data.join(p).to_string_lossy().into_owned())
             .collect();
-        let targets = fro_bot::phases::paths::StatePaths::new(data.clone())
+        let targets = fro_bot::memory::state_paths::StatePaths::new(data.clone())
             .restore_targets()
             .to_vec();
         Layout {

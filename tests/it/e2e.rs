@@ -189,7 +189,7 @@ pub(crate) mod post {
         let job = cache_job(4343, &server, v1);
         std::fs::create_dir_all(job.data_dir()).unwrap();
         killed_writer(&job.data_dir().join("opencode.db"), 5);
-        let paths = fro_bot::phases::paths::StatePaths::new(job.data_dir());
+        let paths = fro_bot::memory::state_paths::StatePaths::new(job.data_dir());
         let workspace = job.workspace();
         let request = fro_bot::cache::SaveRequest {
             key,
@@ -221,7 +221,7 @@ pub(crate) mod post {
         let job = cache_job(4444, &server, v1);
         std::fs::create_dir_all(job.data_dir()).unwrap();
         killed_writer(&job.data_dir().join("opencode.db"), 5);
-        let paths = fro_bot::phases::paths::StatePaths::new(job.data_dir());
+        let paths = fro_bot::memory::state_paths::StatePaths::new(job.data_dir());
         let version = fro_bot::cache::version(paths.cache_paths());
         client
             .reserve(
@@ -251,7 +251,7 @@ pub(crate) mod post {
         job.input("s3-backup", "true").input("s3-bucket", "mem");
         let r = job.step(&["inspect"], &[]);
         assert_eq!(r.code, 0, "{}", r.stdout);
-        let paths = fro_bot::phases::paths::StatePaths::new(job.data_dir());
+        let paths = fro_bot::memory::state_paths::StatePaths::new(job.data_dir());
         for needle in [
             "save key:        opencode-storage-octo-hello-main-Linux-4242-1-agent",
             "restore order:   opencode-storage-octo-hello-main-Linux- then opencode-storage-octo-hello-",
@@ -637,8 +637,8 @@ pub(crate) mod scenarios {
         assert!(world.llm.requests().is_empty(), "the model was asked");
     }
 
-    fn state_paths(job: &Job) -> fro_bot::phases::paths::StatePaths {
-        fro_bot::phases::paths::StatePaths::new(job.data_dir())
+    fn state_paths(job: &Job) -> fro_bot::memory::state_paths::StatePaths {
+        fro_bot::memory::state_paths::StatePaths::new(job.data_dir())
     }
 
     #[tokio::test]
@@ -1000,7 +1000,7 @@ pub(crate) mod scenarios {
         // The holder lets go only once the run says it waits for the lease (so the wait is taken
         // whatever the machine's speed), and the answer went out before that.
         let deadline = Instant::now() + Duration::from_secs(120);
-        let waiting = fro_bot::phases::publish::WAITING_FOR_LEASE;
+        let waiting = fro_bot::memory::publish::WAITING_FOR_LEASE;
         while !printed.lock().unwrap().contains(waiting) {
             assert!(
                 !running.exited(),
@@ -1470,9 +1470,9 @@ mod kill_points {
     use super::scenarios::{main_step, post_step, World};
     use super::*;
     use crate::support::fake_llm::Reply;
-    use fro_bot::phases::paths::StatePaths;
-    use fro_bot::phases::report::CacheStatus;
-    use fro_bot::phases::restore::{restore, RestoreInputs, StoreAttempt};
+    use fro_bot::memory::report::CacheStatus;
+    use fro_bot::memory::restore::{restore, RestoreInputs, StoreAttempt};
+    use fro_bot::memory::state_paths::StatePaths;
 
     const MAIN_POINTS: &[&str] = &[
         "run:admitted",
@@ -1522,7 +1522,7 @@ mod kill_points {
                 cache: Some(&backend),
                 key: prefix,
                 restore_keys: &[format!("{prefix}-")],
-                catalog: fro_bot::phases::fallback::Catalog::Unavailable { reason: "test" },
+                catalog: fro_bot::memory::fallback::Catalog::Unavailable { reason: "test" },
                 now_ms: fro_bot::opencode::system_now_ms(),
             },
             async { StoreAttempt::Disabled },

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
-use fro_bot::merge::{self, Change, MergeOptions, Side, Snapshot, Verify};
+use fro_bot::memory::merge::{self, Change, MergeOptions, Side, Snapshot, Verify};
 use fro_bot::opencode::{Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome};
 use fro_bot::runner::{Cancellation, Env};
 
@@ -117,7 +117,7 @@ impl Repo {
         }
         agent.shutdown(Duration::from_secs(5)).await;
         let db = dirs.data_dir().join("opencode.db");
-        fro_bot::checkpoint::checkpoint(&db);
+        fro_bot::memory::checkpoint::checkpoint(&db);
         db
     }
 }
@@ -284,7 +284,7 @@ async fn turn_on(
         .await;
     assert_eq!(r.outcome, TurnOutcome::Completed, "{r:?}");
     agent.shutdown(Duration::from_secs(5)).await;
-    fro_bot::checkpoint::checkpoint(&db);
+    fro_bot::memory::checkpoint::checkpoint(&db);
     let own = merge::messages_added(Some(&before), &db).unwrap();
     (db, own)
 }

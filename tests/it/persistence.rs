@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use fro_bot::checkpoint::{self, CheckpointOutcome};
+use fro_bot::memory::checkpoint::{self, CheckpointOutcome};
 
 /// Writes `rows` rows in WAL mode from a separate Python process (its own SQLite), with automatic
 /// checkpoints off, then SIGKILLs itself: nothing gets folded into the main file on exit.
@@ -64,12 +64,12 @@ pub mod phases {
     use std::path::{Path, PathBuf};
 
     use fro_bot::cache::Backend;
-    use fro_bot::phases::paths::StatePaths;
-    use fro_bot::phases::report::{CacheStatus, RestoreReport, RestoreSource};
-    use fro_bot::phases::restore::{restore, RestoreInputs, StoreAttempt};
-    use fro_bot::phases::save::{save, SaveInputs, SaveReport};
+    use fro_bot::memory::report::{CacheStatus, RestoreReport, RestoreSource};
+    use fro_bot::memory::restore::{restore, RestoreInputs, StoreAttempt};
+    use fro_bot::memory::save::{save, SaveInputs, SaveReport};
+    use fro_bot::memory::save_result::{GateInputs, SaveOutcome, StateValue, StorePublish};
+    use fro_bot::memory::state_paths::StatePaths;
     use fro_bot::runner::Env;
-    use fro_bot::save_result::{GateInputs, SaveOutcome, StateValue, StorePublish};
 
     use super::{checkpoint, killed_writer};
     use crate::support::cache_server::CacheServer;
@@ -122,7 +122,7 @@ pub mod phases {
                     trust: None,
                     restored: None,
                     cache_merge: None,
-                    scrub_scope: &fro_bot::scrub::Scope::Whole,
+                    scrub_scope: &fro_bot::memory::scrub::Scope::Whole,
                 },
                 || async { StorePublish::Disabled.into() },
             )
@@ -138,7 +138,7 @@ pub mod phases {
                     cache: Some(backend),
                     key: prefix,
                     restore_keys: &[format!("{prefix}-")],
-                    catalog: fro_bot::phases::fallback::Catalog::Unavailable { reason: "test" },
+                    catalog: fro_bot::memory::fallback::Catalog::Unavailable { reason: "test" },
                     now_ms: fro_bot::opencode::system_now_ms(),
                 },
                 async { StoreAttempt::Disabled },
@@ -205,15 +205,15 @@ pub mod phases {
     /// marker must name the database as saved, not the one restored.
     #[tokio::test]
     async fn a_save_after_a_restore_writes_a_marker_naming_the_database_it_saved() {
+        use fro_bot::memory::state_paths::{check_marker, MarkerCheck};
         use fro_bot::phases::context::RestoredCopy;
-        use fro_bot::phases::paths::{check_marker, MarkerCheck};
         let server = CacheServer::start().await;
         let backend = backend(&server);
         let job = Job::new();
         killed_writer(&job.paths.db(), 5);
         checkpoint::checkpoint(&job.paths.db());
         let restored = RestoredCopy {
-            sha256: fro_bot::phases::paths::FileDigest::of(&job.paths.db())
+            sha256: fro_bot::memory::state_paths::FileDigest::of(&job.paths.db())
                 .unwrap()
                 .sha256,
             cache_key: Some("k-main-0".into()),
@@ -234,7 +234,7 @@ pub mod phases {
                 trust: None,
                 restored: Some(&restored),
                 cache_merge: None,
-                scrub_scope: &fro_bot::scrub::Scope::Whole,
+                scrub_scope: &fro_bot::memory::scrub::Scope::Whole,
             },
             || async { StorePublish::Disabled.into() },
         )
@@ -245,7 +245,7 @@ pub mod phases {
             "{:?}",
             report.result
         );
-        let saved = fro_bot::phases::paths::FileDigest::of(&job.paths.db()).unwrap();
+        let saved = fro_bot::memory::state_paths::FileDigest::of(&job.paths.db()).unwrap();
         assert_ne!(saved.sha256, restored.sha256, "the run changed memory");
         let MarkerCheck::Compatible(marker) = check_marker(&job.paths.marker()) else {
             panic!("no marker");
@@ -434,8 +434,8 @@ pub mod phases {
         let _db_lock = Immutable::set(&db);
         let _wal_lock = Immutable::set(&wal);
         // Checkpointing needs to write: it fails, and says it is not corruption.
-        match fro_bot::checkpoint::checkpoint(&db) {
-            fro_bot::checkpoint::CheckpointOutcome::Failed {
+        match fro_bot::memory::checkpoint::checkpoint(&db) {
+            fro_bot::memory::checkpoint::CheckpointOutcome::Failed {
                 structural: false, ..
             } => {}
             other => panic!("an unwritable database must fail softly: {other:?}"),

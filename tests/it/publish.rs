@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fro_bot::lease::{Holder, LeaseConfig};
-use fro_bot::merge::Snapshot;
+use fro_bot::memory::merge::Snapshot;
+use fro_bot::memory::publish::{publish, PublishInputs, PublishReport};
+use fro_bot::memory::save_result::StorePublish;
+use fro_bot::memory::state_paths::StatePaths;
 use fro_bot::object_store::{self as store, ObjectStore, StoreKeys};
 use fro_bot::phases::context::StoreContext;
-use fro_bot::phases::paths::StatePaths;
-use fro_bot::phases::publish::{publish, PublishInputs, PublishReport};
 use fro_bot::runner::FileCommands;
-use fro_bot::save_result::StorePublish;
 use rusqlite::{params, Connection};
 
 use crate::support::s3;
@@ -100,13 +100,13 @@ fn run_with_session(base: &Path, session: &str) -> RunState {
         fro_bot::trust::SessionTrust::new(&author_of(session), "OWNER", false, false),
     )]
     .into();
-    fro_bot::phases::paths::write_marker(
+    fro_bot::memory::state_paths::write_marker(
         &paths,
         "1",
         1,
         Some(&map),
         Some(&trust),
-        fro_bot::phases::paths::Scrubbed::Whole,
+        fro_bot::memory::state_paths::Scrubbed::Whole,
         None,
     )
     .unwrap();
@@ -221,7 +221,7 @@ async fn sixteen_concurrent_publishers_each_adding_a_session_leave_all_sixteen()
         .unwrap()
         .expect("a marker beside the store's copy");
     use sha2::Digest;
-    let marker = fro_bot::phases::paths::marker_naming(
+    let marker = fro_bot::memory::state_paths::marker_naming(
         &marker,
         &hex::encode(sha2::Sha256::digest(&db.bytes)),
     )

@@ -337,7 +337,7 @@ pub(crate) async fn sigterm_while_the_publish_waits_for_the_lease_still_saves_to
     let mut job = world.job(1140);
     with_s3(&mut job, &prefix);
     job.event("issue_comment", &comment_event(5, 1, "@fro-bot hi"));
-    let needle = fro_bot::phases::publish::WAITING_FOR_LEASE;
+    let needle = fro_bot::memory::publish::WAITING_FOR_LEASE;
     let s = signal_when(job, libc::SIGTERM, |out| out.contains(needle)).await;
     s.assert_in_time();
     let r = &s.result;

@@ -11,9 +11,9 @@ use super::scenarios::{main_step, with_s3, World};
 use crate::support::action::{comment_event, explain, Job, Launch, StepResult};
 use crate::support::fake_llm::{request_text, Reply};
 use fro_bot::cache::{Backend, RestoreOutcome, RestoreRequest};
+use fro_bot::memory::session_map::Map;
+use fro_bot::memory::state_paths::{marker_naming, parse_marker, MarkerCheck, StatePaths};
 use fro_bot::object_store::sync::{fetch_marker, restore_session_db, StoreRestore};
-use fro_bot::phases::paths::{marker_naming, parse_marker, MarkerCheck, StatePaths};
-use fro_bot::phases::session_map::Map;
 use fro_bot::runner::Env;
 
 const FIRST_ISSUE: u64 = 20;
@@ -592,8 +592,10 @@ async fn a_save_that_reached_only_the_cache_is_not_shadowed_by_the_stores_older_
         explain(&c)
     );
     let marker: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(fro_bot::phases::paths::StatePaths::new(follow_up.data_dir()).marker())
-            .unwrap(),
+        &std::fs::read(
+            fro_bot::memory::state_paths::StatePaths::new(follow_up.data_dir()).marker(),
+        )
+        .unwrap(),
     )
     .unwrap();
     let record = &marker["trust"][c.output("session-id")];

@@ -14,7 +14,7 @@ use crate::support::cache_server::{CREATE, FINALIZE, LOOKUP, PUT_BLOB, PUT_BLOCK
 use crate::support::cache_server_v1::{V1_COMMIT, V1_LOOKUP, V1_RESERVE, V1_UPLOAD};
 use crate::support::fake_github::Recorded;
 use crate::support::fake_llm::Reply;
-use fro_bot::phases::paths::StatePaths;
+use fro_bot::memory::state_paths::StatePaths;
 
 /// A self-hosted runner's first user, not the hosted runners' 1001.
 const RUNNER_UID: u32 = 1000;

@@ -89,7 +89,7 @@ async fn refused_by_the_binary(case: Case) {
     let built = Instant::now();
     (case.build)(&archive, &outside);
     let build_time = built.elapsed();
-    let paths = fro_bot::phases::paths::StatePaths::new(job.data_dir());
+    let paths = fro_bot::memory::state_paths::StatePaths::new(job.data_dir());
     world.cache.plant(
         "opencode-storage-octo-hello-main-Linux-1-1-agent",
         &fro_bot::cache::version(paths.cache_paths()),

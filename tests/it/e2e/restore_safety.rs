@@ -10,7 +10,7 @@ use rusqlite::Connection;
 use crate::e2e::scenarios::{main_step, post_step, World};
 use crate::support::action::{comment_event, explain, Job, StepResult};
 use crate::support::fake_llm::{request_text, Reply};
-use fro_bot::phases::paths::StatePaths;
+use fro_bot::memory::state_paths::StatePaths;
 
 const PREFIX: &str = "opencode-storage-octo-hello-main-Linux";
 /// Archive member names are relative to the workspace; the data dir is `../home/...` from it.
@@ -332,9 +332,9 @@ async fn poisoned_memory_is_sanitized_and_a_planted_session_is_never_resumed() {
 #[tokio::test]
 async fn the_filesystem_cache_falls_back_and_deletes_the_broken_entry() {
     use fro_bot::cache::{Backend, FsBackend, SaveRequest};
-    use fro_bot::phases::fallback::Catalog;
-    use fro_bot::phases::report::CacheStatus;
-    use fro_bot::phases::restore::{restore, RestoreInputs, StoreAttempt};
+    use fro_bot::memory::fallback::Catalog;
+    use fro_bot::memory::report::CacheStatus;
+    use fro_bot::memory::restore::{restore, RestoreInputs, StoreAttempt};
 
     let dir = tempfile::tempdir().unwrap();
     let workspace = dir.path().join("ws");
@@ -342,7 +342,7 @@ async fn the_filesystem_cache_falls_back_and_deletes_the_broken_entry() {
     let paths = StatePaths::new(dir.path().join("data/opencode"));
     std::fs::create_dir_all(&paths.data_dir).unwrap();
     crate::persistence::killed_writer(&paths.db(), 7);
-    fro_bot::checkpoint::checkpoint(&paths.db());
+    fro_bot::memory::checkpoint::checkpoint(&paths.db());
     let fs = FsBackend::new(dir.path().join("cache"));
     for key in ["local-k-1", "local-k-2"] {
         let request = SaveRequest {

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::e2e::scenarios::{main_step, with_s3, World};
 use crate::support::action::{comment_event, explain, Job, StepResult};
 use crate::support::fake_llm::{request_text, Reply};
-use fro_bot::phases::paths::StatePaths;
+use fro_bot::memory::state_paths::StatePaths;
 
 /// In the outsider's issue body and in the answer about it; never in a schedule run's request.
 const OUTSIDER: &str = "OUTSIDER-CANARY";

@@ -401,7 +401,7 @@ fn read_migrations(
 mod tests {
     use super::*;
 
-    const SCHEMA: &str = include_str!("../../tests/it/fixtures/opencode-1.18.33-schema.sql");
+    const SCHEMA: &str = include_str!("../../../tests/it/fixtures/opencode-1.18.33-schema.sql");
 
     fn opencode() -> Connection {
         let c = Connection::open_in_memory().unwrap();

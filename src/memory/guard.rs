@@ -9,11 +9,11 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::merge::{self, Snapshot};
+use crate::memory::merge::{self, Snapshot};
+use crate::memory::scrub::Scope;
 use crate::phases::context::{Provenance, RunContext};
 use crate::runner::env::state;
 use crate::runner::log;
-use crate::scrub::Scope;
 
 /// The database as restored, kept out of the agent's reach for the turn.
 pub(crate) struct MemoryGuard {
@@ -72,9 +72,9 @@ pub(crate) fn take(ctx: &RunContext) -> Before {
 /// The database and its WAL, as SQLite would read them.
 fn copy_db(db: &Path, to: &Path) -> std::io::Result<()> {
     std::fs::copy(db, to)?;
-    let wal = crate::checkpoint::sibling(db, "-wal");
+    let wal = crate::memory::checkpoint::sibling(db, "-wal");
     if wal.is_file() {
-        std::fs::copy(&wal, crate::checkpoint::sibling(to, "-wal"))?;
+        std::fs::copy(&wal, crate::memory::checkpoint::sibling(to, "-wal"))?;
     }
     Ok(())
 }
@@ -139,7 +139,7 @@ fn prescrub(db: &Path, own: &BTreeSet<String>) -> bool {
     let scope = Scope::Changed {
         sessions: own.clone(),
     };
-    match crate::scrub::scrub(db, &scope) {
+    match crate::memory::scrub::scrub(db, &scope) {
         Ok(outcome) => {
             tracing::debug!("this run's trees scrubbed: {}", outcome.describe());
             true
@@ -154,7 +154,7 @@ fn prescrub(db: &Path, own: &BTreeSet<String>) -> bool {
 /// The copy plus `own` trees into `db`, or the copy whole when that fails: the note for the
 /// summary, and whether `db` is now one of the two.
 fn rebuild(guard: &MemoryGuard, db: &Path, own: &BTreeSet<String>) -> (Option<String>, bool) {
-    let out = crate::checkpoint::sibling(db, ".fro-bot-guard");
+    let out = crate::memory::checkpoint::sibling(db, ".fro-bot-guard");
     match merge::merge_only(&guard.copy, db, &guard.snapshot, &out, own) {
         Ok(report) => match replace(&out, db) {
             Ok(()) => (reverted_note(&report.refused), true),
@@ -187,9 +187,14 @@ fn reverted_note(refused: &[(String, Option<String>)]) -> Option<String> {
 fn fall_back(guard: &MemoryGuard, db: &Path, why: &str) -> (Option<String>, bool) {
     let back = copy_db(
         &guard.copy,
-        &crate::checkpoint::sibling(db, ".fro-bot-guard"),
+        &crate::memory::checkpoint::sibling(db, ".fro-bot-guard"),
     )
-    .and_then(|()| replace(&crate::checkpoint::sibling(db, ".fro-bot-guard"), db));
+    .and_then(|()| {
+        replace(
+            &crate::memory::checkpoint::sibling(db, ".fro-bot-guard"),
+            db,
+        )
+    });
     match back {
         Ok(()) => (Some(format!(
             "memory could not be limited to this run's conversation ({why}); the restored memory was put back, so this run's exchange is not kept"
@@ -202,12 +207,12 @@ fn fall_back(guard: &MemoryGuard, db: &Path, why: &str) -> (Option<String>, bool
 
 /// Renames `from` (and its WAL) over `db`, after removing `db`'s own sidecars.
 fn replace(from: &Path, db: &Path) -> std::io::Result<()> {
-    crate::checkpoint::remove_stale_sidecars(db)?;
-    let wal = crate::checkpoint::sibling(from, "-wal");
+    crate::memory::checkpoint::remove_stale_sidecars(db)?;
+    let wal = crate::memory::checkpoint::sibling(from, "-wal");
     if wal.is_file() {
-        std::fs::rename(&wal, crate::checkpoint::sibling(db, "-wal"))?;
+        std::fs::rename(&wal, crate::memory::checkpoint::sibling(db, "-wal"))?;
     }
-    let _ = std::fs::remove_file(crate::checkpoint::sibling(from, "-shm"));
+    let _ = std::fs::remove_file(crate::memory::checkpoint::sibling(from, "-shm"));
     std::fs::rename(from, db)
 }
 
@@ -265,7 +270,7 @@ mod tests {
                 session(&c, &format!("ses_old{i}"), &"earlier turn ".repeat(100));
             }
         }
-        crate::scrub::scrub(&db, &Scope::Whole).unwrap();
+        crate::memory::scrub::scrub(&db, &Scope::Whole).unwrap();
         let kept = tempfile::tempdir().unwrap();
         let copy = kept.path().join("opencode.db");
         copy_db(&db, &copy).unwrap();
@@ -314,11 +319,11 @@ mod tests {
         );
         // What the save then does for a run whose memory was rebuilt from scrubbed memory.
         let scope = Scope::Changed { sessions: own };
-        let outcome = crate::scrub::scrub(&db, &scope).unwrap();
+        let outcome = crate::memory::scrub::scrub(&db, &scope).unwrap();
         assert!(matches!(
-            crate::checkpoint::checkpoint(&db),
-            crate::checkpoint::CheckpointOutcome::Checkpointed
-                | crate::checkpoint::CheckpointOutcome::NothingToCheckpoint
+            crate::memory::checkpoint::checkpoint(&db),
+            crate::memory::checkpoint::CheckpointOutcome::Checkpointed
+                | crate::memory::checkpoint::CheckpointOutcome::NothingToCheckpoint
         ));
         let bytes = std::fs::read(&db).unwrap();
         assert!(

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension};
 
-use crate::checkpoint;
+use crate::memory::checkpoint;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SanitizeOutcome {

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use crate::config::{ContextAuthors, ResponseMode, Settings};
 use crate::confine::AgentUser;
 use crate::github::{self, RunPlan};
+use crate::memory::report::RestoreReport;
 use crate::opencode::progress::ProgressSink;
 use crate::opencode::{
     self, prep, Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome, TurnReport,
 };
 use crate::phases::context::{Mode, RunContext};
-use crate::phases::report::RestoreReport;
 use crate::runner::env;
 use crate::runner::{log, Cancellation, Env};
 use crate::trust::{SessionTrust, TrustView};
@@ -76,7 +76,7 @@ pub(crate) async fn start_agent(
 ) -> Result<Agent, String> {
     let t = Instant::now();
     // First: a kernel that cannot enforce the agent's network fails the run before anything starts.
-    let network = crate::phases::egress::prepare(ctx).await?;
+    let network = crate::phases::turn::network::prepare(ctx).await?;
     ctx.egress = Some(network.clone());
     let RunContext {
         env,
@@ -413,7 +413,7 @@ async fn github_context(inputs: &AgentInputs<'_>) -> GithubContext {
 }
 
 /// With no usable model OpenCode retries for minutes: fail at once and say what to fix. The
-/// listing is kept: the threat check asks the same model after the turn (`phases::threat_check`).
+/// listing is kept: the threat check asks the same model after the turn (`phases::delivery::threat_check`).
 async fn preflight(agent: &Agent, settings: &Settings, out: &mut AgentRun) -> Result<(), String> {
     match agent.client().config_providers().await {
         Ok(providers) => {

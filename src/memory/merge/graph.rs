@@ -239,7 +239,7 @@ mod tests {
     use super::*;
     use rusqlite::Connection;
 
-    const SCHEMA: &str = include_str!("../../tests/it/fixtures/opencode-1.18.33-schema.sql");
+    const SCHEMA: &str = include_str!("../../../tests/it/fixtures/opencode-1.18.33-schema.sql");
 
     #[test]
     fn opencode_1_18_tables_fall_into_tied_parents_and_attachments() {

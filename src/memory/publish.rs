@@ -1,7 +1,7 @@
 //! The object-store publish (docs/design.md#the-store-publish): read-merge-write under the
 //! repository lease. The lease is taken here, for this short section only, so runs never skip
 //! each other; the put is conditional on the ETag last seen, and when another run published in
-//! between, its copy is downloaded, this run's sessions are merged into it (`crate::merge`), and
+//! between, its copy is downloaded, this run's sessions are merged into it (`crate::memory::merge`), and
 //! the put is retried — a bounded number of times.
 
 use std::path::{Path, PathBuf};
@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig, LeaseHandle};
-use crate::merge::{self, MergeReport, Snapshot};
+use crate::memory::merge::{self, MergeReport, Snapshot};
+use crate::memory::report::LeaseReport;
+use crate::memory::save_result::StorePublish;
+use crate::memory::session_map;
+use crate::memory::state_paths::{check_marker, write_marker, MarkerCheck, Scrubbed, StatePaths};
 use crate::object_store as store;
 use crate::phases::context::{OwnRows, PostLease, StoreContext};
-use crate::phases::paths::{check_marker, write_marker, MarkerCheck, Scrubbed, StatePaths};
-use crate::phases::report::LeaseReport;
-use crate::phases::session_map;
 use crate::runner::{failpoint, log, Cancellation, FileCommands};
-use crate::save_result::StorePublish;
 
 /// The lease must have at least this long left when the session database is put.
 const PUBLISH_MIN_REMAINING: Duration = Duration::from_secs(30);
@@ -349,7 +349,7 @@ struct Newer {
     /// The copy's sessions as it was published, and its marker when one names it: the records
     /// and map of the run that published it.
     theirs: Option<Snapshot>,
-    their_marker: Option<crate::phases::paths::Marker>,
+    their_marker: Option<crate::memory::state_paths::Marker>,
 }
 
 /// Downloads the store's current copy and merges this run's sessions into it, in a temp dir of
@@ -371,7 +371,7 @@ async fn merge_newer(inputs: &PublishInputs<'_>) -> Result<Newer, String> {
             return Err(format!("cannot download it: {error}"))
         }
     };
-    let their_marker = match crate::phases::restore::fetch_store_marker(inputs.store, &sha256).await
+    let their_marker = match crate::memory::restore::fetch_store_marker(inputs.store, &sha256).await
     {
         Ok(found) => found.map(|(_, marker)| marker),
         Err(why) => {
@@ -426,7 +426,7 @@ fn adopt_merged(inputs: &PublishInputs<'_>, newer: &Newer) -> StorePublish {
     let db = inputs.paths.db();
     // What this run wrote, to tell which merged sessions keep their trust records.
     let ours = merge::Snapshot::capture(&db).ok();
-    let adopted = crate::checkpoint::remove_stale_sidecars(&db)
+    let adopted = crate::memory::checkpoint::remove_stale_sidecars(&db)
         .and_then(|()| std::fs::rename(&newer.merged, &db));
     if let Err(e) = adopted {
         // The store holds the merged copy; the cache entry then holds this run's own, which the

@@ -5,7 +5,7 @@
 
 use crate::config::safe_outputs::ChangesMode;
 use crate::phases::context::{Mode, RunContext};
-use crate::phases::review::ReviewPrep;
+use crate::phases::delivery::pr_review::ReviewPrep;
 use crate::runner::log;
 use crate::safe_outputs::branch::{self, Target, TargetInputs};
 use crate::safe_outputs::capture::{self, Base};
@@ -32,7 +32,7 @@ pub(crate) struct OutputsPlan {
     /// Kept alive for the turn: the tools read them.
     policy_file: Option<tempfile::NamedTempFile>,
     proposals: Option<ProposalsDir>,
-    /// The pull request the turn may review (`phases::review`).
+    /// The pull request the turn may review (`phases::delivery::pr_review`).
     pub(crate) review: ReviewPrep,
 }
 
@@ -101,8 +101,11 @@ pub(crate) async fn prepare(ctx: &mut RunContext) -> OutputsPlan {
         }
     };
     // None waits for another's round trips to GitHub.
-    let (labels, changes, review) =
-        tokio::join!(labels, changes, crate::phases::review::prepare(ctx, &gh));
+    let (labels, changes, review) = tokio::join!(
+        labels,
+        changes,
+        crate::phases::delivery::pr_review::prepare(ctx, &gh)
+    );
     let policy = OutputPolicy {
         changes: matches!(changes, ChangesPlan::Deliver { .. }),
         labels,

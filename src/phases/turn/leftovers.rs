@@ -9,11 +9,11 @@ use crate::confine::handover::{self, TakenOver};
 use crate::runner::env::state;
 use crate::runner::Env;
 
-use crate::phases::agent::AgentRun;
+use crate::memory::guard::{self as memory_guard, Before};
 use crate::phases::context::RunContext;
-use crate::phases::git_guard::{self, GitGuard};
-use crate::phases::home_guard::{self, HomeGuard};
-use crate::phases::memory_guard::{self, Before};
+use crate::phases::turn::agent::AgentRun;
+use crate::phases::turn::git_guard::{self, GitGuard};
+use crate::phases::turn::home_guard::{self, HomeGuard};
 
 /// The three guards of one turn.
 pub(crate) struct Leftovers {

@@ -1,7 +1,7 @@
 //! The threat check, between the checks and the delivery (docs/security.md#the-threat-check): the
 //! deterministic gate over the change (`threat::gate`), then one model check of what would be
 //! delivered — the change and the actions the agent proposes — and what both make of the delivery
-//! under `threat-check`. Delivery (`phases::deliver`) asks it about the change, then about the
+//! under `threat-check`. Delivery (`phases::delivery::change`) asks it about the change, then about the
 //! actions; the model is asked at most once a run, and only when there is something to deliver.
 
 use std::time::Duration;
@@ -10,8 +10,8 @@ use crate::config::safe_outputs::ThreatMode;
 use crate::confine::proxy::{Proxy, ProxyPlan};
 use crate::github::GitHub;
 use crate::opencode::client::error_chain;
-use crate::phases::agent::AgentRun;
 use crate::phases::context::RunContext;
+use crate::phases::turn::agent::AgentRun;
 use crate::safe_outputs::actions::{self, ActionOutcome};
 use crate::safe_outputs::branch::{self, Target, TargetInputs};
 use crate::safe_outputs::capture::Capture;

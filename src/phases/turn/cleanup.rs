@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::opencode::{self, Agent};
-use crate::phases::agent::AgentRun;
+use crate::phases::turn::agent::AgentRun;
 use crate::runner::{failpoint, log, Cancellation};
 
 /// Bounded wait for OpenCode to exit and its port to close.

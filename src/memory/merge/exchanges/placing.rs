@@ -14,11 +14,11 @@ use std::collections::BTreeSet;
 use rusqlite::{params, Connection};
 
 use super::{int, step, text, Checked, Moved, Pair, Refusal, Sides, MAX_NEW_MESSAGES};
-use crate::merge::graph::MESSAGE_TABLE;
-use crate::merge::reissue::{self, Key};
-use crate::merge::rows::OURS;
-use crate::merge::schema::quote;
-use crate::merge::MergeError;
+use crate::memory::merge::graph::MESSAGE_TABLE;
+use crate::memory::merge::reissue::{self, Key};
+use crate::memory::merge::rows::OURS;
+use crate::memory::merge::schema::quote;
+use crate::memory::merge::MergeError;
 
 /// A message as far as placing one needs.
 #[derive(Debug, Clone)]

@@ -205,7 +205,7 @@ fn ours(t: &Thread, own: &str) -> Option<ThreadView> {
 pub(crate) async fn carry_out(
     ctx: &RunContext,
     (prep, proposals): (&ReviewPrep, Option<std::path::PathBuf>),
-    agent_run: &crate::phases::agent::AgentRun,
+    agent_run: &crate::phases::turn::agent::AgentRun,
     held: Option<&str>,
 ) -> ReviewOutcome {
     let (Some(gh), Some(file)) = (ctx.gh.as_ref(), proposals) else {

@@ -4,21 +4,21 @@
 //! warning.
 //!
 //! When the newest cache entry cannot be restored, older ones are tried by exact key, newest
-//! first (`phases::fallback`); entries whose content is broken are deleted when the token may.
+//! first (`memory::fallback`); entries whose content is broken are deleted when the token may.
 //! When an entry existed but nothing could be restored, and older memory may exist that a new
 //! save would hide, the report carries a shadow guard and the save is declined.
 
 use std::path::Path;
 
 use crate::cache::{self, CacheError, RestoreOutcome};
-use crate::checkpoint::{self, CheckpointOutcome, ProbeOutcome};
+use crate::memory::checkpoint::{self, CheckpointOutcome, ProbeOutcome};
+use crate::memory::fallback::{Catalog, Deletion, Listing, MAX_FALLBACK};
+use crate::memory::report::{CacheStatus, RestoreReport, RestoreSource};
+use crate::memory::sanitize::{self, SanitizeOutcome};
+use crate::memory::session_map::SessionMap;
+use crate::memory::state_paths::{check_marker, MarkerCheck, StatePaths};
 use crate::object_store as store;
 use crate::phases::context::StoreContext;
-use crate::phases::fallback::{Catalog, Deletion, Listing, MAX_FALLBACK};
-use crate::phases::paths::{check_marker, MarkerCheck, StatePaths};
-use crate::phases::report::{CacheStatus, RestoreReport, RestoreSource};
-use crate::phases::sanitize::{self, SanitizeOutcome};
-use crate::phases::session_map::SessionMap;
 
 /// The object-store side of a restore, as the phase needs it (filled by the caller, which owns the
 /// store client and key layout).
@@ -572,7 +572,7 @@ fn check_storage_version(paths: &StatePaths, notes: &mut Vec<String>) -> Result<
             return Err(Rejection {
                 reason: format!(
                     "storage version {found}, this fro-bot reads version {}",
-                    crate::phases::paths::STORAGE_VERSION
+                    crate::memory::state_paths::STORAGE_VERSION
                 ),
                 fault: Fault::Kept,
             })
@@ -729,13 +729,13 @@ pub(crate) async fn store_attempt(ctx: Option<&StoreContext>, paths: &StatePaths
 pub(crate) async fn fetch_store_marker(
     ctx: &StoreContext,
     db_sha256: &str,
-) -> Result<Option<(bytes::Bytes, crate::phases::paths::Marker)>, String> {
+) -> Result<Option<(bytes::Bytes, crate::memory::state_paths::Marker)>, String> {
     let bytes = match store::sync::fetch_marker(&ctx.store, &ctx.keys).await {
         Ok(Some(bytes)) => bytes,
         Ok(None) => return Ok(None),
         Err(e) => return Err(format!("cannot fetch it: {e}")),
     };
-    let marker = crate::phases::paths::marker_naming(&bytes, db_sha256)?;
+    let marker = crate::memory::state_paths::marker_naming(&bytes, db_sha256)?;
     Ok(Some((bytes, marker)))
 }
 

@@ -32,7 +32,7 @@ pub enum Scope {
     /// The rows of the session trees holding these sessions (children included), and every row of
     /// OpenCode's other tables (small: projects, permissions, accounts). For a database rebuilt
     /// from a restored copy fro-bot had scrubbed, with only this run's trees written into it
-    /// (`phases::memory_guard`): nothing else can hold a secret, in a row or in free space.
+    /// (`memory::guard`): nothing else can hold a secret, in a row or in free space.
     Changed { sessions: BTreeSet<String> },
 }
 
@@ -176,7 +176,7 @@ fn sql(what: &str) -> impl FnOnce(rusqlite::Error) -> ScrubError {
 
 /// The session trees a [`Scope::Changed`] scrub reads, listed in `temp.fro_bot_scrub_ids`.
 struct Trees {
-    rows: crate::merge::TreeRows,
+    rows: crate::memory::merge::TreeRows,
     /// Sessions in those trees.
     sessions: usize,
 }
@@ -187,7 +187,7 @@ fn changed_trees(
     conn: &Connection,
     sessions: &BTreeSet<String>,
 ) -> Result<Option<Trees>, ScrubError> {
-    let rows = match crate::merge::TreeRows::read(conn) {
+    let rows = match crate::memory::merge::TreeRows::read(conn) {
         Ok(rows) => rows,
         Err(e) => {
             tracing::debug!("session trees unknown ({e}): scrubbing the whole database");
@@ -433,9 +433,9 @@ mod tests {
         // Checkpointed (closing the last connection may have done it already), the file holds no
         // copy anywhere, free pages included.
         assert!(matches!(
-            crate::checkpoint::checkpoint(&db),
-            crate::checkpoint::CheckpointOutcome::Checkpointed
-                | crate::checkpoint::CheckpointOutcome::NothingToCheckpoint
+            crate::memory::checkpoint::checkpoint(&db),
+            crate::memory::checkpoint::CheckpointOutcome::Checkpointed
+                | crate::memory::checkpoint::CheckpointOutcome::NothingToCheckpoint
         ));
         let bytes = std::fs::read(&db).unwrap();
         assert!(memchr::memmem::find(&bytes, secret.as_bytes()).is_none());
@@ -451,7 +451,7 @@ mod tests {
         let db = dir.join("opencode.db");
         let c = Connection::open(&db).unwrap();
         c.execute_batch(include_str!(
-            "../tests/it/fixtures/opencode-1.18.33-schema.sql"
+            "../../tests/it/fixtures/opencode-1.18.33-schema.sql"
         ))
         .unwrap();
         c.execute_batch("PRAGMA journal_mode=WAL;").unwrap();

@@ -302,7 +302,7 @@ fn write_out(
         });
     }
     // A stale WAL beside a new file would be replayed into it.
-    crate::checkpoint::remove_stale_sidecars(out).map_err(|source| MergeError::Io {
+    crate::memory::checkpoint::remove_stale_sidecars(out).map_err(|source| MergeError::Io {
         action: "removing a stale -wal/-shm beside",
         path: out.to_path_buf(),
         source,
@@ -409,7 +409,7 @@ fn harden(conn: &Connection) -> rusqlite::Result<()> {
 }
 
 fn open_error(role: Role, path: &Path, source: rusqlite::Error) -> MergeError {
-    if crate::checkpoint::is_structural(&source) {
+    if crate::memory::checkpoint::is_structural(&source) {
         MergeError::NotADatabase {
             role,
             path: path.to_path_buf(),

@@ -6,8 +6,8 @@ use rusqlite::{params, Connection};
 
 use super::*;
 
-const SCHEMA: &str = include_str!("../../tests/it/fixtures/opencode-1.18.33-schema.sql");
-const MIGRATIONS: &str = include_str!("../../tests/it/fixtures/opencode-1.18.33-migrations.txt");
+const SCHEMA: &str = include_str!("../../../tests/it/fixtures/opencode-1.18.33-schema.sql");
+const MIGRATIONS: &str = include_str!("../../../tests/it/fixtures/opencode-1.18.33-migrations.txt");
 const PROJECT: &str = "cadca77b89a5b7a8d5075e6730ad6b4f59d91881";
 
 struct Dir {

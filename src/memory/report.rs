@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use crate::checkpoint::CheckpointOutcome;
-use crate::phases::session_map::SessionMap;
+use crate::memory::checkpoint::CheckpointOutcome;
+use crate::memory::save_result::{CacheSaveResult, StorePublish};
+use crate::memory::session_map::SessionMap;
 use crate::runner::summary::table;
-use crate::save_result::{CacheSaveResult, StorePublish};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CacheStatus {
@@ -73,7 +73,7 @@ pub struct RestoreReport {
     pub store_etag: Option<String>,
     /// Warnings and notable facts, in order (already free of secrets).
     pub notes: Vec<String>,
-    /// Which sessions this memory lets fro-bot resume (`phases::session_map`).
+    /// Which sessions this memory lets fro-bot resume (`memory::session_map`).
     pub sessions: SessionMap,
     /// Who wrote each restored session (docs/security.md#trust-follows-memory); empty for
     /// fresh memory, memory from the object store (no marker) and markers from before trust.
@@ -129,20 +129,20 @@ pub struct PersistenceReport {
     pub restore: Option<RestoreReport>,
     pub save: Option<CacheSaveResult>,
     pub checkpoint: Option<CheckpointOutcome>,
-    pub scrub: Option<crate::scrub::ScrubOutcome>,
+    pub scrub: Option<crate::memory::scrub::ScrubOutcome>,
     pub store_publish: StorePublish,
     pub lease: LeaseReport,
     /// What concurrent runs meant for this save: merges, conflicts, publish retries and waits
-    /// (`phases::cache_merge`, `phases::publish`).
+    /// (`memory::cache_merge`, `memory::publish`).
     pub concurrency_notes: Vec<String>,
     pub phases: Vec<(&'static str, Duration)>,
     /// How the agent was confined, and what it could still reach (`crate::confine`).
     pub confinement: Vec<String>,
-    /// What fro-bot did with the agent's proposals (`phases::deliver`): the run table's rows and
+    /// What fro-bot did with the agent's proposals (`phases::delivery::change`): the run table's rows and
     /// the paragraph the answer ends with.
     pub delivery_rows: Vec<(String, String)>,
     pub delivery_answer: Option<String>,
-    /// The "Network" row: what the agent could reach and what it tried (`phases::egress`).
+    /// The "Network" row: what the agent could reach and what it tried (`phases::turn::network`).
     pub network: Option<String>,
     /// What became of the links in the agent's posted text (`outbound::summary_row`).
     pub links: Option<String>,
@@ -246,7 +246,7 @@ impl PersistenceReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::save_result::SaveOutcome;
+    use crate::memory::save_result::SaveOutcome;
 
     #[test]
     fn a_written_sessions_record_only_goes_down() {
@@ -284,8 +284,8 @@ mod tests {
                 "write denied",
             )),
             checkpoint: Some(CheckpointOutcome::Checkpointed),
-            scrub: Some(crate::scrub::ScrubOutcome::Scrubbed(
-                crate::scrub::ScrubReport {
+            scrub: Some(crate::memory::scrub::ScrubOutcome::Scrubbed(
+                crate::memory::scrub::ScrubReport {
                     replacements: 3,
                     values: 2,
                     credential_rows: 1,

@@ -8,15 +8,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::cache::{self, RestoreOutcome};
-use crate::checkpoint::{self, ProbeOutcome};
-use crate::merge::{self, MergeReport, Snapshot};
+use crate::memory::checkpoint::{self, ProbeOutcome};
+use crate::memory::fallback::{Catalog, Listing};
+use crate::memory::merge::{self, MergeReport, Snapshot};
+use crate::memory::report::RestoreSource;
+use crate::memory::restore::shown;
+use crate::memory::sanitize::{self, SanitizeOutcome};
+use crate::memory::session_map::{self, Map};
+use crate::memory::state_paths::{check_marker, MarkerCheck, StatePaths, MARKER_FILE};
 use crate::phases::context::OwnRows;
-use crate::phases::fallback::{Catalog, Listing};
-use crate::phases::paths::{check_marker, MarkerCheck, StatePaths, MARKER_FILE};
-use crate::phases::report::RestoreSource;
-use crate::phases::restore::shown;
-use crate::phases::sanitize::{self, SanitizeOutcome};
-use crate::phases::session_map::{self, Map};
 use crate::trust::{SessionTrust, TrustMap};
 
 /// Entries merged at most per save: the newest ones, when a burst of runs saved since.

@@ -83,11 +83,11 @@ pub fn after_merge(db: &Path, workspace: &Path, ours: &Map) -> Map {
 /// wrote in between came from a run nothing records, so its session gets no record (the lowest).
 pub fn trust_after_merge(
     records: &crate::trust::TrustMap,
-    ours: &crate::merge::Snapshot,
-    restored: &crate::merge::Snapshot,
-    merged: &crate::merge::Snapshot,
+    ours: &crate::memory::merge::Snapshot,
+    restored: &crate::memory::merge::Snapshot,
+    merged: &crate::memory::merge::Snapshot,
 ) -> crate::trust::TrustMap {
-    let same = |a: &crate::merge::Snapshot, id: &str, digest: &str| {
+    let same = |a: &crate::memory::merge::Snapshot, id: &str, digest: &str| {
         a.sessions.get(id).is_some_and(|v| v.digest == digest)
     };
     records
@@ -121,14 +121,14 @@ pub fn trust_of_joined<'a>(
 
 /// The summary's line for a thread whose session both runs continued and the merge kept whole,
 /// named by its logical key when fro-bot titled it.
-pub fn kept_both_note(kept: &crate::merge::KeptBoth) -> String {
+pub fn kept_both_note(kept: &crate::memory::merge::KeptBoth) -> String {
     let thread = match kept.title.as_deref() {
         Some(title) => title.strip_prefix(TITLE_PREFIX).unwrap_or(title),
         None => &kept.root,
     };
     format!(
         "kept both exchanges of `{}` (a run beside this one answered too)",
-        crate::merge::shown(thread)
+        crate::memory::merge::shown(thread)
     )
 }
 
@@ -230,7 +230,7 @@ mod tests {
         trust_of_joined(&mut trust, &ours, &theirs, &joined);
         assert_eq!(trust["ses_a"].author, "eve");
         assert!(!trust.contains_key("ses_b"), "theirs has none: {trust:?}");
-        let kept = crate::merge::KeptBoth {
+        let kept = crate::memory::merge::KeptBoth {
             root: "ses_a".into(),
             title: Some("fro-bot: issue-12`\n".into()),
             sessions: vec!["ses_a".into()],
@@ -270,7 +270,7 @@ mod tests {
 
     #[test]
     fn after_a_merge_only_versions_this_run_knows_keep_their_trust() {
-        use crate::merge::{SessionVersion, Snapshot};
+        use crate::memory::merge::{SessionVersion, Snapshot};
         let snap = |pairs: &[(&str, &str)]| Snapshot {
             sessions: pairs
                 .iter()

@@ -6,17 +6,19 @@ use std::future::Future;
 use std::path::Path;
 
 use crate::cache::{self, CacheError};
-use crate::checkpoint::{self, CheckpointOutcome};
-use crate::phases::cache_merge::{
+use crate::memory::cache_merge::{
     merge_newer_entries, merge_saved_meanwhile, CacheMergeInputs, CacheMergeReport, MAX_RESAVES,
 };
+use crate::memory::checkpoint::{self, CheckpointOutcome};
+use crate::memory::publish::PublishReport;
+use crate::memory::save_result::{
+    safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish,
+};
+use crate::memory::scrub::ScrubOutcome;
+use crate::memory::session_map::Map;
+use crate::memory::state_paths::{write_marker, FileDigest, Scrubbed, StatePaths};
 use crate::phases::context::RestoredCopy;
-use crate::phases::paths::{write_marker, FileDigest, Scrubbed, StatePaths};
-use crate::phases::publish::PublishReport;
-use crate::phases::session_map::Map;
 use crate::runner::{env, failpoint};
-use crate::save_result::{safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish};
-use crate::scrub::ScrubOutcome;
 
 pub struct SaveInputs<'a> {
     pub paths: &'a StatePaths,
@@ -39,7 +41,7 @@ pub struct SaveInputs<'a> {
     /// Merge what other runs saved to the cache meanwhile (`None`: post, which cannot).
     pub cache_merge: Option<CacheMergeInputs<'a>>,
     /// What the scrub reads (docs/security.md#scrubbed-memory).
-    pub scrub_scope: &'a crate::scrub::Scope,
+    pub scrub_scope: &'a crate::memory::scrub::Scope,
 }
 
 #[derive(Debug, Clone)]
@@ -73,7 +75,7 @@ impl SaveReport {
 
 /// Runs the save. `publish` is called once, after the checkpoint and marker and before the cache
 /// write, only when there is something to save; it reports `StorePublish::Disabled` when the store
-/// is off, and takes the lease itself (`phases::publish`). A merged result it published replaces
+/// is off, and takes the lease itself (`memory::publish`). A merged result it published replaces
 /// the database, so the cache entry holds the same.
 pub async fn save<F, Fut>(inputs: SaveInputs<'_>, publish: F) -> SaveReport
 where
@@ -336,9 +338,12 @@ async fn prepare(inputs: &SaveInputs<'_>) -> Result<(CheckpointOutcome, ScrubOut
 }
 
 /// Secrets out of the database (docs/security.md), off the async threads.
-async fn scrub(db: std::path::PathBuf, scope: crate::scrub::Scope) -> Result<ScrubOutcome, String> {
+async fn scrub(
+    db: std::path::PathBuf,
+    scope: crate::memory::scrub::Scope,
+) -> Result<ScrubOutcome, String> {
     let started = std::time::Instant::now();
-    let outcome = tokio::task::spawn_blocking(move || crate::scrub::scrub(&db, &scope))
+    let outcome = tokio::task::spawn_blocking(move || crate::memory::scrub::scrub(&db, &scope))
         .await
         .map_err(|e| format!("scrub task failed: {e}"))?
         .map_err(|e| e.to_string());

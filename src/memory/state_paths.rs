@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::cache::{CachePath, PathKind};
-use crate::checkpoint;
+use crate::memory::checkpoint;
 use crate::runner::{env, Env};
 
 /// Our marker file beside the database: storage version and what was saved.
@@ -124,7 +124,7 @@ pub struct Marker {
     /// Logical key → id of the session fro-bot keeps that conversation in. Absent in markers
     /// written before the map existed (then threads are found by title once, and migrated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sessions: Option<crate::phases::session_map::Map>,
+    pub sessions: Option<crate::memory::session_map::Map>,
     /// Session id → who wrote it (docs/security.md#trust-follows-memory). Absent in markers
     /// written before trust was recorded: every session then counts as the lowest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -239,7 +239,7 @@ pub fn write_marker(
     paths: &StatePaths,
     run_id: &str,
     now_ms: u64,
-    sessions: Option<&crate::phases::session_map::Map>,
+    sessions: Option<&crate::memory::session_map::Map>,
     trust: Option<&crate::trust::TrustMap>,
     scrubbed: Scrubbed,
     digest: Option<FileDigest>,
@@ -255,14 +255,14 @@ pub fn write_marker(
         None => on_disk().and_then(|old| old.sessions),
     };
     if let Some(map) = sessions.as_mut() {
-        crate::phases::session_map::retain_existing(&paths.db(), map);
+        crate::memory::session_map::retain_existing(&paths.db(), map);
     }
     let mut trust = match trust {
         Some(map) => Some(map.clone()),
         None => on_disk().and_then(|old| old.trust),
     };
     if let Some(map) = trust.as_mut() {
-        crate::phases::session_map::retain_existing_trust(&paths.db(), map);
+        crate::memory::session_map::retain_existing_trust(&paths.db(), map);
     }
     let digest = match digest {
         Some(known) => known,
@@ -278,7 +278,7 @@ pub fn write_marker(
         sessions,
         trust,
         scrubbed: match scrubbed {
-            Scrubbed::Whole => Some(crate::scrub::SCRUB_VERSION),
+            Scrubbed::Whole => Some(crate::memory::scrub::SCRUB_VERSION),
             Scrubbed::NotVouched => None,
         },
     };
@@ -365,7 +365,7 @@ mod tests {
         );
         assert_eq!(check_marker(&paths.marker()), MarkerCheck::Compatible(m));
         // A map given is recorded; without one, the map on disk is kept.
-        let map = crate::phases::session_map::Map::from([("issue-1".into(), "ses_1".into())]);
+        let map = crate::memory::session_map::Map::from([("issue-1".into(), "ses_1".into())]);
         std::fs::remove_file(paths.db()).unwrap();
         rusqlite::Connection::open(paths.db())
             .unwrap()

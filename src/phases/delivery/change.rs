@@ -5,10 +5,10 @@
 use crate::github::event::TargetKind;
 use crate::github::GitHub;
 use crate::opencode::TurnOutcome;
-use crate::phases::agent::AgentRun;
 use crate::phases::context::RunContext;
-use crate::phases::prepare_outputs::{ChangesPlan, OutputsPlan};
-use crate::phases::threat_check::{ChangeGate, Terms, ThreatCheck, ThreatReport};
+use crate::phases::delivery::prepare::{ChangesPlan, OutputsPlan};
+use crate::phases::delivery::threat_check::{ChangeGate, Terms, ThreatCheck, ThreatReport};
+use crate::phases::turn::agent::AgentRun;
 use crate::safe_outputs::actions::{self, ActionOutcome};
 use crate::safe_outputs::branch::Target;
 use crate::safe_outputs::capture::{self, Capture};
@@ -562,7 +562,7 @@ fn changes_text(c: &ChangesOutcome) -> Option<String> {
             reasons,
             patch,
             stats,
-        } => crate::phases::threat_check::held_text(reasons, patch.as_deref(), &stats.text()),
+        } => crate::phases::delivery::threat_check::held_text(reasons, patch.as_deref(), &stats.text()),
         ChangesOutcome::Failed { why, stats } => format!(
             "**Changes** ({}) could not be delivered: {why}",
             stats.text()

@@ -1,0 +1,9 @@
+//! The agent's turn: its network (`network`), what it leaves behind (`leftovers`, with the
+//! `git_guard` and `home_guard`), the turn itself (`agent`) and stopping it (`cleanup`).
+
+pub mod agent;
+pub mod cleanup;
+pub mod git_guard;
+pub mod home_guard;
+pub mod leftovers;
+pub mod network;
