@@ -16,7 +16,7 @@ use crate::memory::restore::shown;
 use crate::memory::sanitize::{self, SanitizeOutcome};
 use crate::memory::session_map::{self, Map};
 use crate::memory::state_paths::{check_marker, MarkerCheck, StatePaths, MARKER_FILE};
-use crate::phases::context::OwnRows;
+use crate::phases::run_context::OwnRows;
 use crate::trust::{SessionTrust, TrustMap};
 
 /// Entries merged at most per save: the newest ones, when a burst of runs saved since.

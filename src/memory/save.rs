@@ -17,7 +17,7 @@ use crate::memory::save_result::{
 use crate::memory::scrub::ScrubOutcome;
 use crate::memory::session_map::Map;
 use crate::memory::state_paths::{write_marker, FileDigest, Scrubbed, StatePaths};
-use crate::phases::context::RestoredCopy;
+use crate::phases::run_context::RestoredCopy;
 use crate::runner::{env, failpoint};
 
 pub struct SaveInputs<'a> {

@@ -12,7 +12,7 @@ use crate::memory::report::PersistenceReport;
 use crate::memory::save_result::StorePublish;
 use crate::memory::state_paths::{PathsError, StatePaths};
 use crate::object_store::{ObjectStore, StoreKeys, StoreSettings, ValidationError};
-use crate::phases::context::{CacheSaved, Mode, RunContext, StoreContext};
+use crate::phases::run_context::{CacheSaved, Mode, RunContext, StoreContext};
 use crate::runner::env;
 use crate::runner::{log, now_ms, Cancellation, Env, FileCommands};
 
@@ -129,7 +129,7 @@ pub(crate) async fn admit(
         restored_copy: None,
         restored_sessions: None,
         own_rows: Default::default(),
-        provenance: crate::phases::context::Provenance::Unknown,
+        provenance: crate::phases::run_context::Provenance::Unknown,
         report: PersistenceReport::default(),
         egress: None,
         cache_saved,

@@ -11,7 +11,7 @@ use crate::memory::report::{PersistenceReport, RestoreReport};
 use crate::memory::state_paths::StatePaths;
 use crate::object_store as store;
 use crate::opencode::TurnOutcome;
-use crate::phases::context::{RunContext, StoreContext};
+use crate::phases::run_context::{RunContext, StoreContext};
 use crate::phases::tracking_comment::{self, Tracker};
 use crate::phases::turn::agent::AgentRun;
 use crate::runner::{log, now_ms, Env, FileCommands};

@@ -5,12 +5,12 @@
 //! `project_identity`, `dedup` sentinels, the `report` the summary is made of, and `inspect`.
 
 pub mod admit;
-pub mod context;
 pub mod delivery;
 pub mod finalize;
 pub mod inspect;
 pub mod post;
 pub mod run;
+pub mod run_context;
 pub mod sentinels;
 pub mod thread_turn;
 pub mod tracking_comment;

@@ -24,13 +24,13 @@ use crate::memory::state_paths::StatePaths;
 use crate::opencode::progress::ProgressSink;
 use crate::opencode::{Agent, TurnOutcome};
 use crate::phases::admit::{admit, Admission};
-use crate::phases::context::{
-    CacheSaved, ExitStatus, Mode, Provenance, RestoredCopy, RunContext, RunExit,
-};
 use crate::phases::delivery::change::{deliver, ChangesOutcome};
 use crate::phases::delivery::prepare::{self, OutputsPlan};
 use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
+};
+use crate::phases::run_context::{
+    CacheSaved, ExitStatus, Mode, Provenance, RestoredCopy, RunContext, RunExit,
 };
 use crate::phases::thread_turn::{self, ThreadTurn};
 use crate::phases::tracking_comment::{self, Tracker};
@@ -178,7 +178,7 @@ async fn take_turn(
     // The agent is stopped (and everything it left running killed) before .git is put back and
     // its change read.
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
-    crate::phases::turn::network::record(ctx);
+    crate::phases::turn::agent_network::record(ctx);
     leftovers::put_back(ctx, guards, &agent_run);
     if !ctx.cancel.is_cancelled() {
         if let Some(usage) = deliver_outputs(ctx, &outputs, &agent_run).await {

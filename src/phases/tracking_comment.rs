@@ -15,7 +15,7 @@ use crate::github::route::Thread;
 use crate::github::tracking::render_working;
 use crate::opencode::events::Todo;
 use crate::opencode::progress::ProgressSink;
-use crate::phases::context::{set_state, RunContext};
+use crate::phases::run_context::{set_state, RunContext};
 use crate::runner::env::{self, output, state};
 use crate::runner::{log, Env, FileCommands};
 

@@ -5,9 +5,9 @@
 use crate::github::event::TargetKind;
 use crate::github::GitHub;
 use crate::opencode::TurnOutcome;
-use crate::phases::context::RunContext;
 use crate::phases::delivery::prepare::{ChangesPlan, OutputsPlan};
 use crate::phases::delivery::threat_check::{ChangeGate, Terms, ThreatCheck, ThreatReport};
+use crate::phases::run_context::RunContext;
 use crate::phases::turn::agent::AgentRun;
 use crate::safe_outputs::actions::{self, ActionOutcome};
 use crate::safe_outputs::branch::Target;

@@ -9,7 +9,7 @@
 use crate::config::review::ReviewMode;
 use crate::github::event::{Event, PullRequestAction, TargetKind};
 use crate::github::GitHub;
-use crate::phases::context::{Mode, RunContext};
+use crate::phases::run_context::{Mode, RunContext};
 use crate::review::api::{self, PostError, Posted, Thread};
 use crate::review::compose::{same_login, Draft, Inline, Inputs};
 use crate::review::diff::PullDiff;

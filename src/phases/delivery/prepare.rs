@@ -4,8 +4,8 @@
 //! proposal tools write to.
 
 use crate::config::safe_outputs::ChangesMode;
-use crate::phases::context::{Mode, RunContext};
 use crate::phases::delivery::pr_review::ReviewPrep;
+use crate::phases::run_context::{Mode, RunContext};
 use crate::runner::log;
 use crate::safe_outputs::branch::{self, Target, TargetInputs};
 use crate::safe_outputs::capture::{self, Base};

@@ -10,7 +10,7 @@ use crate::config::safe_outputs::ThreatMode;
 use crate::confine::proxy::{Proxy, ProxyPlan};
 use crate::github::GitHub;
 use crate::opencode::client::error_chain;
-use crate::phases::context::RunContext;
+use crate::phases::run_context::RunContext;
 use crate::phases::turn::agent::AgentRun;
 use crate::safe_outputs::actions::{self, ActionOutcome};
 use crate::safe_outputs::branch::{self, Target, TargetInputs};

@@ -13,7 +13,7 @@ use crate::opencode::progress::ProgressSink;
 use crate::opencode::{
     self, prep, Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome, TurnReport,
 };
-use crate::phases::context::{Mode, RunContext};
+use crate::phases::run_context::{Mode, RunContext};
 use crate::runner::env;
 use crate::runner::{log, Cancellation, Env};
 use crate::trust::{SessionTrust, TrustView};
@@ -76,7 +76,7 @@ pub(crate) async fn start_agent(
 ) -> Result<Agent, String> {
     let t = Instant::now();
     // First: a kernel that cannot enforce the agent's network fails the run before anything starts.
-    let network = crate::phases::turn::network::prepare(ctx).await?;
+    let network = crate::phases::turn::agent_network::prepare(ctx).await?;
     ctx.egress = Some(network.clone());
     let RunContext {
         env,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::confine::landlock;
 use crate::egress::upstream::Upstream;
 use crate::egress::{AgentNetwork, AgentReach, EgressProxy};
-use crate::phases::context::RunContext;
+use crate::phases::run_context::RunContext;
 use crate::runner::env;
 
 /// What the agent may reach this turn. `Err`: the one line that fails the run before the agent

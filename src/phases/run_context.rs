@@ -103,7 +103,7 @@ pub(crate) struct RunContext {
     pub(crate) report: PersistenceReport,
     /// State `cacheSaved` and output `cache-save-result`.
     pub(crate) cache_saved: CacheSaved,
-    /// The agent's network for the turn (`phases::turn::network`), until its summary row is written.
+    /// The agent's network for the turn (`phases::turn::agent_network`), until its summary row is written.
     pub(crate) egress: Option<crate::egress::AgentReach>,
 }
 
@@ -390,7 +390,7 @@ pub enum Provenance {
     /// (`scrub::SCRUB_VERSION`), unchanged since by anything but the restore's checks.
     Scrubbed,
     /// That memory after the turn, rebuilt with only this run's trees, scrubbed before they were
-    /// written into it (`memory_guard::put_back`): the save scrubs only those trees.
+    /// written into it (`memory::guard::put_back`): the save scrubs only those trees.
     RebuiltFromScrubbed,
 }
 
