@@ -9,9 +9,10 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use crate::memory::ledger::{OwnRows, Provenance};
 use crate::memory::merge::{self, Snapshot};
 use crate::memory::scrub::Scope;
-use crate::phases::run_context::{Provenance, RunContext};
+use crate::phases::run_context::RunContext;
 use crate::runner::env::state;
 use crate::runner::log;
 
@@ -130,7 +131,7 @@ fn record_own_rows(ctx: &mut RunContext, before: Option<&Path>, thread: Option<(
         }
         None => Default::default(),
     };
-    ctx.own_rows = crate::phases::run_context::OwnRows::new(messages, thread);
+    ctx.own_rows = OwnRows::new(messages, thread);
 }
 
 /// Scrubs the rows of `own` trees (and OpenCode's other tables) in the agent's database, the ones

@@ -82,7 +82,7 @@ pub struct RestoreReport {
     /// save is declined with this reason, so it cannot hide that memory.
     pub shadow_guard: Option<String>,
     /// SHA-256 of the database as it came out of the entry, taken beside the restore's checks
-    /// (`phases::run_context::RestoredCopy`).
+    /// (`memory::ledger::RestoredCopy`).
     pub restored_sha256: Option<[u8; 32]>,
 }
 

@@ -10,6 +10,7 @@ use crate::memory::cache_merge::{
     merge_newer_entries, merge_saved_meanwhile, CacheMergeInputs, CacheMergeReport, MAX_RESAVES,
 };
 use crate::memory::checkpoint::{self, CheckpointOutcome};
+use crate::memory::ledger::RestoredCopy;
 use crate::memory::publish::PublishReport;
 use crate::memory::save_result::{
     safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish,
@@ -17,7 +18,6 @@ use crate::memory::save_result::{
 use crate::memory::scrub::ScrubOutcome;
 use crate::memory::session_map::Map;
 use crate::memory::state_paths::{write_marker, FileDigest, Scrubbed, StatePaths};
-use crate::phases::run_context::RestoredCopy;
 use crate::runner::{env, failpoint};
 
 pub struct SaveInputs<'a> {

@@ -8,11 +8,12 @@ use crate::cache;
 use crate::config::{AuthRequirement, ConfigError, Settings};
 use crate::github::{self, dedup, keys, route::RouteSettings, CacheKeys, Event, Route, RunPlan};
 use crate::lease::Holder;
+use crate::memory::ledger::{CacheSaved, Provenance, StoreContext};
 use crate::memory::report::PersistenceReport;
 use crate::memory::save_result::StorePublish;
 use crate::memory::state_paths::{PathsError, StatePaths};
 use crate::object_store::{ObjectStore, StoreKeys, StoreSettings, ValidationError};
-use crate::phases::run_context::{CacheSaved, Mode, RunContext, StoreContext};
+use crate::phases::run_context::{Mode, RunContext};
 use crate::runner::env;
 use crate::runner::{log, now_ms, Cancellation, Env, FileCommands};
 
@@ -129,7 +130,7 @@ pub(crate) async fn admit(
         restored_copy: None,
         restored_sessions: None,
         own_rows: Default::default(),
-        provenance: crate::phases::run_context::Provenance::Unknown,
+        provenance: Provenance::Unknown,
         report: PersistenceReport::default(),
         egress: None,
         cache_saved,

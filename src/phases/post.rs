@@ -244,7 +244,7 @@ pub async fn run_post(env: &Env) -> PostOutcome {
 
 /// Releases each lease main left behind (the thread's turn, the publish's repository lease).
 async fn release_left_behind(env: &Env) {
-    use crate::phases::run_context::PostLease;
+    use crate::memory::ledger::PostLease;
     let left: Vec<(&str, &str)> = PostLease::ALL
         .iter()
         .filter_map(|lease| lease.left_behind(env))

@@ -11,6 +11,7 @@ use crate::config::CommentMode;
 use crate::github::dedup;
 use crate::lease::LeaseConfig;
 use crate::memory::cache_merge::{CacheMergeInputs, CacheMergeReport};
+use crate::memory::ledger::{CacheSaved, Provenance, RestoredCopy};
 use crate::memory::merge::Snapshot;
 use crate::memory::project_identity::{self, IdentityOutcome};
 use crate::memory::publish::{publish, PublishInputs, PublishReport, LEASE_WAIT};
@@ -29,9 +30,7 @@ use crate::phases::delivery::prepare::{self, OutputsPlan};
 use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
 };
-use crate::phases::run_context::{
-    CacheSaved, ExitStatus, Mode, Provenance, RestoredCopy, RunContext, RunExit,
-};
+use crate::phases::run_context::{ExitStatus, Mode, RunContext, RunExit};
 use crate::phases::thread_turn::{self, ThreadTurn};
 use crate::phases::tracking_comment::{self, Tracker};
 use crate::phases::turn::agent::{drive_agent, start_agent, AgentInputs, AgentRun};

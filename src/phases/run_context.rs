@@ -1,20 +1,18 @@
-//! What a run knows once it is admitted (`RunContext`), the types the phases share (`Mode`,
-//! `StoreContext`), and how the main step ends (`ExitStatus`, `RunExit`).
+//! What a run knows once it is admitted (`RunContext`), how it runs (`Mode`), and how the main
+//! step ends (`ExitStatus`, `RunExit`).
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Instant;
 
 use crate::cache;
 use crate::config::Settings;
 use crate::github::{self, CacheKeys, Event, RunPlan};
 use crate::lease::Holder;
+use crate::memory::ledger::{CacheSaved, OwnRows, Provenance, RestoredCopy, StoreContext};
 use crate::memory::merge::Snapshot;
-use crate::memory::report::{PersistenceReport, RestoreReport, RestoreSource};
-use crate::memory::save_result::StateValue;
-use crate::memory::state_paths::{check_marker, MarkerCheck, StatePaths};
-use crate::object_store::{ObjectStore, StoreKeys};
+use crate::memory::report::PersistenceReport;
+use crate::memory::state_paths::StatePaths;
 use crate::phases::sentinels::CacheSentinels;
-use crate::runner::env::{output, state};
 use crate::runner::{Cancellation, Env, FileCommands};
 
 #[derive(Debug, Clone)]
@@ -63,12 +61,6 @@ impl RunExit {
     }
 }
 
-/// The store side of a run: client and key layout.
-pub struct StoreContext {
-    pub store: ObjectStore,
-    pub keys: StoreKeys,
-}
-
 /// Everything an admitted run works with, built once by `admit`.
 pub(crate) struct RunContext {
     pub(crate) env: Env,
@@ -107,58 +99,6 @@ pub(crate) struct RunContext {
     pub(crate) egress: Option<crate::egress::AgentReach>,
 }
 
-/// What only this run's database holds (docs/persistence.md#session-level-merge): the messages
-/// its own turn wrote, which a merge may give new ids to keep an exchange together, and its
-/// thread's session (logical key, id), which a merge may fold into another run's session of the
-/// same thread. Both follow every merged result this run adopts (`adopted`).
-#[derive(Debug, Default)]
-pub struct OwnRows(std::sync::Mutex<Rows>);
-
-#[derive(Debug, Default, Clone)]
-struct Rows {
-    messages: std::collections::BTreeSet<String>,
-    thread: Option<(String, String)>,
-}
-
-impl OwnRows {
-    pub fn new(
-        messages: std::collections::BTreeSet<String>,
-        thread: Option<(String, String)>,
-    ) -> Self {
-        OwnRows(std::sync::Mutex::new(Rows { messages, thread }))
-    }
-
-    fn rows(&self) -> std::sync::MutexGuard<'_, Rows> {
-        // Every update below leaves whole values: a panic elsewhere cannot leave them half set.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub fn messages(&self) -> std::collections::BTreeSet<String> {
-        self.rows().messages.clone()
-    }
-
-    /// This run's thread and its session now.
-    pub fn thread(&self) -> Option<(String, String)> {
-        self.rows().thread.clone()
-    }
-
-    /// A merged result is this run's database now: its moved messages go by their new ids, and a
-    /// folded thread session by the session it joined.
-    pub fn adopted(&self, report: &crate::memory::merge::MergeReport) {
-        let mut rows = self.rows();
-        for (old, new) in &report.reissued {
-            if rows.messages.remove(old) {
-                rows.messages.insert(new.clone());
-            }
-        }
-        if let Some((_, session)) = rows.thread.as_mut() {
-            if let Some((_, into)) = report.folded.iter().find(|(from, _)| from == session) {
-                *session = into.clone();
-            }
-        }
-    }
-}
-
 impl RunContext {
     /// The dedup sentinels, kept in the same cache as memory.
     pub(crate) fn sentinels(&self) -> Option<CacheSentinels<'_>> {
@@ -170,11 +110,11 @@ impl RunContext {
     }
 
     pub(crate) fn set_state(&self, name: &str, value: &str) {
-        set_state(&self.files, name, value);
+        self.files.save_state_or_warn(name, value);
     }
 
     pub(crate) fn set_output(&self, name: &str, value: &str) {
-        set_output(&self.files, name, value);
+        self.files.set_output_or_warn(name, value);
     }
 
     /// `fut`, unless the run is cancelled and the runner's kill deadline passes first (`None`).
@@ -182,63 +122,7 @@ impl RunContext {
         &self,
         fut: impl std::future::Future<Output = T>,
     ) -> Option<T> {
-        within_budget(&self.cancel, fut).await
-    }
-}
-
-/// Main's state `cacheSaved` (what post does if main ends now) and output `cache-save-result` (what
-/// became of memory, for later steps), kept in step: the state is written at every change, the
-/// output once. However the step ends — a skip, a configuration error, a save cut off by the
-/// cancel deadline, a panic — the output is set: when the last handle is dropped without a
-/// [`CacheSaved::report`], it takes the state's last value.
-#[derive(Clone)]
-pub(crate) struct CacheSaved(std::sync::Arc<std::sync::Mutex<CacheSavedInner>>);
-
-struct CacheSavedInner {
-    files: FileCommands,
-    last: StateValue,
-    reported: bool,
-}
-
-impl CacheSaved {
-    /// `skipped`, first thing: a run that is not admitted makes post idle.
-    pub(crate) fn start(files: &FileCommands) -> Self {
-        set_state(files, state::CACHE_SAVED, StateValue::Skipped.as_str());
-        Self(std::sync::Arc::new(std::sync::Mutex::new(
-            CacheSavedInner {
-                files: files.clone(),
-                last: StateValue::Skipped,
-                reported: false,
-            },
-        )))
-    }
-
-    fn inner(&self) -> std::sync::MutexGuard<'_, CacheSavedInner> {
-        // A poisoned lock only means a panic elsewhere; the values are still the last written.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The state only: what post does if the step ends before the next change.
-    pub(crate) fn set(&self, value: StateValue) {
-        let mut inner = self.inner();
-        set_state(&inner.files, state::CACHE_SAVED, value.as_str());
-        inner.last = value;
-    }
-
-    /// The step's result: state and output.
-    pub(crate) fn report(&self, value: StateValue) {
-        self.set(value);
-        let mut inner = self.inner();
-        set_output(&inner.files, output::CACHE_SAVE_RESULT, value.as_str());
-        inner.reported = true;
-    }
-}
-
-impl Drop for CacheSavedInner {
-    fn drop(&mut self) {
-        if !self.reported {
-            set_output(&self.files, output::CACHE_SAVE_RESULT, self.last.as_str());
-        }
+        self.cancel.within_budget(fut).await
     }
 }
 
@@ -249,262 +133,4 @@ pub(crate) fn sentinel_file(paths: &StatePaths) -> PathBuf {
         .parent()
         .unwrap_or(&paths.data_dir)
         .join("fro-bot-dedup/sentinel.json")
-}
-
-/// Runs `fut` to completion, unless the run is cancelled and the runner's kill deadline passes
-/// first (then `None`): a signal must not abort the save, but the save must not outlive the kill.
-pub(crate) async fn within_budget<T>(
-    cancel: &Cancellation,
-    fut: impl std::future::Future<Output = T>,
-) -> Option<T> {
-    let deadline = async {
-        cancel.cancelled().await;
-        // Re-read every 100 ms: a SIGTERM after the SIGINT shortens what is left.
-        while let Some(d) = cancel.deadline() {
-            if Instant::now() >= d {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    tokio::select! {
-        out = fut => Some(out),
-        () = deadline => None,
-    }
-}
-
-/// Where main leaves a held lease's key and current ETag, so post can release it when main was
-/// killed holding it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PostLease {
-    key: &'static str,
-    etag: &'static str,
-}
-
-impl PostLease {
-    /// The repository lease of the store publish (`memory::publish`).
-    pub(crate) const REPO: PostLease = PostLease {
-        key: state::LEASE_KEY,
-        etag: state::LEASE_ETAG,
-    };
-    /// The thread's turn (`phases::thread_turn`).
-    pub(crate) const THREAD: PostLease = PostLease {
-        key: state::THREAD_LEASE_KEY,
-        etag: state::THREAD_LEASE_ETAG,
-    };
-    pub(crate) const ALL: [PostLease; 2] = [PostLease::REPO, PostLease::THREAD];
-
-    /// Saves the key and ETag, and keeps the ETag current while the lease is held (renewals
-    /// change it) until the returned task is aborted.
-    pub(crate) fn keep_for_post(
-        self,
-        files: &FileCommands,
-        handle: &crate::lease::LeaseHandle,
-    ) -> tokio::task::JoinHandle<()> {
-        let (key, etag) = handle.state_for_post();
-        set_state(files, self.key, &key);
-        set_state(files, self.etag, &etag);
-        let (files, source) = (files.clone(), handle.etag_source());
-        tokio::spawn(async move {
-            let mut seen = source.current();
-            loop {
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                let now = source.current();
-                if now != seen {
-                    set_state(&files, self.etag, &now);
-                    seen = now;
-                }
-            }
-        })
-    }
-
-    /// Released: nothing for post to do.
-    pub(crate) fn clear(self, files: &FileCommands) {
-        set_state(files, self.key, "");
-        set_state(files, self.etag, "");
-    }
-
-    /// Post's view: the key and ETag main left, if it left a lease.
-    pub(crate) fn left_behind(self, env: &Env) -> Option<(&str, &str)> {
-        Some((env.state(self.key)?, env.state(self.etag)?))
-            .filter(|(k, e)| !k.is_empty() && !e.is_empty())
-    }
-}
-
-/// A state or output the runner could not take is worth a warning, never a failed run.
-pub(crate) fn set_state(files: &FileCommands, name: &str, value: &str) {
-    if let Err(e) = files.save_state(name, value) {
-        tracing::warn!("{e}");
-    }
-}
-
-pub(crate) fn set_output(files: &FileCommands, name: &str, value: &str) {
-    if let Err(e) = files.set_output(name, value) {
-        tracing::warn!("{e}");
-    }
-}
-
-/// What the run restored, to tell an unchanged database from one worth uploading again.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RestoredCopy {
-    pub sha256: [u8; 32],
-    /// The Actions cache entry it came from; `None` for the object store's copy.
-    pub cache_key: Option<String>,
-}
-
-impl RestoredCopy {
-    /// The restored database's digest, when a restore hit left one.
-    pub fn of(paths: &StatePaths, report: &RestoreReport) -> Option<Self> {
-        let cache_key = match report.source {
-            RestoreSource::Cache => Some(report.matched_key.clone()?),
-            RestoreSource::Storage => None,
-            RestoreSource::None => return None,
-        };
-        if let Some(sha256) = report.restored_sha256 {
-            return Some(Self { sha256, cache_key });
-        }
-        match sha256_file(&paths.db()) {
-            Ok(sha256) => Some(Self { sha256, cache_key }),
-            Err(e) => {
-                tracing::debug!("cannot hash the restored database: {e}");
-                None
-            }
-        }
-    }
-
-    pub(crate) fn holder(&self) -> String {
-        match &self.cache_key {
-            Some(key) => format!("the Actions cache entry `{key}`"),
-            None => "the object store's copy".to_string(),
-        }
-    }
-}
-
-/// Where the memory on disk comes from, as far as the save's scrub cares
-/// (docs/security.md#scrubbed-memory).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Provenance {
-    /// Nothing restored, or memory no marker vouches for: the save scrubs the whole database.
-    Unknown,
-    /// Restored memory whose marker names it and records that fro-bot scrubbed it whole
-    /// (`scrub::SCRUB_VERSION`), unchanged since by anything but the restore's checks.
-    Scrubbed,
-    /// That memory after the turn, rebuilt with only this run's trees, scrubbed before they were
-    /// written into it (`memory::guard::put_back`): the save scrubs only those trees.
-    RebuiltFromScrubbed,
-}
-
-impl Provenance {
-    /// The restored database's provenance: `Scrubbed` only when the marker beside it names this
-    /// very database (its SHA-256 as it came out of the entry, `RestoreReport::restored_sha256`;
-    /// the sanitizer only ever removes) and says it was scrubbed whole.
-    pub fn of_restored(paths: &StatePaths, copy: Option<&RestoredCopy>) -> Self {
-        let Some(copy) = copy else {
-            return Provenance::Unknown;
-        };
-        match check_marker(&paths.marker()) {
-            MarkerCheck::Compatible(m)
-                if m.scrubbed == Some(crate::memory::scrub::SCRUB_VERSION)
-                    && m.db_sha256.eq_ignore_ascii_case(&hex::encode(copy.sha256)) =>
-            {
-                Provenance::Scrubbed
-            }
-            MarkerCheck::Compatible(_)
-            | MarkerCheck::Missing
-            | MarkerCheck::VersionMismatch { .. }
-            | MarkerCheck::Unreadable { .. } => Provenance::Unknown,
-        }
-    }
-}
-
-pub(crate) fn sha256_file(path: &Path) -> std::io::Result<[u8; 32]> {
-    crate::memory::state_paths::FileDigest::of(path).map(|d| d.sha256)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::runner::file_command;
-
-    fn read(path: &Path) -> Vec<(String, String)> {
-        file_command::parse(&std::fs::read_to_string(path).unwrap_or_default()).unwrap()
-    }
-
-    #[test]
-    fn only_a_marker_naming_the_restored_database_and_its_scrub_vouches_for_it() {
-        use crate::memory::state_paths::{write_marker, Scrubbed};
-        let dir = tempfile::tempdir().unwrap();
-        let paths = StatePaths::new(dir.path().to_path_buf());
-        std::fs::write(paths.db(), b"restored database").unwrap();
-        let copy = |paths: &StatePaths| RestoredCopy {
-            sha256: sha256_file(&paths.db()).unwrap(),
-            cache_key: Some("k".into()),
-        };
-        assert_eq!(Provenance::of_restored(&paths, None), Provenance::Unknown);
-        assert_eq!(
-            Provenance::of_restored(&paths, Some(&copy(&paths))),
-            Provenance::Unknown,
-            "no marker"
-        );
-        write_marker(&paths, "1", 1, None, None, Scrubbed::NotVouched, None).unwrap();
-        assert_eq!(
-            Provenance::of_restored(&paths, Some(&copy(&paths))),
-            Provenance::Unknown,
-            "a marker that does not record a scrub (an older one)"
-        );
-        write_marker(&paths, "1", 1, None, None, Scrubbed::Whole, None).unwrap();
-        assert_eq!(
-            Provenance::of_restored(&paths, Some(&copy(&paths))),
-            Provenance::Scrubbed
-        );
-        // The database changed after the marker was written (another one beside it, or the
-        // sanitizer had to change it): the marker does not name it.
-        std::fs::write(paths.db(), b"another database").unwrap();
-        assert_eq!(
-            Provenance::of_restored(&paths, Some(&copy(&paths))),
-            Provenance::Unknown
-        );
-        // A marker of another scrub version.
-        let text = std::fs::read_to_string(paths.marker()).unwrap();
-        let mut json: serde_json::Value = serde_json::from_str(&text).unwrap();
-        json["db_sha256"] = hex::encode(copy(&paths).sha256).into();
-        json["scrubbed"] = (crate::memory::scrub::SCRUB_VERSION + 1).into();
-        std::fs::write(paths.marker(), json.to_string()).unwrap();
-        assert_eq!(
-            Provenance::of_restored(&paths, Some(&copy(&paths))),
-            Provenance::Unknown
-        );
-    }
-
-    #[test]
-    fn however_main_ends_the_output_says_what_the_state_says() {
-        let dir = tempfile::tempdir().unwrap();
-        let files = FileCommands {
-            output: Some(dir.path().join("output")),
-            state: Some(dir.path().join("state")),
-            env: None,
-            summary: None,
-        };
-        // A step that ends without a report (a panic, a path that forgot): the last state.
-        let record = CacheSaved::start(&files);
-        let handle = record.clone();
-        record.set(StateValue::NotPersisted);
-        drop(record);
-        assert!(read(&dir.path().join("output")).is_empty(), "still held");
-        drop(handle);
-        let output = vec![(
-            output::CACHE_SAVE_RESULT.to_string(),
-            "not-persisted".to_string(),
-        )];
-        assert_eq!(read(&dir.path().join("output")), output);
-        // A report is the output, once.
-        let record = CacheSaved::start(&files);
-        record.report(StateValue::Durable);
-        drop(record);
-        let outputs = read(&dir.path().join("output"));
-        assert_eq!(outputs.len(), 2, "{outputs:?}");
-        assert_eq!(outputs[1].1, "durable");
-        let states = read(&dir.path().join("state"));
-        assert_eq!(states.last().unwrap().1, "durable");
-    }
 }

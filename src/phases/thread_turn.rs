@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::lease::{self, AcquireOutcome, Lease, LeaseConfig, LeaseHandle};
-use crate::phases::run_context::{PostLease, RunContext};
+use crate::memory::ledger::PostLease;
+use crate::phases::run_context::RunContext;
 use crate::phases::tracking_comment::Tracker;
 use crate::runner::{log, FileCommands};
 

@@ -15,7 +15,7 @@ use crate::github::route::Thread;
 use crate::github::tracking::render_working;
 use crate::opencode::events::Todo;
 use crate::opencode::progress::ProgressSink;
-use crate::phases::run_context::{set_state, RunContext};
+use crate::phases::run_context::RunContext;
 use crate::runner::env::{self, output, state};
 use crate::runner::{log, Env, FileCommands};
 
@@ -259,7 +259,7 @@ impl Tracker {
         match tokio::time::timeout(limit, work).await {
             Ok(Ok(edited)) => {
                 // The comment holds its final body: nothing for post to finish.
-                set_state(&self.files, state::TRACKING_COMMENT, "");
+                self.files.save_state_or_warn(state::TRACKING_COMMENT, "");
                 Ok(edited)
             }
             Ok(Err(e)) => Err(e),
