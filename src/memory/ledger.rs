@@ -1,17 +1,51 @@
-//! What memory's phases record as the run goes: the restored database's digest (`RestoredCopy`)
+//! Memory's ledger: what the restore, the turn's guard and the save record as the run goes
+//! (`Ledger`), and the types they record it in — the restored database's digest (`RestoredCopy`)
 //! and where memory on disk comes from (`Provenance`), the rows only this run's database holds
-//! (`OwnRows`), main's `cacheSaved` state kept in step with its output (`CacheSaved`), the leases
-//! post releases when main was killed holding them (`PostLease`), and the store side of a run
-//! (`StoreContext`).
+//! (`OwnRows`), the summary's report, and main's `cacheSaved` state kept in step with its output
+//! (`CacheSaved`); beside them the leases post releases when main was killed holding them
+//! (`PostLease`) and the store side of a run (`StoreContext`).
 
 use std::path::Path;
 
-use crate::memory::report::{RestoreReport, RestoreSource};
+use crate::memory::merge::Snapshot;
+use crate::memory::report::{PersistenceReport, RestoreReport, RestoreSource};
 use crate::memory::save_result::StateValue;
 use crate::memory::state_paths::{check_marker, MarkerCheck, StatePaths};
 use crate::object_store::{ObjectStore, StoreKeys};
 use crate::runner::env::{output, state};
 use crate::runner::{Env, FileCommands};
+
+/// What memory's phases append to as the run goes, from admission to the summary; one owner, the
+/// main step (`phases::run`), lends it to the phase that records.
+pub(crate) struct Ledger {
+    /// The database as restored (its digest), so an unchanged one is not uploaded again.
+    pub(crate) restored_copy: Option<RestoredCopy>,
+    /// The sessions as restored, so a newer shared copy can be merged with this run's
+    /// (`None`: they could not be read, and a newer copy is then not overwritten).
+    pub(crate) restored_sessions: Option<Snapshot>,
+    /// The messages and thread session only this run's database holds (`OwnRows`).
+    pub(crate) own_rows: OwnRows,
+    /// Whether restored memory was scrubbed when saved, so the save scrubs only this run's rows.
+    pub(crate) provenance: Provenance,
+    /// The step summary's sections, filled as the phases go.
+    pub(crate) report: PersistenceReport,
+    /// State `cacheSaved` and output `cache-save-result`.
+    pub(crate) cache_saved: CacheSaved,
+}
+
+impl Ledger {
+    /// Nothing restored or recorded yet.
+    pub(crate) fn new(cache_saved: CacheSaved) -> Self {
+        Ledger {
+            restored_copy: None,
+            restored_sessions: None,
+            own_rows: OwnRows::default(),
+            provenance: Provenance::Unknown,
+            report: PersistenceReport::default(),
+            cache_saved,
+        }
+    }
+}
 
 /// The store side of a run: client and key layout.
 pub struct StoreContext {

@@ -8,8 +8,7 @@ use crate::cache;
 use crate::config::{AuthRequirement, ConfigError, Settings};
 use crate::github::{self, dedup, keys, route::RouteSettings, CacheKeys, Event, Route, RunPlan};
 use crate::lease::Holder;
-use crate::memory::ledger::{CacheSaved, Provenance, StoreContext};
-use crate::memory::report::PersistenceReport;
+use crate::memory::ledger::{CacheSaved, Ledger, StoreContext};
 use crate::memory::save_result::StorePublish;
 use crate::memory::state_paths::{PathsError, StatePaths};
 use crate::object_store::{ObjectStore, StoreKeys, StoreSettings, ValidationError};
@@ -127,13 +126,8 @@ pub(crate) async fn admit(
         cache,
         store: None,
         lease_holder,
-        restored_copy: None,
-        restored_sessions: None,
-        own_rows: Default::default(),
-        provenance: Provenance::Unknown,
-        report: PersistenceReport::default(),
+        ledger: Ledger::new(cache_saved),
         egress: None,
-        cache_saved,
     };
     if let Some(reason) = check_dedup(&ctx).await {
         return Ok(skip(reason));
@@ -144,7 +138,7 @@ pub(crate) async fn admit(
             store: ObjectStore::connect(&settings).await,
             keys,
         });
-        ctx.report.store_publish = StorePublish::NotAttempted;
+        ctx.ledger.report.store_publish = StorePublish::NotAttempted;
     }
     Ok(Admission::Run(Box::new(ctx)))
 }

@@ -28,7 +28,7 @@ pub(crate) async fn finalize_github(
 ) -> Option<String> {
     let (settings, env, plan, started) = (&ctx.settings, &ctx.env, &ctx.plan, ctx.started);
     let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
-    let text = match (final_text(agent_run), &ctx.report.delivery_answer) {
+    let text = match (final_text(agent_run), &ctx.ledger.report.delivery_answer) {
         (Some(t), Some(d)) => Some(format!("{t}\n\n{d}")),
         (None, Some(d)) => Some(d.clone()),
         (t, None) => t,

@@ -54,7 +54,7 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         }
     };
     // Admitted: from here on, a main step killed anywhere makes post retry the save.
-    ctx.cache_saved.set(StateValue::NotPersisted);
+    ctx.ledger.cache_saved.set(StateValue::NotPersisted);
     crate::outbound::configure(crate::outbound::LinkPolicy::new(
         &crate::github::endpoints::server_url(&ctx.env),
         &ctx.repository,
@@ -117,7 +117,7 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         }
     };
     // Published (or not): the next run on the thread may start.
-    ctx.report.concurrency_notes.extend(turn.note());
+    ctx.ledger.report.concurrency_notes.extend(turn.note());
     if ctx.within_budget(turn.release(&ctx.files)).await.is_none() {
         tracing::warn!(
             "this thread's turn was not given back before the cancel deadline (post gives it back)"
@@ -229,7 +229,7 @@ async fn restore_memory(
         report
             .notes
             .push("the run was cancelled during the restore".into());
-        ctx.report.restore = Some(report.clone());
+        ctx.ledger.report.restore = Some(report.clone());
         return (report, None);
     };
     tracing::info!(
@@ -239,12 +239,12 @@ async fn restore_memory(
     );
     if restored.shadow_guard.is_some() {
         // This run's memory must not hide older memory: post must not save it either.
-        ctx.cache_saved.set(StateValue::DeclinedForSafety);
+        ctx.ledger.cache_saved.set(StateValue::DeclinedForSafety);
     }
     ctx.set_output(output::CACHE_STATUS, restored.status.as_str());
-    ctx.restored_copy = RestoredCopy::of(&ctx.paths, &restored);
-    ctx.provenance = Provenance::of_restored(&ctx.paths, ctx.restored_copy.as_ref());
-    ctx.restored_sessions = restored_sessions(&ctx.paths, &restored);
+    ctx.ledger.restored_copy = RestoredCopy::of(&ctx.paths, &restored);
+    ctx.ledger.provenance = Provenance::of_restored(&ctx.paths, ctx.ledger.restored_copy.as_ref());
+    ctx.ledger.restored_sessions = restored_sessions(&ctx.paths, &restored);
     // After the digest and the sessions above: those describe the store's copy, which the
     // publish compares against; the merged result is saved because it differs.
     let merged = tokio::select! {
@@ -255,7 +255,7 @@ async fn restore_memory(
     let mut restored = restored;
     if merged.as_ref().is_some_and(|m| !m.merged.is_empty()) {
         // Another entry's memory came in: this run cannot vouch for what it held.
-        ctx.provenance = Provenance::Unknown;
+        ctx.ledger.provenance = Provenance::Unknown;
     }
     if let Some(merged) = &merged {
         // The turn resolves threads and judges sessions by these, as the save's marker will.
@@ -264,8 +264,8 @@ async fn restore_memory(
         }
         merged.join_trust_into(&mut restored.trust);
     }
-    ctx.report.restore = Some(restored.clone());
-    ctx.report.record_phase("restore", t.elapsed());
+    ctx.ledger.report.restore = Some(restored.clone());
+    ctx.ledger.report.record_phase("restore", t.elapsed());
     match project_identity::align(&ctx.workspace, &ctx.paths.db()) {
         IdentityOutcome::Failed { message } => tracing::warn!("project identity: {message}"),
         IdentityOutcome::Refused { count } => log::warning(&format!(
@@ -319,7 +319,7 @@ fn cache_merge_inputs<'a>(
             .as_deref()
             .or_else(|| earlier.and_then(|e| e.merged.last().map(|(k, _)| k.as_str()))),
         earlier,
-        own_rows: &ctx.own_rows,
+        own_rows: &ctx.ledger.own_rows,
     })
 }
 
@@ -390,8 +390,9 @@ async fn run_agent(
         };
         drive_agent(&mut agent, &inputs, &mut agent_run).await;
         let prep = agent_run.prep_time;
-        ctx.report.record_phase("session-prep", prep);
-        ctx.report
+        ctx.ledger.report.record_phase("session-prep", prep);
+        ctx.ledger
+            .report
             .record_phase("agent", t.elapsed().saturating_sub(prep));
     }
     if let Some(id) = &agent_run.session_id {
@@ -501,9 +502,9 @@ async fn deliver_outputs(
     for (k, v) in &rows {
         tracing::info!("{k}: {v}");
     }
-    ctx.report.delivery_rows = rows;
+    ctx.ledger.report.delivery_rows = rows;
     let answer = [report.answer_section(), review.answer_line()];
-    ctx.report.delivery_answer = Some(
+    ctx.ledger.report.delivery_answer = Some(
         answer
             .into_iter()
             .flatten()
@@ -511,7 +512,7 @@ async fn deliver_outputs(
             .join("\n\n"),
     )
     .filter(|a| !a.is_empty());
-    ctx.report.record_phase("deliver", t.elapsed());
+    ctx.ledger.report.record_phase("deliver", t.elapsed());
     report.threat.usage
 }
 
@@ -551,7 +552,7 @@ async fn cleanup_and_save(
     if let Ok(json) = serde_json::to_string(&trust) {
         ctx.set_state(state::SESSION_TRUST, &json);
     }
-    let scrub_scope = scrub_scope(ctx.provenance, &written);
+    let scrub_scope = scrub_scope(ctx.ledger.provenance, &written);
     if let Ok(json) = serde_json::to_string(&scrub_scope) {
         // Post's retry scrubs what main would have.
         ctx.set_state(state::SCRUB_SCOPE, &json);
@@ -572,7 +573,7 @@ async fn cleanup_and_save(
         shadow_guard: restored.shadow_guard.as_deref(),
         sessions: Some(&sessions),
         trust: Some(&trust),
-        restored: ctx.restored_copy.as_ref(),
+        restored: ctx.ledger.restored_copy.as_ref(),
         cache_merge: cache_merge_inputs(ctx, &restore_keys, restored, merged_at_restore),
         scrub_scope: &scrub_scope,
     };
@@ -590,10 +591,10 @@ async fn cleanup_and_save(
             workspace: &ctx.workspace,
             expected_etag: restored.store_etag.clone(),
             restored: match restored.source {
-                RestoreSource::Storage => ctx.restored_sessions.as_ref(),
+                RestoreSource::Storage => ctx.ledger.restored_sessions.as_ref(),
                 RestoreSource::Cache | RestoreSource::None => Some(&no_sessions),
             },
-            own_rows: &ctx.own_rows,
+            own_rows: &ctx.ledger.own_rows,
             run_id: &ctx.run_id,
             now_ms: now_ms(),
             lease_config: LeaseConfig::default(),
@@ -608,12 +609,12 @@ async fn cleanup_and_save(
     record_save(ctx, saved);
     // A merge folded the session this run started into the one another run started for the
     // thread: the thread continues there.
-    if let Some((_, session)) = ctx.own_rows.thread() {
+    if let Some((_, session)) = ctx.ledger.own_rows.thread() {
         if agent_run.session_id.as_deref() != Some(session.as_str()) {
             ctx.set_output(output::SESSION_ID, &session);
         }
     }
-    ctx.report.record_phase("save", t.elapsed());
+    ctx.ledger.report.record_phase("save", t.elapsed());
     Saved::InTime
 }
 
@@ -631,7 +632,7 @@ fn scrub_scope(provenance: Provenance, written: &[&str]) -> Scope {
 /// The save's result into state (post's decision), outputs, the log and the report.
 fn record_save(ctx: &mut RunContext, saved: SaveReport) {
     let state_value = saved.result.state_value();
-    ctx.cache_saved.report(state_value);
+    ctx.ledger.cache_saved.report(state_value);
     match state_value {
         StateValue::Durable | StateValue::Skipped => {
             tracing::info!("memory: {state_value} — {}", saved.result.detail)
@@ -643,30 +644,40 @@ fn record_save(ctx: &mut RunContext, saved: SaveReport) {
             ))
         }
     }
-    ctx.report.store_publish = match &ctx.store {
+    ctx.ledger.report.store_publish = match &ctx.store {
         None => StorePublish::Disabled,
         Some(_) => saved.publish.outcome.clone(),
     };
     if let Some(lease) = saved.publish.lease.clone() {
-        ctx.report.lease = lease;
+        ctx.ledger.report.lease = lease;
     }
-    ctx.report
+    ctx.ledger
+        .report
         .concurrency_notes
         .extend(saved.cache_merge.notes());
-    ctx.report.concurrency_notes.extend(saved.publish.notes());
-    ctx.report.checkpoint = saved.checkpoint;
-    ctx.report.scrub = saved.scrub;
-    ctx.report.save = Some(saved.result);
+    ctx.ledger
+        .report
+        .concurrency_notes
+        .extend(saved.publish.notes());
+    ctx.ledger.report.checkpoint = saved.checkpoint;
+    ctx.ledger.report.scrub = saved.scrub;
+    ctx.ledger.report.save = Some(saved.result);
 }
 
 /// What the user reads comes first (summary, `duration`); the niceties after it, each within what
 /// is left of a cancel budget (a lease left behind is post's to release).
 async fn finish(mut ctx: RunContext, agent_run: AgentRun) -> RunExit {
     // Every text in the agent's words has been posted by now.
-    ctx.report.links = crate::outbound::summary_row();
+    ctx.ledger.report.links = crate::outbound::summary_row();
     let duration = ctx.started.elapsed();
     ctx.set_output(output::DURATION, &duration.as_secs().to_string());
-    write_summary(&ctx.files, &ctx.plan, &agent_run, &ctx.report, duration);
+    write_summary(
+        &ctx.files,
+        &ctx.plan,
+        &agent_run,
+        &ctx.ledger.report,
+        duration,
+    );
 
     if let Some(store) = &ctx.store {
         let records = upload_run_records(
@@ -674,7 +685,7 @@ async fn finish(mut ctx: RunContext, agent_run: AgentRun) -> RunExit {
             &ctx.keys,
             &ctx.paths,
             &ctx.plan,
-            &ctx.report,
+            &ctx.ledger.report,
             &agent_run,
         );
         if ctx.within_budget(records).await.is_none() {
@@ -722,7 +733,7 @@ async fn record_dedup(ctx: &RunContext) {
 fn out_of_time(ctx: &RunContext) -> RunExit {
     let text = "memory: not saved before the cancel deadline; the post step retries";
     log::warning(text);
-    ctx.cache_saved.report(StateValue::NotPersisted);
+    ctx.ledger.cache_saved.report(StateValue::NotPersisted);
     ctx.set_output(
         output::DURATION,
         &ctx.started.elapsed().as_secs().to_string(),
@@ -754,7 +765,7 @@ async fn not_our_turn(
     // Memory was not touched: post has nothing to retry.
     skipped(
         &ctx.files,
-        &ctx.cache_saved,
+        &ctx.ledger.cache_saved,
         &format!("another run ({holder_id}) kept this thread for {} s (thread-wait); the thread was told", waited.as_secs()),
     )
 }

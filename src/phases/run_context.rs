@@ -8,9 +8,7 @@ use crate::cache;
 use crate::config::Settings;
 use crate::github::{self, CacheKeys, Event, RunPlan};
 use crate::lease::Holder;
-use crate::memory::ledger::{CacheSaved, OwnRows, Provenance, RestoredCopy, StoreContext};
-use crate::memory::merge::Snapshot;
-use crate::memory::report::PersistenceReport;
+use crate::memory::ledger::{Ledger, StoreContext};
 use crate::memory::state_paths::StatePaths;
 use crate::phases::sentinels::CacheSentinels;
 use crate::runner::{Cancellation, Env, FileCommands};
@@ -82,19 +80,8 @@ pub(crate) struct RunContext {
     pub(crate) store: Option<StoreContext>,
     /// Who asks for the repository lease at publish.
     pub(crate) lease_holder: Holder,
-    /// The database as restored (its digest), so an unchanged one is not uploaded again.
-    pub(crate) restored_copy: Option<RestoredCopy>,
-    /// The sessions as restored, so a newer shared copy can be merged with this run's
-    /// (`None`: they could not be read, and a newer copy is then not overwritten).
-    pub(crate) restored_sessions: Option<Snapshot>,
-    /// The messages and thread session only this run's database holds (`OwnRows`).
-    pub(crate) own_rows: OwnRows,
-    /// Whether restored memory was scrubbed when saved, so the save scrubs only this run's rows.
-    pub(crate) provenance: Provenance,
-    /// The summary's Session Persistence section, filled as the phases go.
-    pub(crate) report: PersistenceReport,
-    /// State `cacheSaved` and output `cache-save-result`.
-    pub(crate) cache_saved: CacheSaved,
+    /// What memory's phases record as the run goes.
+    pub(crate) ledger: Ledger,
     /// The agent's network for the turn (`phases::turn::agent_network`), until its summary row is written.
     pub(crate) egress: Option<crate::egress::AgentReach>,
 }

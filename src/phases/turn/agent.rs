@@ -154,11 +154,14 @@ pub(crate) async fn start_agent(
     })
     .await
     .map_err(|e| crate::opencode::client::error_chain(&e))?;
-    ctx.report.confinement.push(user.describe());
-    ctx.report
+    ctx.ledger.report.confinement.push(user.describe());
+    ctx.ledger
+        .report
         .confinement
         .extend(agent.confinement_notes().iter().cloned());
-    ctx.report.record_phase("opencode-start", t.elapsed());
+    ctx.ledger
+        .report
+        .record_phase("opencode-start", t.elapsed());
     // Everything is taken for the turn here: a kill now leaves it all to post.
     crate::runner::failpoint::hit("agent:started");
     Ok(agent)

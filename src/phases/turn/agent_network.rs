@@ -84,5 +84,5 @@ pub(crate) fn record(ctx: &mut RunContext) {
             "open (`agent-network: open`): nothing was enforced or counted".to_string()
         }
     };
-    ctx.report.network = Some(row);
+    ctx.ledger.report.network = Some(row);
 }

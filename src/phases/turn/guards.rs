@@ -63,7 +63,7 @@ pub(crate) fn put_back_git(ctx: &mut RunContext, guard: Option<GitGuard>) {
         Ok(reverted) => {
             if let Some(text) = reverted.describe() {
                 log::warning(&text);
-                ctx.report.confinement.push(text);
+                ctx.ledger.report.confinement.push(text);
             }
             if let Some(p) = &guard.persisted {
                 let _ = std::fs::remove_file(p);

@@ -32,7 +32,7 @@ pub(crate) fn take(ctx: &RunContext) -> Leftovers {
     Leftovers {
         git: guards::take_git(ctx),
         home: guards::take_home(ctx),
-        memory: memory_guard::take(ctx),
+        memory: memory_guard::take(&ctx.paths, &ctx.files),
     }
 }
 
@@ -49,7 +49,8 @@ pub(crate) fn put_back(ctx: &mut RunContext, held: Leftovers, agent_run: &AgentR
         .session_id
         .clone()
         .map(|id| (ctx.plan.logical_key.as_str().to_string(), id));
-    memory_guard::put_back(ctx, held.memory, &own, thread);
+    let at = (&ctx.paths, &ctx.files);
+    memory_guard::put_back(&mut ctx.ledger, at, held.memory, &own, thread);
 }
 
 /// Post: gives back what a killed main took from the runner's user for the turn besides its home
