@@ -1,6 +1,7 @@
-//! Admission: configuration → routing → dedup → lease. Either a run is admitted with its
-//! `RunContext`, or it is skipped with a reason, or the setup is invalid (`SetupError`, exit 1
-//! before anything is touched). See `docs/design.md` for the routing and lease rules.
+//! Admission: configuration → routing → dedup → lease. Either a run is admitted (what admission
+//! fixed, `Admitted`, and memory's `Ledger` as it starts), or it is skipped with a reason, or the
+//! setup is invalid (`SetupError`, exit 1 before anything is touched). See `docs/design.md` for the
+//! routing and lease rules.
 
 use std::path::PathBuf;
 
@@ -12,7 +13,7 @@ use crate::memory::ledger::{CacheSaved, Ledger, StoreContext};
 use crate::memory::save_result::StorePublish;
 use crate::memory::state_paths::{PathsError, StatePaths};
 use crate::object_store::{ObjectStore, StoreKeys, StoreSettings, ValidationError};
-use crate::phases::run_context::{Mode, RunContext};
+use crate::phases::run_context::{Admitted, Mode};
 use crate::runner::env;
 use crate::runner::{log, now_ms, Cancellation, Env, FileCommands};
 
@@ -52,8 +53,11 @@ pub(crate) enum SetupError {
 }
 
 pub(crate) enum Admission {
-    Run(Box<RunContext>),
-    Skip { reason: String },
+    /// What admission fixed, and memory's ledger as it starts.
+    Run(Box<(Admitted, Ledger)>),
+    Skip {
+        reason: String,
+    },
 }
 
 /// What the environment and inputs say, before anything is asked of GitHub or a store.
@@ -108,7 +112,7 @@ pub(crate) async fn admit(
         ))),
     };
     let lease_holder = lease_holder(&env, &setup.repository, &setup.run_id, setup.identity);
-    let mut ctx = RunContext {
+    let mut ctx = Admitted {
         env,
         mode,
         settings: setup.settings,
@@ -126,9 +130,8 @@ pub(crate) async fn admit(
         cache,
         store: None,
         lease_holder,
-        ledger: Ledger::new(cache_saved),
-        egress: None,
     };
+    let mut ledger = Ledger::new(cache_saved);
     if let Some(reason) = check_dedup(&ctx).await {
         return Ok(skip(reason));
     }
@@ -138,9 +141,9 @@ pub(crate) async fn admit(
             store: ObjectStore::connect(&settings).await,
             keys,
         });
-        ctx.ledger.report.store_publish = StorePublish::NotAttempted;
+        ledger.report.store_publish = StorePublish::NotAttempted;
     }
-    Ok(Admission::Run(Box::new(ctx)))
+    Ok(Admission::Run(Box::new((ctx, ledger))))
 }
 
 fn skip(reason: String) -> Admission {
@@ -255,7 +258,7 @@ async fn check_pull_request(gh: Option<&github::GitHub>, plan: &RunPlan) -> Opti
 }
 
 /// A skip reason when a run for the same entity already succeeded within the window.
-async fn check_dedup(ctx: &RunContext) -> Option<String> {
+async fn check_dedup(ctx: &Admitted) -> Option<String> {
     ctx.plan.dedup?;
     let sentinels = ctx.sentinels()?;
     let decision = dedup::check(

@@ -1,11 +1,13 @@
-//! What a run knows once it is admitted (`RunContext`), how it runs (`Mode`), and how the main
-//! step ends (`ExitStatus`, `RunExit`).
+//! The run's context, in two parts: what admission fixed (`Admitted`, read-only and shared) and
+//! what the phases append to (`RunLedger`: memory's `Ledger` and the turn's network record); how
+//! the run runs (`Mode`), and how the main step ends (`ExitStatus`, `RunExit`).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::cache;
 use crate::config::Settings;
+use crate::egress::AgentReach;
 use crate::github::{self, CacheKeys, Event, RunPlan};
 use crate::lease::Holder;
 use crate::memory::ledger::{Ledger, StoreContext};
@@ -59,8 +61,9 @@ impl RunExit {
     }
 }
 
-/// Everything an admitted run works with, built once by `admit`.
-pub(crate) struct RunContext {
+/// What admission fixed (`phases::admit`): read-only for the rest of the run and shared by every
+/// phase, which borrows it whole.
+pub(crate) struct Admitted {
     pub(crate) env: Env,
     pub(crate) mode: Mode,
     pub(crate) settings: Settings,
@@ -80,13 +83,9 @@ pub(crate) struct RunContext {
     pub(crate) store: Option<StoreContext>,
     /// Who asks for the repository lease at publish.
     pub(crate) lease_holder: Holder,
-    /// What memory's phases record as the run goes.
-    pub(crate) ledger: Ledger,
-    /// The agent's network for the turn (`phases::turn::agent_network`), until its summary row is written.
-    pub(crate) egress: Option<crate::egress::AgentReach>,
 }
 
-impl RunContext {
+impl Admitted {
     /// The dedup sentinels, kept in the same cache as memory.
     pub(crate) fn sentinels(&self) -> Option<CacheSentinels<'_>> {
         self.cache.as_ref().map(|backend| CacheSentinels {
@@ -95,21 +94,22 @@ impl RunContext {
             workspace: self.workspace.clone(),
         })
     }
+}
 
-    pub(crate) fn set_state(&self, name: &str, value: &str) {
-        self.files.save_state_or_warn(name, value);
-    }
+/// The run's mutable part, owned by the main step (`phases::run`), which lends a phase the piece
+/// it appends to: memory's ledger (with the summary's report), and the agent's network for the
+/// turn (`phases::turn::agent_network`) until its summary row is written.
+pub(crate) struct RunLedger {
+    pub(crate) ledger: Ledger,
+    pub(crate) egress: Option<AgentReach>,
+}
 
-    pub(crate) fn set_output(&self, name: &str, value: &str) {
-        self.files.set_output_or_warn(name, value);
-    }
-
-    /// `fut`, unless the run is cancelled and the runner's kill deadline passes first (`None`).
-    pub(crate) async fn within_budget<T>(
-        &self,
-        fut: impl std::future::Future<Output = T>,
-    ) -> Option<T> {
-        self.cancel.within_budget(fut).await
+impl RunLedger {
+    pub(crate) fn new(ledger: Ledger) -> Self {
+        RunLedger {
+            ledger,
+            egress: None,
+        }
     }
 }
 

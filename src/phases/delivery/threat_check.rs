@@ -10,7 +10,7 @@ use crate::config::safe_outputs::ThreatMode;
 use crate::confine::proxy::{Proxy, ProxyPlan};
 use crate::github::GitHub;
 use crate::opencode::client::error_chain;
-use crate::phases::run_context::RunContext;
+use crate::phases::run_context::Admitted;
 use crate::phases::turn::agent::AgentRun;
 use crate::safe_outputs::actions::{self, ActionOutcome};
 use crate::safe_outputs::branch::{self, Target, TargetInputs};
@@ -113,7 +113,7 @@ pub(crate) struct Terms {
 
 /// The threat check of one delivery.
 pub(crate) struct ThreatCheck<'a> {
-    ctx: &'a RunContext,
+    ctx: &'a Admitted,
     agent_run: &'a AgentRun,
     proposals: &'a [Proposal],
     mode: ThreatMode,
@@ -171,7 +171,7 @@ fn is_action(p: &Proposal) -> bool {
 
 impl<'a> ThreatCheck<'a> {
     pub(crate) fn new(
-        ctx: &'a RunContext,
+        ctx: &'a Admitted,
         agent_run: &'a AgentRun,
         proposals: &'a [Proposal],
     ) -> Self {
@@ -479,7 +479,7 @@ fn held_patch(capture: &Capture) -> Option<String> {
 }
 
 /// The model that answered the turn (else the configured one), as `provider/model`.
-fn judge_model(ctx: &RunContext, agent_run: &AgentRun) -> Option<String> {
+fn judge_model(ctx: &Admitted, agent_run: &AgentRun) -> Option<String> {
     agent_run
         .model
         .clone()
@@ -497,7 +497,7 @@ fn judge_model(ctx: &RunContext, agent_run: &AgentRun) -> Option<String> {
 
 /// Asks the model: through a key proxy of its own for the one provider, the redacted diff and
 /// actions fenced as data, an unreadable or failed answer asked again once.
-async fn ask(ctx: &RunContext, agent_run: &AgentRun, diff: &str, actions: &str) -> JudgeRun {
+async fn ask(ctx: &Admitted, agent_run: &AgentRun, diff: &str, actions: &str) -> JudgeRun {
     let name = judge_model(ctx, agent_run);
     let Some((provider_id, model_id)) = name.as_deref().and_then(|n| n.split_once('/')) else {
         return JudgeRun::failed(name, "no model is known to ask (set `model`)");

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use crate::confine::git_guard::{self, GitSnapshot};
 use crate::confine::home_guard::{self, TakenOver};
 use crate::confine::AgentUser;
-use crate::phases::run_context::{Mode, RunContext};
+use crate::memory::report::PersistenceReport;
+use crate::phases::run_context::{Admitted, Mode};
 use crate::runner::env::{self, state};
 use crate::runner::{log, Env};
 
@@ -27,7 +28,7 @@ fn persist_dir(env: &Env) -> PathBuf {
 }
 
 /// Snapshots `.git` before the turn. `None` (with a warning) when the checkout cannot be read.
-pub(crate) fn take_git(ctx: &RunContext) -> Option<GitGuard> {
+pub(crate) fn take_git(ctx: &Admitted) -> Option<GitGuard> {
     if !ctx.workspace.join(".git").exists() {
         return None;
     }
@@ -42,7 +43,8 @@ pub(crate) fn take_git(ctx: &RunContext) -> Option<GitGuard> {
     };
     let persisted = match git_guard::persist(&snapshot, &persist_dir(&ctx.env)) {
         Ok((path, sha)) => {
-            ctx.set_state(state::GIT_SNAPSHOT, &format!("{}\t{sha}", path.display()));
+            ctx.files
+                .save_state_or_warn(state::GIT_SNAPSHOT, &format!("{}\t{sha}", path.display()));
             Some(path)
         }
         Err(e) => {
@@ -57,18 +59,22 @@ pub(crate) fn take_git(ctx: &RunContext) -> Option<GitGuard> {
 }
 
 /// Puts `.git` back after the turn; what was reverted goes into the summary.
-pub(crate) fn put_back_git(ctx: &mut RunContext, guard: Option<GitGuard>) {
+pub(crate) fn put_back_git(
+    ctx: &Admitted,
+    report: &mut PersistenceReport,
+    guard: Option<GitGuard>,
+) {
     let Some(guard) = guard else { return };
     match git_guard::restore(&ctx.workspace, &guard.snapshot) {
         Ok(reverted) => {
             if let Some(text) = reverted.describe() {
                 log::warning(&text);
-                ctx.ledger.report.confinement.push(text);
+                report.confinement.push(text);
             }
             if let Some(p) = &guard.persisted {
                 let _ = std::fs::remove_file(p);
             }
-            ctx.set_state(state::GIT_SNAPSHOT, "");
+            ctx.files.save_state_or_warn(state::GIT_SNAPSHOT, "");
         }
         Err(e) => log::error(&format!(
             "could not put .git back after the agent's turn (later steps may run what it planted there): {e}"
@@ -127,7 +133,7 @@ fn home_roots(env: &Env) -> Vec<PathBuf> {
 
 /// Before the turn, in the action and only when fro-bot switches the agent to another uid (a
 /// local run's agent is the user).
-pub(crate) fn take_home(ctx: &RunContext) -> Option<HomeGuard> {
+pub(crate) fn take_home(ctx: &Admitted) -> Option<HomeGuard> {
     let Mode::Action = ctx.mode else { return None };
     let AgentUser::Switched { uid, gid, .. } = AgentUser::choose(&ctx.workspace) else {
         return None;
@@ -155,7 +161,7 @@ pub(crate) fn take_home(ctx: &RunContext) -> Option<HomeGuard> {
     };
     if !taken.taken.is_empty() {
         match serde_json::to_string(&taken) {
-            Ok(json) => ctx.set_state(state::HOME_TAKEN, &json),
+            Ok(json) => ctx.files.save_state_or_warn(state::HOME_TAKEN, &json),
             Err(e) => tracing::warn!("post could not give the home back: {e}"),
         }
     }
@@ -166,10 +172,10 @@ pub(crate) fn take_home(ctx: &RunContext) -> Option<HomeGuard> {
 }
 
 /// After the turn: the runner's home and the payload's directory given back.
-pub(crate) fn give_back_home(ctx: &mut RunContext, guard: Option<&HomeGuard>) {
+pub(crate) fn give_back_home(ctx: &Admitted, guard: Option<&HomeGuard>) {
     let Some(guard) = guard else { return };
     match home_guard::give_back(&guard.taken) {
-        Ok(()) => ctx.set_state(state::HOME_TAKEN, ""),
+        Ok(()) => ctx.files.save_state_or_warn(state::HOME_TAKEN, ""),
         Err(e) => log::error(&format!("could not give the runner's home back: {e}")),
     }
 }

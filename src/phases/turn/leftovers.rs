@@ -5,13 +5,13 @@
 use std::path::Path;
 
 use crate::confine::handover::{self, TakenOver};
-use crate::runner::env::state;
-use crate::runner::Env;
-
 use crate::memory::guard::{self as memory_guard, Before};
-use crate::phases::run_context::RunContext;
+use crate::memory::ledger::Ledger;
+use crate::phases::run_context::Admitted;
 use crate::phases::turn::agent::AgentRun;
 use crate::phases::turn::guards::{self, GitGuard, HomeGuard};
+use crate::runner::env::state;
+use crate::runner::Env;
 
 /// The three guards of one turn.
 pub(crate) struct Leftovers {
@@ -28,7 +28,7 @@ impl Leftovers {
 }
 
 /// Before the turn.
-pub(crate) fn take(ctx: &RunContext) -> Leftovers {
+pub(crate) fn take(ctx: &Admitted) -> Leftovers {
     Leftovers {
         git: guards::take_git(ctx),
         home: guards::take_home(ctx),
@@ -38,8 +38,8 @@ pub(crate) fn take(ctx: &RunContext) -> Leftovers {
 
 /// After the turn, once the agent's processes are gone: `.git` put back, the home given back, and
 /// memory limited to this run's own conversation.
-pub(crate) fn put_back(ctx: &mut RunContext, held: Leftovers, agent_run: &AgentRun) {
-    guards::put_back_git(ctx, held.git);
+pub(crate) fn put_back(ctx: &Admitted, ledger: &mut Ledger, held: Leftovers, agent_run: &AgentRun) {
+    guards::put_back_git(ctx, &mut ledger.report, held.git);
     guards::give_back_home(ctx, held.home.as_ref());
     let own: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
         .into_iter()
@@ -50,7 +50,7 @@ pub(crate) fn put_back(ctx: &mut RunContext, held: Leftovers, agent_run: &AgentR
         .clone()
         .map(|id| (ctx.plan.logical_key.as_str().to_string(), id));
     let at = (&ctx.paths, &ctx.files);
-    memory_guard::put_back(&mut ctx.ledger, at, held.memory, &own, thread);
+    memory_guard::put_back(ledger, at, held.memory, &own, thread);
 }
 
 /// Post: gives back what a killed main took from the runner's user for the turn besides its home
