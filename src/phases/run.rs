@@ -20,7 +20,7 @@ use crate::memory::restore::{restore, store_attempt, RestoreInputs};
 use crate::memory::save::{save, SaveInputs, SaveReport};
 use crate::memory::save_result::{GateInputs, StateValue, StorePublish};
 use crate::memory::scrub::Scope;
-use crate::memory::session_map::SessionMap;
+use crate::memory::session_map::{self, SessionMap};
 use crate::memory::state_paths::StatePaths;
 use crate::opencode::progress::ProgressSink;
 use crate::opencode::{Agent, TurnOutcome};
@@ -38,6 +38,7 @@ use crate::phases::turn::cleanup::{stop_agent, Stopped};
 use crate::phases::turn::leftovers;
 use crate::runner::env::{output, state};
 use crate::runner::{failpoint, log, now_ms, Cancellation, Env, FileCommands};
+use crate::trust::TrustMap;
 
 pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     let files = FileCommands::from_env(&env);
@@ -62,6 +63,38 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         ctx.settings.network.allowed.clone(),
     ));
     failpoint::hit("run:admitted");
+    let (tracker, turn, early) = acknowledge_and_take_thread_turn(&ctx).await;
+    if let ThreadTurn::NotOurs { holder_id, waited } = &turn {
+        let cache_saved = &run.ledger.cache_saved;
+        return not_our_turn(&ctx, cache_saved, tracker, (holder_id, *waited)).await;
+    }
+    let restoring = match early {
+        Some(restoring) => restoring,
+        None => restoring(&ctx).await,
+    };
+    let (restored, merged_at_restore) = restore_memory(&ctx, &mut run.ledger, restoring).await;
+    let (agent_run, stopped) = take_turn(&ctx, &mut run, &restored, tracker.as_ref()).await;
+    // The answer goes out before the save, so a slow save never delays it.
+    let delivered = run.ledger.report.delivery_answer.as_deref();
+    let cancelled_edit = respond(&ctx, (&agent_run, delivered), &restored, tracker).await;
+    let merged = merged_at_restore.as_ref();
+    let after_turn = (stopped, &agent_run);
+    let saved = save_if_changed(&ctx, &mut run.ledger, after_turn, &restored, merged).await;
+    give_back_thread_turn(&ctx, &mut run.ledger, turn, cancelled_edit).await;
+    match saved {
+        Saved::InTime => finish(&ctx, run.ledger, agent_run).await,
+        Saved::OutOfTime => out_of_time(&ctx, &run.ledger.cache_saved),
+    }
+}
+
+/// The restore as it started and how it ended (`restoring`).
+type Restoring = (Option<RestoreReport>, Instant);
+
+/// The 👀 reaction, the tracking comment and the thread's turn; with no turn to take, the restore
+/// beside them (`Some`), since nothing orders it after GitHub's round trips either.
+async fn acknowledge_and_take_thread_turn(
+    ctx: &Admitted,
+) -> (Option<Arc<Tracker>>, ThreadTurn, Option<Restoring>) {
     // The 👀 reaction does not wait for the tracking comment or the thread's turn (each a round
     // trip to GitHub, the turn possibly a long wait), nor they for it.
     let acknowledge = async {
@@ -76,53 +109,59 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     let own_turn = async {
         match ctx.settings.comment_mode {
             CommentMode::Run => {
-                let tracker = tracking_comment::open(&ctx).await;
-                let turn = thread_turn::take(&ctx, tracker.as_deref()).await;
+                let tracker = tracking_comment::open(ctx).await;
+                let turn = thread_turn::take(ctx, tracker.as_deref()).await;
                 (tracker, turn)
             }
-            CommentMode::Sticky => match thread_turn::take(&ctx, None).await {
+            CommentMode::Sticky => match thread_turn::take(ctx, None).await {
                 // The thread's comment is the other run's: the reply is a comment of its own.
                 turn @ ThreadTurn::NotOurs { .. } => (None, turn),
-                turn => (tracking_comment::open(&ctx).await, turn),
+                turn => (tracking_comment::open(ctx).await, turn),
             },
         }
     };
-    // With no turn to take, nothing orders the restore after GitHub's round trips either.
-    let ((tracker, turn), early) = if thread_turn::needed(&ctx) {
-        let (own, ()) = tokio::join!(own_turn, acknowledge);
-        (own, None)
+    if thread_turn::needed(ctx) {
+        let ((tracker, turn), ()) = tokio::join!(own_turn, acknowledge);
+        (tracker, turn, None)
     } else {
-        let (own, (), restoring) = tokio::join!(own_turn, acknowledge, restoring(&ctx));
-        (own, Some(restoring))
-    };
-    if let ThreadTurn::NotOurs { holder_id, waited } = &turn {
-        let cache_saved = &run.ledger.cache_saved;
-        return not_our_turn(&ctx, cache_saved, tracker, (holder_id, *waited)).await;
+        let ((tracker, turn), (), restoring) = tokio::join!(own_turn, acknowledge, restoring(ctx));
+        (tracker, turn, Some(restoring))
     }
+}
 
-    let restoring = match early {
-        Some(restoring) => restoring,
-        None => restoring(&ctx).await,
-    };
-    let (restored, merged_at_restore) = restore_memory(&ctx, &mut run.ledger, restoring).await;
-    let (agent_run, stopped) = take_turn(&ctx, &mut run, &restored, tracker.as_ref()).await;
-    // The answer goes out before the save, so a slow save never delays it.
-    let delivered = run.ledger.report.delivery_answer.as_deref();
-    let cancelled_edit = respond(&ctx, (&agent_run, delivered), &restored, tracker).await;
-    let saved = match memory_changed(&ctx, &agent_run) {
+/// The save, unless the run cannot have changed memory (`memory_changed`).
+async fn save_if_changed(
+    ctx: &Admitted,
+    ledger: &mut Ledger,
+    (stopped, agent_run): (Stopped, &AgentRun),
+    restored: &RestoreReport,
+    merged_at_restore: Option<&CacheMergeReport>,
+) -> Saved {
+    match memory_changed(ctx, agent_run) {
         MemoryChanged::No => {
-            let saved = SaveReport::cancelled_before_turn();
-            record_save(&mut run.ledger, saved, ctx.store.as_ref());
+            record_save(
+                ledger,
+                SaveReport::cancelled_before_turn(),
+                ctx.store.as_ref(),
+            );
             Saved::InTime
         }
         MemoryChanged::Maybe => {
-            let merged = merged_at_restore.as_ref();
-            let ledger = &mut run.ledger;
-            cleanup_and_save(&ctx, ledger, stopped, &agent_run, &restored, merged).await
+            let after_turn = (stopped, agent_run);
+            cleanup_and_save(ctx, ledger, after_turn, restored, merged_at_restore).await
         }
-    };
-    // Published (or not): the next run on the thread may start.
-    run.ledger.report.concurrency_notes.extend(turn.note());
+    }
+}
+
+/// Published (or not): the thread's turn given back, so the next run on the thread may start; and
+/// under a signal the tracking comment's "cancelled", each within the cancel budget.
+async fn give_back_thread_turn(
+    ctx: &Admitted,
+    ledger: &mut Ledger,
+    turn: ThreadTurn,
+    cancelled_edit: Option<tokio::task::JoinHandle<()>>,
+) {
+    ledger.report.concurrency_notes.extend(turn.note());
     if ctx
         .cancel
         .within_budget(turn.release(&ctx.files))
@@ -138,10 +177,6 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         if ctx.cancel.within_budget(edit).await.is_none() {
             tracing::warn!("the tracking comment was not updated before the cancel deadline");
         }
-    }
-    match saved {
-        Saved::InTime => finish(&ctx, run.ledger, agent_run).await,
-        Saved::OutOfTime => out_of_time(&ctx, &run.ledger.cache_saved),
     }
 }
 
@@ -207,7 +242,7 @@ async fn take_turn(
 /// The restore itself (store, then cache, then validation), with when it started; `None` when a
 /// signal stopped it: the agent will not run, and what is half restored is never saved
 /// (`memory_changed`).
-async fn restoring(ctx: &Admitted) -> (Option<RestoreReport>, Instant) {
+async fn restoring(ctx: &Admitted) -> Restoring {
     let t = Instant::now();
     let restore_keys = ctx.keys.restore_prefixes().to_vec();
     let restoring = async {
@@ -237,7 +272,7 @@ async fn restoring(ctx: &Admitted) -> (Option<RestoreReport>, Instant) {
 async fn restore_memory(
     ctx: &Admitted,
     ledger: &mut Ledger,
-    (restored, t): (Option<RestoreReport>, Instant),
+    (restored, t): Restoring,
 ) -> (RestoreReport, Option<CacheMergeReport>) {
     let cancel = ctx.cancel.clone();
     ctx.files
@@ -550,8 +585,7 @@ async fn deliver_outputs(
 async fn cleanup_and_save(
     ctx: &Admitted,
     ledger: &mut Ledger,
-    stopped: Stopped,
-    agent_run: &AgentRun,
+    (stopped, agent_run): (Stopped, &AgentRun),
     restored: &RestoreReport,
     merged_at_restore: Option<&CacheMergeReport>,
 ) -> Saved {
@@ -564,6 +598,67 @@ async fn cleanup_and_save(
     } = stopped;
     let save_key = ctx.keys.save_key();
     let restore_keys = ctx.keys.restore_prefixes();
+    let beside = beside_memory(ctx, ledger.provenance, agent_run, restored);
+    let inputs = SaveInputs {
+        paths: &ctx.paths,
+        workspace: &ctx.workspace,
+        skip_cache: ctx.settings.skip_cache,
+        gate: GateInputs {
+            agent_still_running,
+            server_quiescent: quiescent,
+            strays_remained,
+        },
+        cache: ctx.cache.as_ref(),
+        save_key: &save_key,
+        run_id: &ctx.run_id,
+        now_ms: now_ms(),
+        shadow_guard: restored.shadow_guard.as_deref(),
+        sessions: Some(&beside.sessions),
+        trust: Some(&beside.trust),
+        restored: ledger.restored_copy.as_ref(),
+        cache_merge: cache_merge_inputs(
+            (ctx, &ledger.own_rows),
+            &restore_keys,
+            restored,
+            merged_at_restore,
+        ),
+        scrub_scope: &beside.scrub_scope,
+    };
+    let publish = || publish_to_store(ctx, ledger, restored);
+    let Some(saved) = ctx.cancel.within_budget(save(inputs, publish)).await else {
+        return Saved::OutOfTime;
+    };
+    failpoint::hit("run:after-save");
+    record_save(ledger, saved, ctx.store.as_ref());
+    // A merge folded the session this run started into the one another run started for the
+    // thread: the thread continues there.
+    if let Some((_, session)) = ledger.own_rows.thread() {
+        if agent_run.session_id.as_deref() != Some(session.as_str()) {
+            ctx.files.set_output_or_warn(output::SESSION_ID, &session);
+        }
+    }
+    ledger.report.record_phase("save", t.elapsed());
+    Saved::InTime
+}
+
+/// What the save records beside memory.
+struct BesideMemory {
+    /// Which session continues which thread.
+    sessions: session_map::Map,
+    /// Who wrote each session.
+    trust: TrustMap,
+    /// What the save's scrub reads.
+    scrub_scope: Scope,
+}
+
+/// The session map, the sessions' trust and the scrub's scope after this run's turn, each also in
+/// main's state, so a retry by post records and scrubs what main would have.
+fn beside_memory(
+    ctx: &Admitted,
+    provenance: Provenance,
+    agent_run: &AgentRun,
+    restored: &RestoreReport,
+) -> BesideMemory {
     let sessions = restored.sessions.after_run(
         &ctx.paths.db(),
         &ctx.workspace,
@@ -583,75 +678,47 @@ async fn cleanup_and_save(
     if let Ok(json) = serde_json::to_string(&trust) {
         ctx.files.save_state_or_warn(state::SESSION_TRUST, &json);
     }
-    let scrub_scope = scrub_scope(ledger.provenance, &written);
+    let scrub_scope = scrub_scope(provenance, &written);
     if let Ok(json) = serde_json::to_string(&scrub_scope) {
         // Post's retry scrubs what main would have.
         ctx.files.save_state_or_warn(state::SCRUB_SCOPE, &json);
     }
-    let inputs = SaveInputs {
-        paths: &ctx.paths,
-        workspace: &ctx.workspace,
-        skip_cache: ctx.settings.skip_cache,
-        gate: GateInputs {
-            agent_still_running,
-            server_quiescent: quiescent,
-            strays_remained,
-        },
-        cache: ctx.cache.as_ref(),
-        save_key: &save_key,
-        run_id: &ctx.run_id,
-        now_ms: now_ms(),
-        shadow_guard: restored.shadow_guard.as_deref(),
-        sessions: Some(&sessions),
-        trust: Some(&trust),
-        restored: ledger.restored_copy.as_ref(),
-        cache_merge: cache_merge_inputs(
-            (ctx, &ledger.own_rows),
-            &restore_keys,
-            restored,
-            merged_at_restore,
-        ),
-        scrub_scope: &scrub_scope,
+    BesideMemory {
+        sessions,
+        trust,
+        scrub_scope,
+    }
+}
+
+/// The save's publish to the store (`memory::publish`), when there is one.
+async fn publish_to_store(
+    ctx: &Admitted,
+    ledger: &Ledger,
+    restored: &RestoreReport,
+) -> PublishReport {
+    let Some(store) = ctx.store.as_ref() else {
+        return PublishReport::from(StorePublish::Disabled);
     };
     let no_sessions = Snapshot::empty();
-    let publish = || async {
-        let Some(store) = ctx.store.as_ref() else {
-            return PublishReport::from(StorePublish::Disabled);
-        };
-        publish(PublishInputs {
-            store,
-            cancel: &ctx.cancel,
-            holder: ctx.lease_holder.clone(),
-            files: &ctx.files,
-            paths: &ctx.paths,
-            workspace: &ctx.workspace,
-            expected_etag: restored.store_etag.clone(),
-            restored: match restored.source {
-                RestoreSource::Storage => ledger.restored_sessions.as_ref(),
-                RestoreSource::Cache | RestoreSource::None => Some(&no_sessions),
-            },
-            own_rows: &ledger.own_rows,
-            run_id: &ctx.run_id,
-            now_ms: now_ms(),
-            lease_config: LeaseConfig::default(),
-            lease_wait: LEASE_WAIT,
-        })
-        .await
-    };
-    let Some(saved) = ctx.cancel.within_budget(save(inputs, publish)).await else {
-        return Saved::OutOfTime;
-    };
-    failpoint::hit("run:after-save");
-    record_save(ledger, saved, ctx.store.as_ref());
-    // A merge folded the session this run started into the one another run started for the
-    // thread: the thread continues there.
-    if let Some((_, session)) = ledger.own_rows.thread() {
-        if agent_run.session_id.as_deref() != Some(session.as_str()) {
-            ctx.files.set_output_or_warn(output::SESSION_ID, &session);
-        }
-    }
-    ledger.report.record_phase("save", t.elapsed());
-    Saved::InTime
+    publish(PublishInputs {
+        store,
+        cancel: &ctx.cancel,
+        holder: ctx.lease_holder.clone(),
+        files: &ctx.files,
+        paths: &ctx.paths,
+        workspace: &ctx.workspace,
+        expected_etag: restored.store_etag.clone(),
+        restored: match restored.source {
+            RestoreSource::Storage => ledger.restored_sessions.as_ref(),
+            RestoreSource::Cache | RestoreSource::None => Some(&no_sessions),
+        },
+        own_rows: &ledger.own_rows,
+        run_id: &ctx.run_id,
+        now_ms: now_ms(),
+        lease_config: LeaseConfig::default(),
+        lease_wait: LEASE_WAIT,
+    })
+    .await
 }
 
 /// What the save's scrub reads: only the trees this run wrote when memory was rebuilt from
