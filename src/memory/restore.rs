@@ -1,4 +1,4 @@
-//! Restore phase (docs/design.md#the-restore-order): object store first when enabled, else the
+//! The restore (docs/design.md#the-restore-order): object store first when enabled, else the
 //! Actions cache; then validation and sanitization (restored memory is untrusted input,
 //! docs/persistence.md). It never fails the run: every failure degrades to an empty state with a
 //! warning.

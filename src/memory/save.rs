@@ -1,6 +1,8 @@
-//! Save phase (docs/design.md#the-save-order): safety gate, shadow guard, checkpoint, marker,
-//! object-store publish (first), then the Actions cache. Each step's failure is reported in the
-//! result, never raised.
+//! The save (docs/design.md#the-save-order): the safety gate and shadow guard, credentials off the
+//! saved paths, the scrub, the checkpoint, entries saved meanwhile merged in (`cache_merge`), the
+//! marker, the object-store publish (first; `publish`), then the Actions cache and entries
+//! committed meanwhile merged and saved again. Each step's failure is reported in the result,
+//! never raised.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

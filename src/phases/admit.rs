@@ -1,7 +1,8 @@
-//! Admission: configuration → routing → dedup → lease. Either a run is admitted (what admission
+//! Admission: configuration → routing → the self-trigger and pull request checks → dedup, and the
+//! store's client (the lease waits for the publish). Either a run is admitted (what admission
 //! fixed, `Admitted`, and memory's `Ledger` as it starts), or it is skipped with a reason, or the
 //! setup is invalid (`SetupError`, exit 1 before anything is touched). See `docs/design.md` for the
-//! routing and lease rules.
+//! routing rules.
 
 use std::path::PathBuf;
 

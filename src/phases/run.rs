@@ -1,8 +1,9 @@
 //! `fro-bot run` (and `fro-bot local`): the main step, in the order `docs/design.md` gives —
-//! admit (config → routing → dedup → lease) → acknowledge and the tracking comment (the restore
-//! beside them when there is no thread turn to take first) → restore →
-//! agent (session prep and the turn) → respond → cleanup and save (always) → finish (summary, then
-//! the niceties).
+//! admit → acknowledge, the tracking comment and the thread's turn (the restore beside them when
+//! there is no thread turn to take first) → restore → the turn (the outputs prepared, the guards
+//! taken, the agent, cleanup, the guards put back, the delivery) → respond → save (always, within
+//! the cancel budget) → the thread's turn given back → finish (summary, then the niceties). It
+//! owns the run's ledger (`RunLedger`) and lends each step the part it appends to.
 
 use std::sync::Arc;
 use std::time::Instant;
