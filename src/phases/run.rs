@@ -81,7 +81,8 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     let merged = merged_at_restore.as_ref();
     let after_turn = (stopped, &agent_run);
     let saved = save_if_changed(&ctx, &mut run.ledger, after_turn, &restored, merged).await;
-    give_back_thread_turn(&ctx, &mut run.ledger, turn, cancelled_edit).await;
+    run.ledger.report.concurrency_notes.extend(turn.note());
+    give_back_thread_turn(&ctx, turn, cancelled_edit).await;
     match saved {
         Saved::InTime => finish(&ctx, run.ledger, agent_run).await,
         Saved::OutOfTime => out_of_time(&ctx, &run.ledger.cache_saved),
@@ -158,11 +159,9 @@ async fn save_if_changed(
 /// under a signal the tracking comment's "cancelled", each within the cancel budget.
 async fn give_back_thread_turn(
     ctx: &Admitted,
-    ledger: &mut Ledger,
     turn: ThreadTurn,
     cancelled_edit: Option<tokio::task::JoinHandle<()>>,
 ) {
-    ledger.report.concurrency_notes.extend(turn.note());
     if ctx
         .cancel
         .within_budget(turn.release(&ctx.files))
