@@ -485,11 +485,11 @@ fn restore_child(args: &[String]) {
         "{:?}",
         report.notes
     );
-    let copy = fro_bot::phases::context::RestoredCopy::of(&paths, &report);
-    let provenance = fro_bot::phases::context::Provenance::of_restored(&paths, copy.as_ref());
+    let copy = fro_bot::memory::ledger::RestoredCopy::of(&paths, &report);
+    let provenance = fro_bot::memory::ledger::Provenance::of_restored(&paths, copy.as_ref());
     assert_eq!(
         provenance,
-        fro_bot::phases::context::Provenance::Scrubbed,
+        fro_bot::memory::ledger::Provenance::Scrubbed,
         "the saved marker vouches for what it saved"
     );
     fro_bot::memory::merge::Snapshot::capture(&paths.db()).expect("snapshot");

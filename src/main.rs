@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::{Arg, ArgMatches, Args, Parser, Subcommand};
 use fro_bot::config::inputs::{self, InputSpec};
-use fro_bot::phases::context::Mode;
+use fro_bot::phases::run_context::Mode;
 use fro_bot::runner::{Cancellation, Env};
 
 #[derive(Debug, Parser)]

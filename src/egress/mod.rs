@@ -25,7 +25,7 @@ pub struct NetworkSettings {
 }
 
 /// The agent's network for one turn, as `opencode::Agent` sets it up: the mode, the kernel's
-/// Landlock ABI (checked before the agent starts, `phases::turn::network`), and the egress proxy.
+/// Landlock ABI (checked before the agent starts, `phases::turn::agent_network`), and the egress proxy.
 #[derive(Debug, Clone)]
 pub struct AgentReach {
     pub mode: AgentNetwork,

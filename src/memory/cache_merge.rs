@@ -10,13 +10,13 @@ use std::path::Path;
 use crate::cache::{self, RestoreOutcome};
 use crate::memory::checkpoint::{self, ProbeOutcome};
 use crate::memory::fallback::{Catalog, Listing};
+use crate::memory::ledger::OwnRows;
 use crate::memory::merge::{self, MergeReport, Snapshot};
 use crate::memory::report::RestoreSource;
 use crate::memory::restore::shown;
 use crate::memory::sanitize::{self, SanitizeOutcome};
 use crate::memory::session_map::{self, Map};
 use crate::memory::state_paths::{check_marker, MarkerCheck, StatePaths, MARKER_FILE};
-use crate::phases::context::OwnRows;
 use crate::trust::{SessionTrust, TrustMap};
 
 /// Entries merged at most per save: the newest ones, when a burst of runs saved since.

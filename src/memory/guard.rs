@@ -9,11 +9,12 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use crate::memory::ledger::{Ledger, OwnRows, Provenance};
 use crate::memory::merge::{self, Snapshot};
 use crate::memory::scrub::Scope;
-use crate::phases::context::{Provenance, RunContext};
+use crate::memory::state_paths::StatePaths;
 use crate::runner::env::state;
-use crate::runner::log;
+use crate::runner::{log, FileCommands};
 
 /// The database as restored, kept out of the agent's reach for the turn.
 pub(crate) struct MemoryGuard {
@@ -34,9 +35,9 @@ pub(crate) enum Before {
     Unknown,
 }
 
-/// Copies the restored database before the turn.
-pub(crate) fn take(ctx: &RunContext) -> Before {
-    let db = ctx.paths.db();
+/// Copies the restored database before the turn (and says so in main's state, for post).
+pub(crate) fn take(paths: &StatePaths, files: &FileCommands) -> Before {
+    let db = paths.db();
     if !db.is_file() {
         return Before::Nothing;
     }
@@ -57,7 +58,7 @@ pub(crate) fn take(ctx: &RunContext) -> Before {
     match kept {
         Ok(g) => {
             // Until `put_back`, post must not save what the agent leaves.
-            ctx.set_state(state::MEMORY_GUARD, "pending");
+            files.save_state_or_warn(state::MEMORY_GUARD, "pending");
             Before::Kept(g)
         }
         Err(e) => {
@@ -83,46 +84,46 @@ fn copy_db(db: &Path, to: &Path) -> std::io::Result<()> {
 /// how many other conversations the agent had changed. When the copy was memory fro-bot had
 /// scrubbed, `own` trees are scrubbed before they are written into it, so nothing in the rebuilt
 /// file ever held a secret and the save scrubs only those trees (`Provenance`).
-/// Also records the messages the turn wrote and its thread's session (`RunContext::own_rows`),
+/// Also records the messages the turn wrote and its thread's session (`Ledger::own_rows`),
 /// which only this run's database holds.
 pub(crate) fn put_back(
-    ctx: &mut RunContext,
+    ledger: &mut Ledger,
+    (paths, files): (&StatePaths, &FileCommands),
     before: Before,
     own: &[&str],
     thread: Option<(String, String)>,
 ) {
-    let scrubbed_base = ctx.provenance == Provenance::Scrubbed;
+    let scrubbed_base = ledger.provenance == Provenance::Scrubbed;
     // Anything but a rebuild from scrubbed memory leaves the save to scrub the whole database.
-    ctx.provenance = Provenance::Unknown;
+    ledger.provenance = Provenance::Unknown;
+    let db = paths.db();
     let guard = match before {
         Before::Kept(guard) => guard,
         Before::Nothing => {
-            record_own_rows(ctx, None, thread);
+            ledger.own_rows = own_rows(&db, None, thread);
             return;
         }
         Before::Unknown => return,
     };
-    let db = ctx.paths.db();
     let own: BTreeSet<String> = own.iter().map(|s| s.to_string()).collect();
     let prescrubbed = scrubbed_base && prescrub(&db, &own);
     let (note, rebuilt) = rebuild(&guard, &db, &own);
     if let Some(note) = note {
         log::warning(&note);
-        ctx.report.confinement.push(note);
+        ledger.report.confinement.push(note);
     }
     if prescrubbed && rebuilt {
-        ctx.provenance = Provenance::RebuiltFromScrubbed;
+        ledger.provenance = Provenance::RebuiltFromScrubbed;
     }
-    record_own_rows(ctx, Some(&guard.copy), thread);
-    ctx.set_state(state::MEMORY_GUARD, "");
+    ledger.own_rows = own_rows(&db, Some(&guard.copy), thread);
+    files.save_state_or_warn(state::MEMORY_GUARD, "");
 }
 
-/// The messages the database holds now and did not before the turn (`before`: its copy; `None`:
-/// there was none), and the thread's session. Unreadable: no messages (nothing of this run's then
-/// moves in a merge).
-fn record_own_rows(ctx: &mut RunContext, before: Option<&Path>, thread: Option<(String, String)>) {
-    let db = ctx.paths.db();
-    let messages = match db.is_file().then(|| merge::messages_added(before, &db)) {
+/// The messages `db` holds now and did not before the turn (`before`: its copy; `None`: there was
+/// none), and the thread's session. Unreadable: no messages (nothing of this run's then moves in a
+/// merge).
+fn own_rows(db: &Path, before: Option<&Path>, thread: Option<(String, String)>) -> OwnRows {
+    let messages = match db.is_file().then(|| merge::messages_added(before, db)) {
         Some(Ok(ids)) => ids,
         Some(Err(e)) => {
             tracing::debug!("this run's messages are not known: {e}");
@@ -130,7 +131,7 @@ fn record_own_rows(ctx: &mut RunContext, before: Option<&Path>, thread: Option<(
         }
         None => Default::default(),
     };
-    ctx.own_rows = crate::phases::context::OwnRows::new(messages, thread);
+    OwnRows::new(messages, thread)
 }
 
 /// Scrubs the rows of `own` trees (and OpenCode's other tables) in the agent's database, the ones

@@ -11,6 +11,7 @@ pub mod cache_merge;
 pub mod checkpoint;
 pub mod fallback;
 pub mod guard;
+pub mod ledger;
 pub mod merge;
 pub mod project_identity;
 pub mod publish;

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::lease::{self, AcquireOutcome, Holder, Lease, LeaseConfig, LeaseHandle};
+use crate::memory::ledger::{OwnRows, PostLease, StoreContext};
 use crate::memory::merge::{self, MergeReport, Snapshot};
 use crate::memory::report::LeaseReport;
 use crate::memory::save_result::StorePublish;
 use crate::memory::session_map;
 use crate::memory::state_paths::{check_marker, write_marker, MarkerCheck, Scrubbed, StatePaths};
 use crate::object_store as store;
-use crate::phases::context::{OwnRows, PostLease, StoreContext};
 use crate::runner::{failpoint, log, Cancellation, FileCommands};
 
 /// The lease must have at least this long left when the session database is put.

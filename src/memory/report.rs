@@ -82,7 +82,7 @@ pub struct RestoreReport {
     /// save is declined with this reason, so it cannot hide that memory.
     pub shadow_guard: Option<String>,
     /// SHA-256 of the database as it came out of the entry, taken beside the restore's checks
-    /// (`phases::context::RestoredCopy`).
+    /// (`memory::ledger::RestoredCopy`).
     pub restored_sha256: Option<[u8; 32]>,
 }
 
@@ -142,7 +142,7 @@ pub struct PersistenceReport {
     /// the paragraph the answer ends with.
     pub delivery_rows: Vec<(String, String)>,
     pub delivery_answer: Option<String>,
-    /// The "Network" row: what the agent could reach and what it tried (`phases::turn::network`).
+    /// The "Network" row: what the agent could reach and what it tried (`phases::turn::agent_network`).
     pub network: Option<String>,
     /// What became of the links in the agent's posted text (`outbound::summary_row`).
     pub links: Option<String>,

@@ -1,4 +1,4 @@
-//! Restore phase (docs/design.md#the-restore-order): object store first when enabled, else the
+//! The restore (docs/design.md#the-restore-order): object store first when enabled, else the
 //! Actions cache; then validation and sanitization (restored memory is untrusted input,
 //! docs/persistence.md). It never fails the run: every failure degrades to an empty state with a
 //! warning.
@@ -13,12 +13,12 @@ use std::path::Path;
 use crate::cache::{self, CacheError, RestoreOutcome};
 use crate::memory::checkpoint::{self, CheckpointOutcome, ProbeOutcome};
 use crate::memory::fallback::{Catalog, Deletion, Listing, MAX_FALLBACK};
+use crate::memory::ledger::StoreContext;
 use crate::memory::report::{CacheStatus, RestoreReport, RestoreSource};
 use crate::memory::sanitize::{self, SanitizeOutcome};
 use crate::memory::session_map::SessionMap;
 use crate::memory::state_paths::{check_marker, MarkerCheck, StatePaths};
 use crate::object_store as store;
-use crate::phases::context::StoreContext;
 
 /// The object-store side of a restore, as the phase needs it (filled by the caller, which owns the
 /// store client and key layout).
@@ -595,7 +595,7 @@ async fn examine_database(db: std::path::PathBuf, now_ms: i64) -> Result<Examina
     // names nothing, which costs a whole scrub and an upload, never a skipped one.
     let hashing = {
         let db = db.clone();
-        tokio::task::spawn_blocking(move || crate::phases::context::sha256_file(&db).ok())
+        tokio::task::spawn_blocking(move || crate::memory::ledger::sha256_file(&db).ok())
     };
     let outcome = tokio::task::spawn_blocking(move || {
         let cp = checkpoint::checkpoint(&db);

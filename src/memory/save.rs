@@ -1,15 +1,18 @@
-//! Save phase (docs/design.md#the-save-order): safety gate, shadow guard, checkpoint, marker,
-//! object-store publish (first), then the Actions cache. Each step's failure is reported in the
-//! result, never raised.
+//! The save (docs/design.md#the-save-order): the safety gate and shadow guard, credentials off the
+//! saved paths, the scrub, the checkpoint, entries saved meanwhile merged in (`cache_merge`), the
+//! marker, the object-store publish (first; `publish`), then the Actions cache and entries
+//! committed meanwhile merged and saved again. Each step's failure is reported in the result,
+//! never raised.
 
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::cache::{self, CacheError};
 use crate::memory::cache_merge::{
     merge_newer_entries, merge_saved_meanwhile, CacheMergeInputs, CacheMergeReport, MAX_RESAVES,
 };
 use crate::memory::checkpoint::{self, CheckpointOutcome};
+use crate::memory::ledger::RestoredCopy;
 use crate::memory::publish::PublishReport;
 use crate::memory::save_result::{
     safety_gate, CacheSaveResult, GateInputs, SaveOutcome, StorePublish,
@@ -17,7 +20,6 @@ use crate::memory::save_result::{
 use crate::memory::scrub::ScrubOutcome;
 use crate::memory::session_map::Map;
 use crate::memory::state_paths::{write_marker, FileDigest, Scrubbed, StatePaths};
-use crate::phases::context::RestoredCopy;
 use crate::runner::{env, failpoint};
 
 pub struct SaveInputs<'a> {
@@ -98,22 +100,9 @@ where
         scrub: Some(scrub.clone()),
         ..not_saved(result, checkpoint)
     };
-    // The database as the scrub and checkpoint left it: read once, for this check and for the
-    // marker (unless a merge below replaces it).
-    let digest = match inputs.restored {
-        Some(copy) => match FileDigest::of(&inputs.paths.db()) {
-            Ok(digest) if digest.sha256 == copy.sha256 => {
-                let detail = format!(
-                    "unchanged since restore: {} already holds it; nothing uploaded",
-                    copy.holder()
-                );
-                let result = CacheSaveResult::unchanged(copy.cache_key.is_some(), detail);
-                return not_saved(result, Some(cp));
-            }
-            Ok(digest) => Some(digest),
-            Err(_) => None,
-        },
-        None => None,
+    let digest = match changed_since_restore(&inputs) {
+        Ok(digest) => digest,
+        Err(unchanged) => return not_saved(unchanged, Some(cp)),
     };
     // The restore's merges are in this run's map and records already (`run::restore_memory`, so
     // a session this run wrote keeps its own lowered record): only the save's are joined here.
@@ -124,9 +113,46 @@ where
         ),
         None => Default::default(),
     };
-    let (sessions, trust) = marker_maps(&inputs, &cache_merge);
-    // A merged entry replaced the database (`cache_merge::merge_one`, by rename): its digest is
-    // taken again, and other runs' memory is not this save's to vouch for.
+    mark(&inputs, &cache_merge, digest);
+    failpoint::hit("save:after-marker");
+    let publish = publish().await;
+    let store_persisted = publish.outcome == StorePublish::Published;
+    let mut cache_merge = cache_merge;
+    let (result, key_taken) = cache_and_resave(&inputs, &mut cache_merge, store_persisted).await;
+    SaveReport {
+        result,
+        checkpoint: Some(cp),
+        scrub: Some(scrub),
+        publish,
+        cache_merge: earlier.then(cache_merge),
+        key_taken,
+    }
+}
+
+/// The database as the scrub and checkpoint left it, read once, for the marker (unless a merge
+/// replaces it); `Err`: the result when it is the restored database unchanged.
+fn changed_since_restore(inputs: &SaveInputs<'_>) -> Result<Option<FileDigest>, CacheSaveResult> {
+    let Some(copy) = inputs.restored else {
+        return Ok(None);
+    };
+    match FileDigest::of(&inputs.paths.db()) {
+        Ok(digest) if digest.sha256 == copy.sha256 => {
+            let detail = format!(
+                "unchanged since restore: {} already holds it; nothing uploaded",
+                copy.holder()
+            );
+            Err(CacheSaveResult::unchanged(copy.cache_key.is_some(), detail))
+        }
+        Ok(digest) => Ok(Some(digest)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The marker beside the database: its maps after the cache merge, and what fro-bot vouches for.
+/// A merged entry replaced the database (`cache_merge::merge_one`, by rename): its digest is taken
+/// again, and other runs' memory is not this save's to vouch for.
+fn mark(inputs: &SaveInputs<'_>, cache_merge: &CacheMergeReport, digest: Option<FileDigest>) {
+    let (sessions, trust) = marker_maps(inputs, cache_merge);
     let (scrubbed, digest) = match cache_merge.merged.is_empty() {
         true => (Scrubbed::Whole, digest),
         false => (Scrubbed::NotVouched, None),
@@ -145,29 +171,24 @@ where
         tracing::warn!("cannot write the memory marker: {e}");
         let _ = std::fs::remove_file(inputs.paths.marker());
     }
+}
 
-    failpoint::hit("save:after-marker");
-    let publish = publish().await;
-    let store_persisted = publish.outcome == StorePublish::Published;
-    let (mut result, key_taken) = save_to_cache(&inputs, inputs.save_key, store_persisted).await;
-    let mut cache_merge = cache_merge;
+/// The Actions cache entry, then the merge of entries committed meanwhile saved again
+/// (`resave_merged`); the result and whether the key was taken.
+async fn cache_and_resave(
+    inputs: &SaveInputs<'_>,
+    cache_merge: &mut CacheMergeReport,
+    store_persisted: bool,
+) -> (CacheSaveResult, bool) {
+    let (mut result, key_taken) = save_to_cache(inputs, inputs.save_key, store_persisted).await;
     if result.outcome == SaveOutcome::Persisted {
         if let Some(merge) = &inputs.cache_merge {
-            if let Some(again) =
-                resave_merged(&inputs, merge, &mut cache_merge, store_persisted).await
-            {
+            if let Some(again) = resave_merged(inputs, merge, cache_merge, store_persisted).await {
                 result = again;
             }
         }
     }
-    SaveReport {
-        result,
-        checkpoint: Some(cp),
-        scrub: Some(scrub),
-        publish,
-        cache_merge: earlier.then(cache_merge),
-        key_taken,
-    }
+    (result, key_taken)
 }
 
 /// The marker's session map and trust records after merging cache entries: theirs, with this
@@ -239,40 +260,10 @@ type NotSaved = (CacheSaveResult, Option<CheckpointOutcome>);
 /// paths, secrets out of the database, the WAL checkpoint, and a database worth saving (not
 /// empty, not corrupt).
 async fn prepare(inputs: &SaveInputs<'_>) -> Result<(CheckpointOutcome, ScrubOutcome), NotSaved> {
-    let declined =
-        |detail: String| CacheSaveResult::new(SaveOutcome::CheckpointDeclined, false, detail);
-    if let Some(refusal) = safety_gate(inputs.gate) {
-        let result =
-            CacheSaveResult::new(SaveOutcome::OwnershipDeclined, false, refusal.describe());
+    if let Some(result) = refused(inputs) {
         return Err((result, None));
     }
-    if let Some(reason) = inputs.shadow_guard {
-        let result = CacheSaveResult::new(SaveOutcome::ShadowingDeclined, false, reason);
-        return Err((result, None));
-    }
-    if inputs.skip_cache {
-        let result = CacheSaveResult::new(
-            SaveOutcome::SkippedByConfiguration,
-            false,
-            "skip-cache is set",
-        );
-        return Err((result, None));
-    }
-    // Credentials never reach a saved path.
-    if let Err(e) = inputs.paths.remove_auth_file() {
-        return Err((
-            declined(format!("cannot remove auth.json before saving: {e}")),
-            None,
-        ));
-    }
-    // Nor does the legacy JSON storage, which the scrub does not read (OpenCode 1.18 reads
-    // nothing there; the restore drops it too).
-    if let Err(e) = inputs.paths.remove_legacy_storage() {
-        return Err((
-            declined(format!("cannot remove storage/ before saving: {e}")),
-            None,
-        ));
-    }
+    clear_saved_paths(inputs.paths).map_err(|result| (result, None))?;
     let db = inputs.paths.db();
     // Secrets out before the checkpoint folds everything into the file that is saved. A failure
     // is reported after the checkpoint and the corruption probe, so a corrupt database still
@@ -293,37 +284,8 @@ async fn prepare(inputs: &SaveInputs<'_>) -> Result<(CheckpointOutcome, ScrubOut
         let detail = format!("the WAL could not be folded into the database: {message}");
         return Err((declined(detail), Some(cp)));
     }
-    let size = match std::fs::metadata(&db) {
-        Ok(m) => m.len(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-        // Unreadable is not empty: declining keeps the state not-persisted, so post retries.
-        Err(e) => {
-            let detail = format!("cannot read the session database: {e}");
-            return Err((declined(detail), Some(cp)));
-        }
-    };
-    if size == 0 {
-        let result = CacheSaveResult::new(
-            SaveOutcome::SkippedEmpty,
-            false,
-            "no session database to save",
-        );
+    if let Err(result) = worth_saving(db, &cp).await {
         return Err((result, Some(cp)));
-    }
-    if cp == CheckpointOutcome::NothingToCheckpoint {
-        // Nothing opened the file yet: a corrupt database must not become the newest entry,
-        // which restore would then discard in favour of nothing.
-        let probe = tokio::task::spawn_blocking(move || checkpoint::probe(&db)).await;
-        if let Ok(checkpoint::ProbeOutcome::Failed {
-            structural: true,
-            message,
-        }) = probe
-        {
-            let detail = format!(
-                "the session database is corrupt; not saving it over good memory: {message}"
-            );
-            return Err((declined(detail), Some(cp)));
-        }
     }
     match scrubbed {
         Ok(scrub) => Ok((cp, scrub)),
@@ -335,6 +297,77 @@ async fn prepare(inputs: &SaveInputs<'_>) -> Result<(CheckpointOutcome, ScrubOut
             Some(cp),
         )),
     }
+}
+
+fn declined(detail: String) -> CacheSaveResult {
+    CacheSaveResult::new(SaveOutcome::CheckpointDeclined, false, detail)
+}
+
+/// Why nothing may be saved, before anything is touched: the safety gate, the shadow guard,
+/// `skip-cache`.
+fn refused(inputs: &SaveInputs<'_>) -> Option<CacheSaveResult> {
+    if let Some(refusal) = safety_gate(inputs.gate) {
+        let result =
+            CacheSaveResult::new(SaveOutcome::OwnershipDeclined, false, refusal.describe());
+        return Some(result);
+    }
+    if let Some(reason) = inputs.shadow_guard {
+        let result = CacheSaveResult::new(SaveOutcome::ShadowingDeclined, false, reason);
+        return Some(result);
+    }
+    inputs.skip_cache.then(|| {
+        CacheSaveResult::new(
+            SaveOutcome::SkippedByConfiguration,
+            false,
+            "skip-cache is set",
+        )
+    })
+}
+
+/// What must never reach a saved path: credentials, and the legacy JSON storage, which the scrub
+/// does not read (OpenCode 1.18 reads nothing there; the restore drops it too).
+fn clear_saved_paths(paths: &StatePaths) -> Result<(), CacheSaveResult> {
+    paths
+        .remove_auth_file()
+        .map_err(|e| declined(format!("cannot remove auth.json before saving: {e}")))?;
+    paths
+        .remove_legacy_storage()
+        .map_err(|e| declined(format!("cannot remove storage/ before saving: {e}")))?;
+    Ok(())
+}
+
+/// A database worth saving after the checkpoint `cp`: there is one, and it is not corrupt.
+async fn worth_saving(db: PathBuf, cp: &CheckpointOutcome) -> Result<(), CacheSaveResult> {
+    let size = match std::fs::metadata(&db) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        // Unreadable is not empty: declining keeps the state not-persisted, so post retries.
+        Err(e) => return Err(declined(format!("cannot read the session database: {e}"))),
+    };
+    if size == 0 {
+        let result = CacheSaveResult::new(
+            SaveOutcome::SkippedEmpty,
+            false,
+            "no session database to save",
+        );
+        return Err(result);
+    }
+    if *cp == CheckpointOutcome::NothingToCheckpoint {
+        // Nothing opened the file yet: a corrupt database must not become the newest entry,
+        // which restore would then discard in favour of nothing.
+        let probe = tokio::task::spawn_blocking(move || checkpoint::probe(&db)).await;
+        if let Ok(checkpoint::ProbeOutcome::Failed {
+            structural: true,
+            message,
+        }) = probe
+        {
+            let detail = format!(
+                "the session database is corrupt; not saving it over good memory: {message}"
+            );
+            return Err(declined(detail));
+        }
+    }
+    Ok(())
 }
 
 /// Secrets out of the database (docs/security.md), off the async threads.

@@ -1,6 +1,8 @@
-//! Admission: configuration → routing → dedup → lease. Either a run is admitted with its
-//! `RunContext`, or it is skipped with a reason, or the setup is invalid (`SetupError`, exit 1
-//! before anything is touched). See `docs/design.md` for the routing and lease rules.
+//! Admission: configuration → routing → the self-trigger and pull request checks → dedup, and the
+//! store's client (the lease waits for the publish). Either a run is admitted (what admission
+//! fixed, `Admitted`, and memory's `Ledger` as it starts), or it is skipped with a reason, or the
+//! setup is invalid (`SetupError`, exit 1 before anything is touched). See `docs/design.md` for the
+//! routing rules.
 
 use std::path::PathBuf;
 
@@ -8,11 +10,11 @@ use crate::cache;
 use crate::config::{AuthRequirement, ConfigError, Settings};
 use crate::github::{self, dedup, keys, route::RouteSettings, CacheKeys, Event, Route, RunPlan};
 use crate::lease::Holder;
-use crate::memory::report::PersistenceReport;
+use crate::memory::ledger::{CacheSaved, Ledger, StoreContext};
 use crate::memory::save_result::StorePublish;
 use crate::memory::state_paths::{PathsError, StatePaths};
 use crate::object_store::{ObjectStore, StoreKeys, StoreSettings, ValidationError};
-use crate::phases::context::{CacheSaved, Mode, RunContext, StoreContext};
+use crate::phases::run_context::{Admitted, Mode};
 use crate::runner::env;
 use crate::runner::{log, now_ms, Cancellation, Env, FileCommands};
 
@@ -52,8 +54,11 @@ pub(crate) enum SetupError {
 }
 
 pub(crate) enum Admission {
-    Run(Box<RunContext>),
-    Skip { reason: String },
+    /// What admission fixed, and memory's ledger as it starts.
+    Run(Box<(Admitted, Ledger)>),
+    Skip {
+        reason: String,
+    },
 }
 
 /// What the environment and inputs say, before anything is asked of GitHub or a store.
@@ -108,7 +113,7 @@ pub(crate) async fn admit(
         ))),
     };
     let lease_holder = lease_holder(&env, &setup.repository, &setup.run_id, setup.identity);
-    let mut ctx = RunContext {
+    let mut ctx = Admitted {
         env,
         mode,
         settings: setup.settings,
@@ -126,14 +131,8 @@ pub(crate) async fn admit(
         cache,
         store: None,
         lease_holder,
-        restored_copy: None,
-        restored_sessions: None,
-        own_rows: Default::default(),
-        provenance: crate::phases::context::Provenance::Unknown,
-        report: PersistenceReport::default(),
-        egress: None,
-        cache_saved,
     };
+    let mut ledger = Ledger::new(cache_saved);
     if let Some(reason) = check_dedup(&ctx).await {
         return Ok(skip(reason));
     }
@@ -143,9 +142,9 @@ pub(crate) async fn admit(
             store: ObjectStore::connect(&settings).await,
             keys,
         });
-        ctx.report.store_publish = StorePublish::NotAttempted;
+        ledger.report.store_publish = StorePublish::NotAttempted;
     }
-    Ok(Admission::Run(Box::new(ctx)))
+    Ok(Admission::Run(Box::new((ctx, ledger))))
 }
 
 fn skip(reason: String) -> Admission {
@@ -260,7 +259,7 @@ async fn check_pull_request(gh: Option<&github::GitHub>, plan: &RunPlan) -> Opti
 }
 
 /// A skip reason when a run for the same entity already succeeded within the window.
-async fn check_dedup(ctx: &RunContext) -> Option<String> {
+async fn check_dedup(ctx: &Admitted) -> Option<String> {
     ctx.plan.dedup?;
     let sentinels = ctx.sentinels()?;
     let decision = dedup::check(

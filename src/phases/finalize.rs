@@ -7,29 +7,31 @@ use std::time::{Duration, Instant};
 use crate::config::Settings;
 use crate::github::response::ResponseOutcome;
 use crate::github::{self, CacheKeys, RunPlan};
+use crate::memory::ledger::StoreContext;
 use crate::memory::report::{PersistenceReport, RestoreReport};
 use crate::memory::state_paths::StatePaths;
 use crate::object_store as store;
 use crate::opencode::TurnOutcome;
-use crate::phases::context::{RunContext, StoreContext};
+use crate::phases::run_context::Admitted;
 use crate::phases::tracking_comment::{self, Tracker};
 use crate::phases::turn::agent::AgentRun;
 use crate::runner::{log, now_ms, Env, FileCommands};
 
-/// Puts the answer (or, for a failed run, what stopped it) into the tracking comment — or, without
-/// one, posts it as a new comment — and reacts; the comment's URL.
+/// Puts the answer (or, for a failed run, what stopped it) and what became of the agent's proposals
+/// (`delivery_answer`) into the tracking comment — or, without one, posts it as a new comment — and
+/// reacts; the comment's URL.
 pub(crate) async fn finalize_github(
-    ctx: &RunContext,
+    ctx: &Admitted,
     gh: &github::GitHub,
-    agent_run: &AgentRun,
+    (agent_run, delivery_answer): (&AgentRun, Option<&str>),
     restored: &RestoreReport,
     tracker: Option<&Tracker>,
 ) -> Option<String> {
     let (settings, env, plan, started) = (&ctx.settings, &ctx.env, &ctx.plan, ctx.started);
     let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
-    let text = match (final_text(agent_run), &ctx.report.delivery_answer) {
+    let text = match (final_text(agent_run), delivery_answer) {
         (Some(t), Some(d)) => Some(format!("{t}\n\n{d}")),
-        (None, Some(d)) => Some(d.clone()),
+        (None, Some(d)) => Some(d.to_string()),
         (t, None) => t,
     };
     let footer = run_footer(env, plan, agent_run, restored, started);
@@ -47,7 +49,7 @@ pub(crate) async fn finalize_github(
 /// A reply that is not the agent's (the run did not get to run it): into the tracking comment, or
 /// posted new; then 😕. The comment's URL.
 pub(crate) async fn answer_only(
-    ctx: &RunContext,
+    ctx: &Admitted,
     gh: &github::GitHub,
     tracker: Option<&Tracker>,
     text: &str,

@@ -1,16 +1,19 @@
-//! The pipeline, one file per phase, each a plain async function over what the run knows:
-//! `run` (the main step's order: admission → restore → agent → finalize → cleanup + save →
-//! release), `restore`, `agent` (session prep and the turn), `finalize` (response, records,
-//! summary), `save`, and `post`, its own entry. Beside them: the state `paths` and marker,
-//! `project_identity`, `dedup` sentinels, the `report` the summary is made of, and `inspect`.
+//! The pipeline, in order; each phase only orchestrates the rooms below it. The main step (`run`,
+//! also `fro-bot local`): `admit` fixes what the run works with (`run_context::Admitted`; what the
+//! phases append to is `run_context::RunLedger`), `thread_turn` waits for the thread's turn, memory
+//! is restored (`memory::restore`), the `turn` sub-room runs the agent (its network, what it leaves
+//! behind, the agent, the cleanup) with the `delivery` sub-room around it (the outputs prepared
+//! before; the change, the threat check and the pull request review after), `finalize` answers and
+//! writes the summary, and memory is saved (`memory::save`). Beside them: the `tracking_comment`
+//! and the dedup `sentinels`. The other entries: `post` (the post step) and `inspect`.
 
 pub mod admit;
-pub mod context;
 pub mod delivery;
 pub mod finalize;
 pub mod inspect;
 pub mod post;
 pub mod run;
+pub mod run_context;
 pub mod sentinels;
 pub mod thread_turn;
 pub mod tracking_comment;

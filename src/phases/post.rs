@@ -51,9 +51,9 @@ where
     // First: what a killed main left in .git must not outlive this step.
     let git = env
         .get(crate::runner::env::GITHUB_WORKSPACE)
-        .and_then(|w| crate::phases::turn::git_guard::post_restore(env, std::path::Path::new(w)));
+        .and_then(|w| crate::phases::turn::guards::post_put_back_git(env, std::path::Path::new(w)));
     let turn = crate::phases::turn::leftovers::post_give_back_turn(env);
-    let home = crate::phases::turn::home_guard::post_give_back(env);
+    let home = crate::phases::turn::guards::post_give_back_home(env);
     for text in [&git, &turn, &home].into_iter().flatten() {
         if let Err(e) = files.append_summary(&format!("### fro-bot (post)\n\n{text}\n\n")) {
             tracing::warn!("{e}");
@@ -244,7 +244,7 @@ pub async fn run_post(env: &Env) -> PostOutcome {
 
 /// Releases each lease main left behind (the thread's turn, the publish's repository lease).
 async fn release_left_behind(env: &Env) {
-    use crate::phases::context::PostLease;
+    use crate::memory::ledger::PostLease;
     let left: Vec<(&str, &str)> = PostLease::ALL
         .iter()
         .filter_map(|lease| lease.left_behind(env))

@@ -1,8 +1,9 @@
 //! `fro-bot run` (and `fro-bot local`): the main step, in the order `docs/design.md` gives —
-//! admit (config → routing → dedup → lease) → acknowledge and the tracking comment (the restore
-//! beside them when there is no thread turn to take first) → restore →
-//! agent (session prep and the turn) → respond → cleanup and save (always) → finish (summary, then
-//! the niceties).
+//! admit → acknowledge, the tracking comment and the thread's turn (the restore beside them when
+//! there is no thread turn to take first) → restore → the turn (the outputs prepared, the guards
+//! taken, the agent, cleanup, the guards put back, the delivery) → respond → save (always, within
+//! the cancel budget) → the thread's turn given back → finish (summary, then the niceties). It
+//! owns the run's ledger (`RunLedger`) and lends each step the part it appends to.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -11,27 +12,26 @@ use crate::config::CommentMode;
 use crate::github::dedup;
 use crate::lease::LeaseConfig;
 use crate::memory::cache_merge::{CacheMergeInputs, CacheMergeReport};
+use crate::memory::ledger::{CacheSaved, Ledger, OwnRows, Provenance, RestoredCopy, StoreContext};
 use crate::memory::merge::Snapshot;
 use crate::memory::project_identity::{self, IdentityOutcome};
 use crate::memory::publish::{publish, PublishInputs, PublishReport, LEASE_WAIT};
-use crate::memory::report::{RestoreReport, RestoreSource};
+use crate::memory::report::{PersistenceReport, RestoreReport, RestoreSource};
 use crate::memory::restore::{restore, store_attempt, RestoreInputs};
 use crate::memory::save::{save, SaveInputs, SaveReport};
 use crate::memory::save_result::{GateInputs, StateValue, StorePublish};
 use crate::memory::scrub::Scope;
-use crate::memory::session_map::SessionMap;
+use crate::memory::session_map::{self, SessionMap};
 use crate::memory::state_paths::StatePaths;
 use crate::opencode::progress::ProgressSink;
 use crate::opencode::{Agent, TurnOutcome};
 use crate::phases::admit::{admit, Admission};
-use crate::phases::context::{
-    CacheSaved, ExitStatus, Mode, Provenance, RestoredCopy, RunContext, RunExit,
-};
 use crate::phases::delivery::change::{deliver, ChangesOutcome};
 use crate::phases::delivery::prepare::{self, OutputsPlan};
 use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
 };
+use crate::phases::run_context::{Admitted, ExitStatus, Mode, RunExit, RunLedger};
 use crate::phases::thread_turn::{self, ThreadTurn};
 use crate::phases::tracking_comment::{self, Tracker};
 use crate::phases::turn::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
@@ -39,14 +39,15 @@ use crate::phases::turn::cleanup::{stop_agent, Stopped};
 use crate::phases::turn::leftovers;
 use crate::runner::env::{output, state};
 use crate::runner::{failpoint, log, now_ms, Cancellation, Env, FileCommands};
+use crate::trust::TrustMap;
 
 pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     let files = FileCommands::from_env(&env);
     // First thing: a run rejected by configuration, routing, dedup or a held lease makes post idle.
     let cache_saved = CacheSaved::start(&files);
     let admitted = admit(env, mode, (files.clone(), cache_saved.clone()), cancel).await;
-    let mut ctx = match admitted {
-        Ok(Admission::Run(ctx)) => ctx,
+    let (ctx, ledger) = match admitted {
+        Ok(Admission::Run(admitted)) => *admitted,
         Ok(Admission::Skip { reason }) => return skipped(&files, &cache_saved, &reason),
         Err(e) => {
             log::error(&e.to_string());
@@ -55,13 +56,47 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         }
     };
     // Admitted: from here on, a main step killed anywhere makes post retry the save.
-    ctx.cache_saved.set(StateValue::NotPersisted);
+    let mut run = RunLedger::new(ledger);
+    run.ledger.cache_saved.set(StateValue::NotPersisted);
     crate::outbound::configure(crate::outbound::LinkPolicy::new(
         &crate::github::endpoints::server_url(&ctx.env),
         &ctx.repository,
         ctx.settings.network.allowed.clone(),
     ));
     failpoint::hit("run:admitted");
+    let (tracker, turn, early) = acknowledge_and_take_thread_turn(&ctx).await;
+    if let ThreadTurn::NotOurs { holder_id, waited } = &turn {
+        let cache_saved = &run.ledger.cache_saved;
+        return not_our_turn(&ctx, cache_saved, tracker, (holder_id, *waited)).await;
+    }
+    let restoring = match early {
+        Some(restoring) => restoring,
+        None => restoring(&ctx).await,
+    };
+    let (restored, merged_at_restore) = restore_memory(&ctx, &mut run.ledger, restoring).await;
+    let (agent_run, stopped) = take_turn(&ctx, &mut run, &restored, tracker.as_ref()).await;
+    // The answer goes out before the save, so a slow save never delays it.
+    let delivered = run.ledger.report.delivery_answer.as_deref();
+    let cancelled_edit = respond(&ctx, (&agent_run, delivered), &restored, tracker).await;
+    let merged = merged_at_restore.as_ref();
+    let after_turn = (stopped, &agent_run);
+    let saved = save_if_changed(&ctx, &mut run.ledger, after_turn, &restored, merged).await;
+    run.ledger.report.concurrency_notes.extend(turn.note());
+    give_back_thread_turn(&ctx, turn, cancelled_edit).await;
+    match saved {
+        Saved::InTime => finish(&ctx, run.ledger, agent_run).await,
+        Saved::OutOfTime => out_of_time(&ctx, &run.ledger.cache_saved),
+    }
+}
+
+/// The restore as it started and how it ended (`restoring`).
+type Restoring = (Option<RestoreReport>, Instant);
+
+/// The 👀 reaction, the tracking comment and the thread's turn; with no turn to take, the restore
+/// beside them (`Some`), since nothing orders it after GitHub's round trips either.
+async fn acknowledge_and_take_thread_turn(
+    ctx: &Admitted,
+) -> (Option<Arc<Tracker>>, ThreadTurn, Option<Restoring>) {
     // The 👀 reaction does not wait for the tracking comment or the thread's turn (each a round
     // trip to GitHub, the turn possibly a long wait), nor they for it.
     let acknowledge = async {
@@ -76,63 +111,72 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     let own_turn = async {
         match ctx.settings.comment_mode {
             CommentMode::Run => {
-                let tracker = tracking_comment::open(&ctx).await;
-                let turn = thread_turn::take(&ctx, tracker.as_deref()).await;
+                let tracker = tracking_comment::open(ctx).await;
+                let turn = thread_turn::take(ctx, tracker.as_deref()).await;
                 (tracker, turn)
             }
-            CommentMode::Sticky => match thread_turn::take(&ctx, None).await {
+            CommentMode::Sticky => match thread_turn::take(ctx, None).await {
                 // The thread's comment is the other run's: the reply is a comment of its own.
                 turn @ ThreadTurn::NotOurs { .. } => (None, turn),
-                turn => (tracking_comment::open(&ctx).await, turn),
+                turn => (tracking_comment::open(ctx).await, turn),
             },
         }
     };
-    // With no turn to take, nothing orders the restore after GitHub's round trips either.
-    let ((tracker, turn), early) = if thread_turn::needed(&ctx) {
-        let (own, ()) = tokio::join!(own_turn, acknowledge);
-        (own, None)
+    if thread_turn::needed(ctx) {
+        let ((tracker, turn), ()) = tokio::join!(own_turn, acknowledge);
+        (tracker, turn, None)
     } else {
-        let (own, (), restoring) = tokio::join!(own_turn, acknowledge, restoring(&ctx));
-        (own, Some(restoring))
-    };
-    if let ThreadTurn::NotOurs { holder_id, waited } = &turn {
-        return not_our_turn(&ctx, tracker, holder_id, *waited).await;
+        let ((tracker, turn), (), restoring) = tokio::join!(own_turn, acknowledge, restoring(ctx));
+        (tracker, turn, Some(restoring))
     }
+}
 
-    let restoring = match early {
-        Some(restoring) => restoring,
-        None => restoring(&ctx).await,
-    };
-    let (restored, merged_at_restore) = restore_memory(&mut ctx, restoring).await;
-    let (agent_run, stopped) = take_turn(&mut ctx, &restored, tracker.as_ref()).await;
-    // The answer goes out before the save, so a slow save never delays it.
-    let cancelled_edit = respond(&ctx, &agent_run, &restored, tracker).await;
-    let saved = match memory_changed(&ctx, &agent_run) {
+/// The save, unless the run cannot have changed memory (`memory_changed`).
+async fn save_if_changed(
+    ctx: &Admitted,
+    ledger: &mut Ledger,
+    (stopped, agent_run): (Stopped, &AgentRun),
+    restored: &RestoreReport,
+    merged_at_restore: Option<&CacheMergeReport>,
+) -> Saved {
+    match memory_changed(ctx, agent_run) {
         MemoryChanged::No => {
-            record_save(&mut ctx, SaveReport::cancelled_before_turn());
+            record_save(
+                ledger,
+                SaveReport::cancelled_before_turn(),
+                ctx.store.as_ref(),
+            );
             Saved::InTime
         }
         MemoryChanged::Maybe => {
-            let merged = merged_at_restore.as_ref();
-            cleanup_and_save(&mut ctx, stopped, &agent_run, &restored, merged).await
+            let after_turn = (stopped, agent_run);
+            cleanup_and_save(ctx, ledger, after_turn, restored, merged_at_restore).await
         }
-    };
-    // Published (or not): the next run on the thread may start.
-    ctx.report.concurrency_notes.extend(turn.note());
-    if ctx.within_budget(turn.release(&ctx.files)).await.is_none() {
+    }
+}
+
+/// Published (or not): the thread's turn given back, so the next run on the thread may start; and
+/// under a signal the tracking comment's "cancelled", each within the cancel budget.
+async fn give_back_thread_turn(
+    ctx: &Admitted,
+    turn: ThreadTurn,
+    cancelled_edit: Option<tokio::task::JoinHandle<()>>,
+) {
+    if ctx
+        .cancel
+        .within_budget(turn.release(&ctx.files))
+        .await
+        .is_none()
+    {
         tracing::warn!(
             "this thread's turn was not given back before the cancel deadline (post gives it back)"
         );
     }
     if let Some(edit) = cancelled_edit {
         // Bounded by its own timeout, itself within the deadline.
-        if ctx.within_budget(edit).await.is_none() {
+        if ctx.cancel.within_budget(edit).await.is_none() {
             tracing::warn!("the tracking comment was not updated before the cancel deadline");
         }
-    }
-    match saved {
-        Saved::InTime => finish(*ctx, agent_run).await,
-        Saved::OutOfTime => out_of_time(&ctx),
     }
 }
 
@@ -144,7 +188,7 @@ enum MemoryChanged {
     Maybe,
 }
 
-fn memory_changed(ctx: &RunContext, agent_run: &AgentRun) -> MemoryChanged {
+fn memory_changed(ctx: &Admitted, agent_run: &AgentRun) -> MemoryChanged {
     match (ctx.cancel.is_cancelled(), agent_run.prompted) {
         (true, false) => MemoryChanged::No,
         (false, _) | (true, true) => MemoryChanged::Maybe,
@@ -155,7 +199,8 @@ fn memory_changed(ctx: &RunContext, agent_run: &AgentRun) -> MemoryChanged {
 /// OpenCode and the turn, cleanup, and what it proposed carried out. A run cancelled before this
 /// point does none of it.
 async fn take_turn(
-    ctx: &mut RunContext,
+    ctx: &Admitted,
+    run: &mut RunLedger,
     restored: &RestoreReport,
     tracker: Option<&Arc<Tracker>>,
 ) -> (AgentRun, Stopped) {
@@ -173,15 +218,21 @@ async fn take_turn(
     let outputs = prepare::prepare(ctx).await;
     let guards = leftovers::take(ctx);
     let private_home = guards.private_home().map(std::path::Path::to_path_buf);
-    let (agent, mut agent_run) =
-        run_agent(ctx, restored, tracker, (&outputs, private_home.as_deref())).await;
+    let (agent, mut agent_run) = run_agent(
+        ctx,
+        run,
+        (restored, tracker),
+        (&outputs, private_home.as_deref()),
+    )
+    .await;
     // The agent is stopped (and everything it left running killed) before .git is put back and
     // its change read.
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
-    crate::phases::turn::network::record(ctx);
-    leftovers::put_back(ctx, guards, &agent_run);
+    crate::phases::turn::agent_network::record(&ctx.settings.network, run);
+    leftovers::put_back(ctx, &mut run.ledger, guards, &agent_run);
     if !ctx.cancel.is_cancelled() {
-        if let Some(usage) = deliver_outputs(ctx, &outputs, &agent_run).await {
+        let report = &mut run.ledger.report;
+        if let Some(usage) = deliver_outputs(ctx, report, &outputs, &agent_run).await {
             add_threat_usage(ctx, &mut agent_run, usage);
         }
     }
@@ -191,7 +242,7 @@ async fn take_turn(
 /// The restore itself (store, then cache, then validation), with when it started; `None` when a
 /// signal stopped it: the agent will not run, and what is half restored is never saved
 /// (`memory_changed`).
-async fn restoring(ctx: &RunContext) -> (Option<RestoreReport>, Instant) {
+async fn restoring(ctx: &Admitted) -> Restoring {
     let t = Instant::now();
     let restore_keys = ctx.keys.restore_prefixes().to_vec();
     let restoring = async {
@@ -219,18 +270,20 @@ async fn restoring(ctx: &RunContext) -> (Option<RestoreReport>, Instant) {
 /// What the restore brought, taken into the run: outputs, provenance, the cache entry merged into
 /// the store's copy, then the workspace's project identity.
 async fn restore_memory(
-    ctx: &mut RunContext,
-    (restored, t): (Option<RestoreReport>, Instant),
+    ctx: &Admitted,
+    ledger: &mut Ledger,
+    (restored, t): Restoring,
 ) -> (RestoreReport, Option<CacheMergeReport>) {
     let cancel = ctx.cancel.clone();
-    ctx.set_output(output::LOGICAL_KEY, ctx.plan.logical_key.as_str());
+    ctx.files
+        .set_output_or_warn(output::LOGICAL_KEY, ctx.plan.logical_key.as_str());
     let Some(restored) = restored else {
         log::warning("memory: the restore was stopped by the cancel; nothing is saved");
         let mut report = RestoreReport::miss();
         report
             .notes
             .push("the run was cancelled during the restore".into());
-        ctx.report.restore = Some(report.clone());
+        ledger.report.restore = Some(report.clone());
         return (report, None);
     };
     tracing::info!(
@@ -240,23 +293,24 @@ async fn restore_memory(
     );
     if restored.shadow_guard.is_some() {
         // This run's memory must not hide older memory: post must not save it either.
-        ctx.cache_saved.set(StateValue::DeclinedForSafety);
+        ledger.cache_saved.set(StateValue::DeclinedForSafety);
     }
-    ctx.set_output(output::CACHE_STATUS, restored.status.as_str());
-    ctx.restored_copy = RestoredCopy::of(&ctx.paths, &restored);
-    ctx.provenance = Provenance::of_restored(&ctx.paths, ctx.restored_copy.as_ref());
-    ctx.restored_sessions = restored_sessions(&ctx.paths, &restored);
+    ctx.files
+        .set_output_or_warn(output::CACHE_STATUS, restored.status.as_str());
+    ledger.restored_copy = RestoredCopy::of(&ctx.paths, &restored);
+    ledger.provenance = Provenance::of_restored(&ctx.paths, ledger.restored_copy.as_ref());
+    ledger.restored_sessions = restored_sessions(&ctx.paths, &restored);
     // After the digest and the sessions above: those describe the store's copy, which the
     // publish compares against; the merged result is saved because it differs.
     let merged = tokio::select! {
         biased;
         () = cancel.cancelled() => None,
-        merged = merge_cache_into_store_copy(ctx, &restored) => merged,
+        merged = merge_cache_into_store_copy(ctx, &ledger.own_rows, &restored) => merged,
     };
     let mut restored = restored;
     if merged.as_ref().is_some_and(|m| !m.merged.is_empty()) {
         // Another entry's memory came in: this run cannot vouch for what it held.
-        ctx.provenance = Provenance::Unknown;
+        ledger.provenance = Provenance::Unknown;
     }
     if let Some(merged) = &merged {
         // The turn resolves threads and judges sessions by these, as the save's marker will.
@@ -265,8 +319,8 @@ async fn restore_memory(
         }
         merged.join_trust_into(&mut restored.trust);
     }
-    ctx.report.restore = Some(restored.clone());
-    ctx.report.record_phase("restore", t.elapsed());
+    ledger.report.restore = Some(restored.clone());
+    ledger.report.record_phase("restore", t.elapsed());
     match project_identity::align(&ctx.workspace, &ctx.paths.db()) {
         IdentityOutcome::Failed { message } => tracing::warn!("project identity: {message}"),
         IdentityOutcome::Refused { count } => log::warning(&format!(
@@ -284,14 +338,15 @@ async fn restore_memory(
 /// publish, a post retry) is newer than it: the newest cache entry is merged in before the turn,
 /// so the agent sees those threads too (docs/design.md#concurrent-runs).
 async fn merge_cache_into_store_copy(
-    ctx: &RunContext,
+    ctx: &Admitted,
+    own_rows: &OwnRows,
     restored: &RestoreReport,
 ) -> Option<CacheMergeReport> {
     if restored.source != RestoreSource::Storage {
         return None;
     }
     let restore_keys = ctx.keys.restore_prefixes().to_vec();
-    let inputs = cache_merge_inputs(ctx, &restore_keys, restored, None)?;
+    let inputs = cache_merge_inputs((ctx, own_rows), &restore_keys, restored, None)?;
     let merged = crate::memory::cache_merge::merge_newer_entries(&inputs).await;
     for (key, _) in &merged.merged {
         tracing::info!("merged the newer cache entry {key} into the store's copy before the turn");
@@ -301,7 +356,7 @@ async fn merge_cache_into_store_copy(
 
 /// What the cache merges read (`None` without a cache).
 fn cache_merge_inputs<'a>(
-    ctx: &'a RunContext,
+    (ctx, own_rows): (&'a Admitted, &'a OwnRows),
     restore_keys: &'a [String],
     restored: &'a RestoreReport,
     earlier: Option<&'a CacheMergeReport>,
@@ -320,7 +375,7 @@ fn cache_merge_inputs<'a>(
             .as_deref()
             .or_else(|| earlier.and_then(|e| e.merged.last().map(|(k, _)| k.as_str()))),
         earlier,
-        own_rows: &ctx.own_rows,
+        own_rows,
     })
 }
 
@@ -343,9 +398,9 @@ fn restored_sessions(paths: &StatePaths, restored: &RestoreReport) -> Option<Sna
 
 /// Starts OpenCode and drives the turn; a signal during the start stops it (`ServerError::Cancelled`).
 async fn run_agent(
-    ctx: &mut RunContext,
-    restored: &RestoreReport,
-    tracker: Option<&Arc<Tracker>>,
+    ctx: &Admitted,
+    run: &mut RunLedger,
+    (restored, tracker): (&RestoreReport, Option<&Arc<Tracker>>),
     (outputs, private_home): (&OutputsPlan, Option<&std::path::Path>),
 ) -> (Option<Agent>, AgentRun) {
     let mut agent_run = AgentRun::default();
@@ -353,7 +408,7 @@ async fn run_agent(
         true => Err("the run was cancelled before OpenCode started".to_string()),
         false => {
             let view = crate::phases::turn::agent::trust_view(&ctx.plan, restored);
-            start_agent(ctx, &view, outputs.tools(), private_home).await
+            start_agent(ctx, run, &view, (outputs.tools(), private_home)).await
         }
     };
     let mut agent = match agent {
@@ -391,17 +446,20 @@ async fn run_agent(
         };
         drive_agent(&mut agent, &inputs, &mut agent_run).await;
         let prep = agent_run.prep_time;
-        ctx.report.record_phase("session-prep", prep);
-        ctx.report
+        run.ledger.report.record_phase("session-prep", prep);
+        run.ledger
+            .report
             .record_phase("agent", t.elapsed().saturating_sub(prep));
     }
     if let Some(id) = &agent_run.session_id {
-        ctx.set_output(output::SESSION_ID, id);
+        ctx.files.set_output_or_warn(output::SESSION_ID, id);
     }
     if let Some(tokens) = &agent_run.tokens {
         let totals = serde_json::json!({"input": tokens.input, "output": tokens.output});
-        ctx.set_output(output::TOKENS, &totals.to_string());
-        ctx.set_output(output::COST, &agent_run.cost.to_string());
+        ctx.files
+            .set_output_or_warn(output::TOKENS, &totals.to_string());
+        ctx.files
+            .set_output_or_warn(output::COST, &agent_run.cost.to_string());
     }
     (Some(agent), agent_run)
 }
@@ -410,8 +468,8 @@ async fn run_agent(
 /// the tracking comment is told, in a task beside cleanup and the save (its handle, to await within
 /// the budget).
 async fn respond(
-    ctx: &RunContext,
-    agent_run: &AgentRun,
+    ctx: &Admitted,
+    (agent_run, delivered): (&AgentRun, Option<&str>),
     restored: &RestoreReport,
     tracker: Option<Arc<Tracker>>,
 ) -> Option<tokio::task::JoinHandle<()>> {
@@ -430,11 +488,12 @@ async fn respond(
             }
         }));
     }
-    let url = finalize_github(ctx, gh, agent_run, restored, tracker.as_deref()).await;
+    let answer = (agent_run, delivered);
+    let url = finalize_github(ctx, gh, answer, restored, tracker.as_deref()).await;
     // Answered (or the answer could not be posted at all): post must not call the run stopped.
-    ctx.set_state(state::TRACKING_COMMENT, "");
+    ctx.files.save_state_or_warn(state::TRACKING_COMMENT, "");
     if let Some(url) = url {
-        ctx.set_output(output::COMMENT_URL, &url);
+        ctx.files.set_output_or_warn(output::COMMENT_URL, &url);
     }
     None
 }
@@ -448,7 +507,7 @@ enum Saved {
 
 /// The threat check's model tokens and cost join the turn's, in the outputs and the summary.
 fn add_threat_usage(
-    ctx: &mut RunContext,
+    ctx: &Admitted,
     agent_run: &mut AgentRun,
     (usage, cost): (crate::threat::provider::Usage, f64),
 ) {
@@ -457,14 +516,17 @@ fn add_threat_usage(
     tokens.output += usage.output;
     agent_run.cost += cost;
     let totals = serde_json::json!({"input": tokens.input, "output": tokens.output});
-    ctx.set_output(output::TOKENS, &totals.to_string());
-    ctx.set_output(output::COST, &agent_run.cost.to_string());
+    ctx.files
+        .set_output_or_warn(output::TOKENS, &totals.to_string());
+    ctx.files
+        .set_output_or_warn(output::COST, &agent_run.cost.to_string());
 }
 
 /// What the agent proposed, checked and carried out; its outcome into the outputs, the summary and
 /// the answer; the threat check's model usage, when it asked the model.
 async fn deliver_outputs(
-    ctx: &mut RunContext,
+    ctx: &Admitted,
+    summary: &mut PersistenceReport,
     outputs: &OutputsPlan,
     agent_run: &AgentRun,
 ) -> Option<(crate::threat::provider::Usage, f64)> {
@@ -473,15 +535,18 @@ async fn deliver_outputs(
         let _g = log::Group::new("Deliver the agent's proposals");
         deliver(ctx, outputs, agent_run).await
     };
-    ctx.set_output(output::CHANGES, report.changes.output());
+    ctx.files
+        .set_output_or_warn(output::CHANGES, report.changes.output());
     if let ChangesOutcome::Delivered {
         committed, pull, ..
     } = &report.changes
     {
-        ctx.set_output(output::BRANCH, &committed.branch);
-        ctx.set_output(output::COMMIT_SHA, &committed.sha);
+        ctx.files
+            .set_output_or_warn(output::BRANCH, &committed.branch);
+        ctx.files
+            .set_output_or_warn(output::COMMIT_SHA, &committed.sha);
         if let Some(url) = pull.url() {
-            ctx.set_output(output::PR_URL, url);
+            ctx.files.set_output_or_warn(output::PR_URL, url);
         }
     }
     let review = crate::phases::delivery::pr_review::carry_out(
@@ -492,7 +557,7 @@ async fn deliver_outputs(
     )
     .await;
     if let Some(url) = review.url() {
-        ctx.set_output(output::REVIEW_URL, url);
+        ctx.files.set_output_or_warn(output::REVIEW_URL, url);
     }
     let rows: Vec<_> = report
         .summary_rows()
@@ -502,9 +567,9 @@ async fn deliver_outputs(
     for (k, v) in &rows {
         tracing::info!("{k}: {v}");
     }
-    ctx.report.delivery_rows = rows;
+    summary.delivery_rows = rows;
     let answer = [report.answer_section(), review.answer_line()];
-    ctx.report.delivery_answer = Some(
+    summary.delivery_answer = Some(
         answer
             .into_iter()
             .flatten()
@@ -512,15 +577,15 @@ async fn deliver_outputs(
             .join("\n\n"),
     )
     .filter(|a| !a.is_empty());
-    ctx.report.record_phase("deliver", t.elapsed());
+    summary.record_phase("deliver", t.elapsed());
     report.threat.usage
 }
 
 /// Cleanup (always; each step isolated), then the save within the cancel budget.
 async fn cleanup_and_save(
-    ctx: &mut RunContext,
-    stopped: Stopped,
-    agent_run: &AgentRun,
+    ctx: &Admitted,
+    ledger: &mut Ledger,
+    (stopped, agent_run): (Stopped, &AgentRun),
     restored: &RestoreReport,
     merged_at_restore: Option<&CacheMergeReport>,
 ) -> Saved {
@@ -533,30 +598,7 @@ async fn cleanup_and_save(
     } = stopped;
     let save_key = ctx.keys.save_key();
     let restore_keys = ctx.keys.restore_prefixes();
-    let sessions = restored.sessions.after_run(
-        &ctx.paths.db(),
-        &ctx.workspace,
-        ctx.plan.logical_key.as_str(),
-        agent_run.session_id.as_deref(),
-    );
-    if let Ok(json) = serde_json::to_string(&sessions) {
-        // Post records the same map if it has to retry the save.
-        ctx.set_state(state::SESSION_MAP, &json);
-    }
-    // A session the turn replaced (context overflow) got the same prompt: lowered the same way.
-    let written: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
-        .into_iter()
-        .filter_map(|s| s.as_deref())
-        .collect();
-    let trust = restored.trust_after_run(&written, agent_run.trust.as_ref());
-    if let Ok(json) = serde_json::to_string(&trust) {
-        ctx.set_state(state::SESSION_TRUST, &json);
-    }
-    let scrub_scope = scrub_scope(ctx.provenance, &written);
-    if let Ok(json) = serde_json::to_string(&scrub_scope) {
-        // Post's retry scrubs what main would have.
-        ctx.set_state(state::SCRUB_SCOPE, &json);
-    }
+    let beside = beside_memory(ctx, ledger.provenance, agent_run, restored);
     let inputs = SaveInputs {
         paths: &ctx.paths,
         workspace: &ctx.workspace,
@@ -571,51 +613,112 @@ async fn cleanup_and_save(
         run_id: &ctx.run_id,
         now_ms: now_ms(),
         shadow_guard: restored.shadow_guard.as_deref(),
-        sessions: Some(&sessions),
-        trust: Some(&trust),
-        restored: ctx.restored_copy.as_ref(),
-        cache_merge: cache_merge_inputs(ctx, &restore_keys, restored, merged_at_restore),
-        scrub_scope: &scrub_scope,
+        sessions: Some(&beside.sessions),
+        trust: Some(&beside.trust),
+        restored: ledger.restored_copy.as_ref(),
+        cache_merge: cache_merge_inputs(
+            (ctx, &ledger.own_rows),
+            &restore_keys,
+            restored,
+            merged_at_restore,
+        ),
+        scrub_scope: &beside.scrub_scope,
     };
-    let no_sessions = Snapshot::empty();
-    let publish = || async {
-        let Some(store) = ctx.store.as_ref() else {
-            return PublishReport::from(StorePublish::Disabled);
-        };
-        publish(PublishInputs {
-            store,
-            cancel: &ctx.cancel,
-            holder: ctx.lease_holder.clone(),
-            files: &ctx.files,
-            paths: &ctx.paths,
-            workspace: &ctx.workspace,
-            expected_etag: restored.store_etag.clone(),
-            restored: match restored.source {
-                RestoreSource::Storage => ctx.restored_sessions.as_ref(),
-                RestoreSource::Cache | RestoreSource::None => Some(&no_sessions),
-            },
-            own_rows: &ctx.own_rows,
-            run_id: &ctx.run_id,
-            now_ms: now_ms(),
-            lease_config: LeaseConfig::default(),
-            lease_wait: LEASE_WAIT,
-        })
-        .await
-    };
-    let Some(saved) = ctx.within_budget(save(inputs, publish)).await else {
+    let publish = || publish_to_store(ctx, ledger, restored);
+    let Some(saved) = ctx.cancel.within_budget(save(inputs, publish)).await else {
         return Saved::OutOfTime;
     };
     failpoint::hit("run:after-save");
-    record_save(ctx, saved);
+    record_save(ledger, saved, ctx.store.as_ref());
     // A merge folded the session this run started into the one another run started for the
     // thread: the thread continues there.
-    if let Some((_, session)) = ctx.own_rows.thread() {
+    if let Some((_, session)) = ledger.own_rows.thread() {
         if agent_run.session_id.as_deref() != Some(session.as_str()) {
-            ctx.set_output(output::SESSION_ID, &session);
+            ctx.files.set_output_or_warn(output::SESSION_ID, &session);
         }
     }
-    ctx.report.record_phase("save", t.elapsed());
+    ledger.report.record_phase("save", t.elapsed());
     Saved::InTime
+}
+
+/// What the save records beside memory.
+struct BesideMemory {
+    /// Which session continues which thread.
+    sessions: session_map::Map,
+    /// Who wrote each session.
+    trust: TrustMap,
+    /// What the save's scrub reads.
+    scrub_scope: Scope,
+}
+
+/// The session map, the sessions' trust and the scrub's scope after this run's turn, each also in
+/// main's state, so a retry by post records and scrubs what main would have.
+fn beside_memory(
+    ctx: &Admitted,
+    provenance: Provenance,
+    agent_run: &AgentRun,
+    restored: &RestoreReport,
+) -> BesideMemory {
+    let sessions = restored.sessions.after_run(
+        &ctx.paths.db(),
+        &ctx.workspace,
+        ctx.plan.logical_key.as_str(),
+        agent_run.session_id.as_deref(),
+    );
+    if let Ok(json) = serde_json::to_string(&sessions) {
+        // Post records the same map if it has to retry the save.
+        ctx.files.save_state_or_warn(state::SESSION_MAP, &json);
+    }
+    // A session the turn replaced (context overflow) got the same prompt: lowered the same way.
+    let written: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
+        .into_iter()
+        .filter_map(|s| s.as_deref())
+        .collect();
+    let trust = restored.trust_after_run(&written, agent_run.trust.as_ref());
+    if let Ok(json) = serde_json::to_string(&trust) {
+        ctx.files.save_state_or_warn(state::SESSION_TRUST, &json);
+    }
+    let scrub_scope = scrub_scope(provenance, &written);
+    if let Ok(json) = serde_json::to_string(&scrub_scope) {
+        // Post's retry scrubs what main would have.
+        ctx.files.save_state_or_warn(state::SCRUB_SCOPE, &json);
+    }
+    BesideMemory {
+        sessions,
+        trust,
+        scrub_scope,
+    }
+}
+
+/// The save's publish to the store (`memory::publish`), when there is one.
+async fn publish_to_store(
+    ctx: &Admitted,
+    ledger: &Ledger,
+    restored: &RestoreReport,
+) -> PublishReport {
+    let Some(store) = ctx.store.as_ref() else {
+        return PublishReport::from(StorePublish::Disabled);
+    };
+    let no_sessions = Snapshot::empty();
+    publish(PublishInputs {
+        store,
+        cancel: &ctx.cancel,
+        holder: ctx.lease_holder.clone(),
+        files: &ctx.files,
+        paths: &ctx.paths,
+        workspace: &ctx.workspace,
+        expected_etag: restored.store_etag.clone(),
+        restored: match restored.source {
+            RestoreSource::Storage => ledger.restored_sessions.as_ref(),
+            RestoreSource::Cache | RestoreSource::None => Some(&no_sessions),
+        },
+        own_rows: &ledger.own_rows,
+        run_id: &ctx.run_id,
+        now_ms: now_ms(),
+        lease_config: LeaseConfig::default(),
+        lease_wait: LEASE_WAIT,
+    })
+    .await
 }
 
 /// What the save's scrub reads: only the trees this run wrote when memory was rebuilt from
@@ -630,9 +733,9 @@ fn scrub_scope(provenance: Provenance, written: &[&str]) -> Scope {
 }
 
 /// The save's result into state (post's decision), outputs, the log and the report.
-fn record_save(ctx: &mut RunContext, saved: SaveReport) {
+fn record_save(ledger: &mut Ledger, saved: SaveReport, store: Option<&StoreContext>) {
     let state_value = saved.result.state_value();
-    ctx.cache_saved.report(state_value);
+    ledger.cache_saved.report(state_value);
     match state_value {
         StateValue::Durable | StateValue::Skipped => {
             tracing::info!("memory: {state_value} — {}", saved.result.detail)
@@ -644,30 +747,35 @@ fn record_save(ctx: &mut RunContext, saved: SaveReport) {
             ))
         }
     }
-    ctx.report.store_publish = match &ctx.store {
+    ledger.report.store_publish = match store {
         None => StorePublish::Disabled,
         Some(_) => saved.publish.outcome.clone(),
     };
     if let Some(lease) = saved.publish.lease.clone() {
-        ctx.report.lease = lease;
+        ledger.report.lease = lease;
     }
-    ctx.report
+    ledger
+        .report
         .concurrency_notes
         .extend(saved.cache_merge.notes());
-    ctx.report.concurrency_notes.extend(saved.publish.notes());
-    ctx.report.checkpoint = saved.checkpoint;
-    ctx.report.scrub = saved.scrub;
-    ctx.report.save = Some(saved.result);
+    ledger
+        .report
+        .concurrency_notes
+        .extend(saved.publish.notes());
+    ledger.report.checkpoint = saved.checkpoint;
+    ledger.report.scrub = saved.scrub;
+    ledger.report.save = Some(saved.result);
 }
 
 /// What the user reads comes first (summary, `duration`); the niceties after it, each within what
 /// is left of a cancel budget (a lease left behind is post's to release).
-async fn finish(mut ctx: RunContext, agent_run: AgentRun) -> RunExit {
+async fn finish(ctx: &Admitted, mut ledger: Ledger, agent_run: AgentRun) -> RunExit {
     // Every text in the agent's words has been posted by now.
-    ctx.report.links = crate::outbound::summary_row();
+    ledger.report.links = crate::outbound::summary_row();
     let duration = ctx.started.elapsed();
-    ctx.set_output(output::DURATION, &duration.as_secs().to_string());
-    write_summary(&ctx.files, &ctx.plan, &agent_run, &ctx.report, duration);
+    ctx.files
+        .set_output_or_warn(output::DURATION, &duration.as_secs().to_string());
+    write_summary(&ctx.files, &ctx.plan, &agent_run, &ledger.report, duration);
 
     if let Some(store) = &ctx.store {
         let records = upload_run_records(
@@ -675,16 +783,16 @@ async fn finish(mut ctx: RunContext, agent_run: AgentRun) -> RunExit {
             &ctx.keys,
             &ctx.paths,
             &ctx.plan,
-            &ctx.report,
+            &ledger.report,
             &agent_run,
         );
-        if ctx.within_budget(records).await.is_none() {
+        if ctx.cancel.within_budget(records).await.is_none() {
             tracing::warn!("run records not uploaded before the cancel deadline");
         }
     }
     let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
     if succeeded {
-        record_dedup(&ctx).await;
+        record_dedup(ctx).await;
     }
     RunExit {
         status: match succeeded {
@@ -696,7 +804,7 @@ async fn finish(mut ctx: RunContext, agent_run: AgentRun) -> RunExit {
 }
 
 /// A successful issue/PR run leaves a sentinel so a duplicate event within the window is skipped.
-async fn record_dedup(ctx: &RunContext) {
+async fn record_dedup(ctx: &Admitted) {
     let (Some(sentinels), Some(_)) = (ctx.sentinels(), ctx.plan.dedup) else {
         return;
     };
@@ -713,18 +821,18 @@ async fn record_dedup(ctx: &RunContext) {
         Some(ctx.plan.logical_key.as_str()),
         now_ms(),
     );
-    match ctx.within_budget(record).await {
+    match ctx.cancel.within_budget(record).await {
         Some(Ok(_)) | None => {}
         Some(Err(e)) => tracing::warn!("cannot record the dedup sentinel: {e}"),
     }
 }
 
 /// The save did not finish before the cancel deadline: say so, and let post retry.
-fn out_of_time(ctx: &RunContext) -> RunExit {
+fn out_of_time(ctx: &Admitted, cache_saved: &CacheSaved) -> RunExit {
     let text = "memory: not saved before the cancel deadline; the post step retries";
     log::warning(text);
-    ctx.cache_saved.report(StateValue::NotPersisted);
-    ctx.set_output(
+    cache_saved.report(StateValue::NotPersisted);
+    ctx.files.set_output_or_warn(
         output::DURATION,
         &ctx.started.elapsed().as_secs().to_string(),
     );
@@ -740,22 +848,22 @@ fn out_of_time(ctx: &RunContext) -> RunExit {
 /// Another run kept the thread for all of `thread-wait`: nothing is restored, run or saved, and
 /// the mention is answered with that (😕), so it is never dropped in silence.
 async fn not_our_turn(
-    ctx: &RunContext,
+    ctx: &Admitted,
+    cache_saved: &CacheSaved,
     tracker: Option<Arc<Tracker>>,
-    holder_id: &str,
-    waited: std::time::Duration,
+    (holder_id, waited): (&str, std::time::Duration),
 ) -> RunExit {
     let text = thread_turn::not_our_turn_text(holder_id, waited);
     if let Some(gh) = &ctx.gh {
         if let Some(url) = answer_only(ctx, gh, tracker.as_deref(), &text).await {
-            ctx.set_output(output::COMMENT_URL, &url);
+            ctx.files.set_output_or_warn(output::COMMENT_URL, &url);
         }
-        ctx.set_state(state::TRACKING_COMMENT, "");
+        ctx.files.save_state_or_warn(state::TRACKING_COMMENT, "");
     }
     // Memory was not touched: post has nothing to retry.
     skipped(
         &ctx.files,
-        &ctx.cache_saved,
+        cache_saved,
         &format!("another run ({holder_id}) kept this thread for {} s (thread-wait); the thread was told", waited.as_secs()),
     )
 }

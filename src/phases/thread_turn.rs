@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::lease::{self, AcquireOutcome, Lease, LeaseConfig, LeaseHandle};
-use crate::phases::context::{PostLease, RunContext};
+use crate::memory::ledger::PostLease;
+use crate::phases::run_context::Admitted;
 use crate::phases::tracking_comment::Tracker;
 use crate::runner::{log, FileCommands};
 
@@ -45,13 +46,13 @@ pub(crate) const WAITING: &str = "waiting for an earlier run on this thread to f
 
 /// Whether this run takes a turn on its thread: with the store, `thread-wait` set and a thread
 /// (not a schedule or dispatch run). Without one, nothing orders its restore after other runs.
-pub(crate) fn needed(ctx: &RunContext) -> bool {
+pub(crate) fn needed(ctx: &Admitted) -> bool {
     ctx.store.is_some() && ctx.settings.thread_wait.is_some() && ctx.plan.thread.is_some()
 }
 
 /// Takes the thread's turn, waiting for an earlier run on the thread as long as `thread-wait`;
 /// while it waits, the tracking comment (if any) says so.
-pub(crate) async fn take(ctx: &RunContext, tracker: Option<&Tracker>) -> ThreadTurn {
+pub(crate) async fn take(ctx: &Admitted, tracker: Option<&Tracker>) -> ThreadTurn {
     let (Some(store), Some(wait)) = (&ctx.store, ctx.settings.thread_wait) else {
         return ThreadTurn::NotNeeded;
     };
@@ -85,7 +86,7 @@ pub(crate) async fn take(ctx: &RunContext, tracker: Option<&Tracker>) -> ThreadT
     };
     // A signal ends the wait (not an ask in flight, which could leave the turn taken with nobody
     // to give it back), and an ask that outlives the cancel deadline is abandoned.
-    let Some((outcome, waits)) = ctx.within_budget(asked).await else {
+    let Some((outcome, waits)) = ctx.cancel.within_budget(asked).await else {
         return ThreadTurn::Cancelled;
     };
     let waited = started.elapsed();

@@ -15,7 +15,7 @@ use crate::github::route::Thread;
 use crate::github::tracking::render_working;
 use crate::opencode::events::Todo;
 use crate::opencode::progress::ProgressSink;
-use crate::phases::context::{set_state, RunContext};
+use crate::phases::run_context::Admitted;
 use crate::runner::env::{self, output, state};
 use crate::runner::{log, Env, FileCommands};
 
@@ -99,7 +99,7 @@ impl std::fmt::Debug for Tracker {
 /// Posts the working comment (or, `sticky`, turns the thread's own comment back into one) and
 /// sets `comment-url`. `None` when there is nothing to track or posting failed (warned): the
 /// answer is then posted at the end as a new comment.
-pub(crate) async fn open(ctx: &RunContext) -> Option<Arc<Tracker>> {
+pub(crate) async fn open(ctx: &Admitted) -> Option<Arc<Tracker>> {
     let (gh, thread) = (ctx.gh.as_ref()?, ctx.plan.thread.as_ref()?);
     if ctx.cancel.is_cancelled() {
         // Nothing will run: no comment to leave behind.
@@ -132,9 +132,9 @@ pub(crate) async fn open(ctx: &RunContext) -> Option<Arc<Tracker>> {
         }
     };
     if let Some(url) = &comment.url {
-        ctx.set_output(output::COMMENT_URL, url);
+        ctx.files.set_output_or_warn(output::COMMENT_URL, url);
     }
-    ctx.set_state(
+    ctx.files.save_state_or_warn(
         state::TRACKING_COMMENT,
         &left_behind_value(thread.kind, &comment.id),
     );
@@ -259,7 +259,7 @@ impl Tracker {
         match tokio::time::timeout(limit, work).await {
             Ok(Ok(edited)) => {
                 // The comment holds its final body: nothing for post to finish.
-                set_state(&self.files, state::TRACKING_COMMENT, "");
+                self.files.save_state_or_warn(state::TRACKING_COMMENT, "");
                 Ok(edited)
             }
             Ok(Err(e)) => Err(e),

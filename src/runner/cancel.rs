@@ -94,6 +94,26 @@ impl Cancellation {
         self.deadline()
             .map(|d| d.saturating_duration_since(Instant::now()))
     }
+
+    /// Runs `fut` to completion, unless the run is cancelled and the runner's kill deadline passes
+    /// first (then `None`): a signal must not abort the save, but the save must not outlive the
+    /// kill.
+    pub async fn within_budget<T>(&self, fut: impl std::future::Future<Output = T>) -> Option<T> {
+        let deadline = async {
+            self.cancelled().await;
+            // Re-read every 100 ms: a SIGTERM after the SIGINT shortens what is left.
+            while let Some(d) = self.deadline() {
+                if Instant::now() >= d {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::select! {
+            out = fut => Some(out),
+            () = deadline => None,
+        }
+    }
 }
 
 #[cfg(test)]

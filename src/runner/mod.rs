@@ -155,6 +155,21 @@ impl FileCommands {
         }
     }
 
+    /// [`FileCommands::save_state`], for a state the runner could not take is worth a warning,
+    /// never a failed run.
+    pub fn save_state_or_warn(&self, name: &str, value: &str) {
+        if let Err(e) = self.save_state(name, value) {
+            tracing::warn!("{e}");
+        }
+    }
+
+    /// [`FileCommands::set_output`], warning when the runner could not take it.
+    pub fn set_output_or_warn(&self, name: &str, value: &str) {
+        if let Err(e) = self.set_output(name, value) {
+            tracing::warn!("{e}");
+        }
+    }
+
     pub fn export_env(&self, name: &str, value: &str) -> Result<(), RunnerError> {
         match &self.env {
             Some(path) => file_command::append(path, name, value),

@@ -1,6 +1,7 @@
 //! The model check's words (docs/security.md#the-threat-check): the prompt fro-bot sends with the
 //! exact change and the proposed actions fenced as data, and the strict JSON verdict it reads
-//! back. Speaking to the provider is `provider`'s; what the verdict does is the phase's.
+//! back. Asking is `model_check`'s, speaking to the provider `provider`'s; what the verdict does is
+//! the phase's.
 
 use serde::Deserialize;
 

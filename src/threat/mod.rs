@@ -3,13 +3,16 @@
 //!
 //! First a deterministic gate (`gate`): hidden Unicode controls (`unicode`) and binary files
 //! refuse the change; dependency-source changes (`dependencies`) and payload-like lines
-//! (`payloads`) mark it "needs review". Then a model check of the exact change (`judge`), asked of
-//! the configured provider through the key proxy by fro-bot itself (`provider`), with no tools.
+//! (`payloads`) mark it "needs review". Then a model check of the exact change and the proposed
+//! actions (`model_check`), asked of the model that answered the turn through a key proxy by
+//! fro-bot itself, with no tools: its prompt and verdict (`judge`), in the provider's own API
+//! (`provider`).
 //! Every finding is named by file and line, never by what the line holds.
 
 pub mod dependencies;
 pub mod gate;
 pub mod judge;
+pub mod model_check;
 pub mod payloads;
 pub mod provider;
 pub mod unicode;

@@ -205,8 +205,8 @@ pub mod phases {
     /// marker must name the database as saved, not the one restored.
     #[tokio::test]
     async fn a_save_after_a_restore_writes_a_marker_naming_the_database_it_saved() {
+        use fro_bot::memory::ledger::RestoredCopy;
         use fro_bot::memory::state_paths::{check_marker, MarkerCheck};
-        use fro_bot::phases::context::RestoredCopy;
         let server = CacheServer::start().await;
         let backend = backend(&server);
         let job = Job::new();

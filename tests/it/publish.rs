@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fro_bot::lease::{Holder, LeaseConfig};
+use fro_bot::memory::ledger::StoreContext;
 use fro_bot::memory::merge::Snapshot;
 use fro_bot::memory::publish::{publish, PublishInputs, PublishReport};
 use fro_bot::memory::save_result::StorePublish;
 use fro_bot::memory::state_paths::StatePaths;
 use fro_bot::object_store::{self as store, ObjectStore, StoreKeys};
-use fro_bot::phases::context::StoreContext;
 use fro_bot::runner::FileCommands;
 use rusqlite::{params, Connection};
 

@@ -48,66 +48,9 @@ pub struct Graph {
 impl Graph {
     pub fn new(schema: &Schema) -> Graph {
         let session = schema.session();
-        let mut tied: BTreeMap<String, Link> = BTreeMap::new();
-        tied.insert(
-            SESSION_TABLE.to_string(),
-            Link::Key {
-                column: session.single_key().unwrap_or("id").to_string(),
-            },
-        );
-        // Direct links first, then breadth-first through tied tables: the shortest path wins.
-        for t in schema.tables.values().filter(|t| t.name != SESSION_TABLE) {
-            if let Some(r) = t.references.iter().find(|r| r.target == SESSION_TABLE) {
-                tied.insert(
-                    t.name.clone(),
-                    Link::Direct {
-                        column: r.column.clone(),
-                    },
-                );
-            }
-        }
-        loop {
-            let mut added = Vec::new();
-            for t in schema
-                .tables
-                .values()
-                .filter(|t| !tied.contains_key(&t.name))
-            {
-                if let Some(r) = t
-                    .references
-                    .iter()
-                    .find(|r| r.target != t.name && tied.contains_key(&r.target))
-                {
-                    added.push((
-                        t.name.clone(),
-                        Link::Via {
-                            column: r.column.clone(),
-                            target: r.target.clone(),
-                            target_column: r.target_column.clone(),
-                        },
-                    ));
-                }
-            }
-            if added.is_empty() {
-                break;
-            }
-            tied.extend(added);
-        }
+        let tied = tied_tables(schema);
         let parents = parents_of(schema, &tied);
-        let attachments = schema
-            .tables
-            .values()
-            .filter(|t| !tied.contains_key(&t.name))
-            .filter_map(|t| {
-                let refs: Vec<Reference> = t
-                    .references
-                    .iter()
-                    .filter(|r| r.target != t.name && parents.contains(&r.target))
-                    .cloned()
-                    .collect();
-                (!refs.is_empty()).then(|| (t.name.clone(), refs))
-            })
-            .collect();
+        let attachments = attachments_of(schema, &tied, &parents);
         let tied_order = schema
             .dependency_order()
             .into_iter()
@@ -211,6 +154,78 @@ impl Graph {
             None => "0".to_string(),
         }
     }
+}
+
+/// The session table and every table tied to it, each with how its rows are selected: direct
+/// links first, then breadth-first through tied tables, so the shortest path wins.
+fn tied_tables(schema: &Schema) -> BTreeMap<String, Link> {
+    let mut tied: BTreeMap<String, Link> = BTreeMap::new();
+    tied.insert(
+        SESSION_TABLE.to_string(),
+        Link::Key {
+            column: schema.session().single_key().unwrap_or("id").to_string(),
+        },
+    );
+    for t in schema.tables.values().filter(|t| t.name != SESSION_TABLE) {
+        if let Some(r) = t.references.iter().find(|r| r.target == SESSION_TABLE) {
+            tied.insert(
+                t.name.clone(),
+                Link::Direct {
+                    column: r.column.clone(),
+                },
+            );
+        }
+    }
+    loop {
+        let mut added = Vec::new();
+        for t in schema
+            .tables
+            .values()
+            .filter(|t| !tied.contains_key(&t.name))
+        {
+            if let Some(r) = t
+                .references
+                .iter()
+                .find(|r| r.target != t.name && tied.contains_key(&r.target))
+            {
+                added.push((
+                    t.name.clone(),
+                    Link::Via {
+                        column: r.column.clone(),
+                        target: r.target.clone(),
+                        target_column: r.target_column.clone(),
+                    },
+                ));
+            }
+        }
+        if added.is_empty() {
+            break;
+        }
+        tied.extend(added);
+    }
+    tied
+}
+
+/// Untied tables referencing a parent, with those references.
+fn attachments_of(
+    schema: &Schema,
+    tied: &BTreeMap<String, Link>,
+    parents: &BTreeSet<String>,
+) -> Vec<(String, Vec<Reference>)> {
+    schema
+        .tables
+        .values()
+        .filter(|t| !tied.contains_key(&t.name))
+        .filter_map(|t| {
+            let refs: Vec<Reference> = t
+                .references
+                .iter()
+                .filter(|r| r.target != t.name && parents.contains(&r.target))
+                .cloned()
+                .collect();
+            (!refs.is_empty()).then(|| (t.name.clone(), refs))
+        })
+        .collect()
 }
 
 /// Untied tables reachable from tied tables by references, transitively.

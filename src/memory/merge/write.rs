@@ -44,16 +44,7 @@ pub(super) fn run(
     drop(ours_conn);
     let base_versions = read_versions(&base_conn, &base_schema, &graph, Role::Base)?;
     let mut plans = plan::plan(&restored.sessions, &ours_versions, &base_versions);
-    let mut refused = Vec::new();
-    if let Some(own) = only {
-        plans.retain(|p| {
-            let mine = own.contains(&p.root) || p.ours_members.iter().any(|m| own.contains(m));
-            if !mine {
-                refused.push((p.root.clone(), p.title.clone()));
-            }
-            mine
-        });
-    }
+    let refused = only.map_or_else(Vec::new, |own| keep_only(&mut plans, own));
 
     let started = Instant::now();
     let mut conn = copy_base(&base_conn, base, out)?;
@@ -95,17 +86,35 @@ pub(super) fn run(
         source,
     })?;
     report.merge_time = started.elapsed();
-    // On disk before the caller renames it into place (as downloads are).
     let started = Instant::now();
+    sync(out)?;
+    report.sync_time = started.elapsed();
+    Ok(report)
+}
+
+/// Keeps the plans of `own` trees (by root or by a member of this run's side); the roots and
+/// titles of the others, refused.
+fn keep_only(plans: &mut Vec<TreePlan>, own: &BTreeSet<String>) -> Vec<(String, Option<String>)> {
+    let mut refused = Vec::new();
+    plans.retain(|p| {
+        let mine = own.contains(&p.root) || p.ours_members.iter().any(|m| own.contains(m));
+        if !mine {
+            refused.push((p.root.clone(), p.title.clone()));
+        }
+        mine
+    });
+    refused
+}
+
+/// The merged file on disk before the caller renames it into place (as downloads are).
+fn sync(out: &Path) -> Result<(), MergeError> {
     std::fs::File::open(out)
         .and_then(|f| f.sync_all())
         .map_err(|source| MergeError::Io {
             action: "syncing",
             path: out.to_path_buf(),
             source,
-        })?;
-    report.sync_time = started.elapsed();
-    Ok(report)
+        })
 }
 
 /// Copies the base into `out`. With no WAL content the main file is the whole database and a
@@ -396,12 +405,31 @@ fn carry_parents(
     graph: &Graph,
     report: &mut MergeReport,
 ) -> Result<(), MergeError> {
-    let run = |what: &str, sql: &str, args: &[&str]| {
-        step(what, || {
-            conn.execute(sql, rusqlite::params_from_iter(args.iter()))
-        })
-    };
-    // 1. Keys the inserted tied rows reference.
+    need_referenced_keys(conn, schema, graph)?;
+    let parents: Vec<&str> = schema
+        .dependency_order()
+        .into_iter()
+        .map(|t| t.name.as_str())
+        .filter(|n| graph.is_parent(n))
+        .collect();
+    need_their_parents(conn, schema, graph, &parents)?;
+    report.rows_carried += carry_needed(conn, schema, graph, &parents)?;
+    Ok(())
+}
+
+/// One statement of the parents' carry, with `args` bound in order; the rows it changed.
+fn execute(conn: &Connection, what: &str, sql: &str, args: &[&str]) -> Result<usize, MergeError> {
+    step(what, || {
+        conn.execute(sql, rusqlite::params_from_iter(args.iter()))
+    })
+}
+
+/// Into `temp.merge_need`: the parent keys the inserted tied rows reference.
+fn need_referenced_keys(
+    conn: &Connection,
+    schema: &Schema,
+    graph: &Graph,
+) -> Result<(), MergeError> {
     for table in graph.tied_order() {
         for r in &schema.tables[table].references {
             if graph.is_parent(&r.target) {
@@ -412,17 +440,22 @@ fn carry_parents(
                     t = quote(table),
                     p = graph.predicate(OURS, table, "merge_ins"),
                 );
-                run("listing parent rows", &sql, &[&r.target, &r.target_column])?;
+                let args = [r.target.as_str(), &r.target_column];
+                execute(conn, "listing parent rows", &sql, &args)?;
             }
         }
     }
-    // 2. Their own parents, children first so each table's needed keys are complete first.
-    let parents: Vec<&str> = schema
-        .dependency_order()
-        .into_iter()
-        .map(|t| t.name.as_str())
-        .filter(|n| graph.is_parent(n))
-        .collect();
+    Ok(())
+}
+
+/// Into `temp.merge_need`: the needed parent rows' own parents, children first so each table's
+/// needed keys are complete first (`parents`: in dependency order).
+fn need_their_parents(
+    conn: &Connection,
+    schema: &Schema,
+    graph: &Graph,
+    parents: &[&str],
+) -> Result<(), MergeError> {
     for p in parents.iter().rev() {
         for col in needed_columns(conn, schema, p)? {
             for r in &schema.tables[*p].references {
@@ -437,16 +470,23 @@ fn carry_parents(
                     t = quote(p),
                     k = quote(&col),
                 );
-                run(
-                    "listing parent rows",
-                    &sql,
-                    &[&r.target, &r.target_column, p, &col],
-                )?;
+                let args = [r.target.as_str(), &r.target_column, p, &col];
+                execute(conn, "listing parent rows", &sql, &args)?;
             }
         }
     }
-    // 3. The parent rows, parents first; then the attachments.
-    for p in &parents {
+    Ok(())
+}
+
+/// The needed parent rows, parents first; then the attachments. How many rows were carried.
+fn carry_needed(
+    conn: &Connection,
+    schema: &Schema,
+    graph: &Graph,
+    parents: &[&str],
+) -> Result<u64, MergeError> {
+    let mut carried = 0;
+    for p in parents {
         for col in needed_columns(conn, schema, p)? {
             let sql = format!(
                 "INSERT OR IGNORE INTO main.{t} ({cols}) SELECT {cols} FROM {OURS}.{t} \
@@ -455,7 +495,7 @@ fn carry_parents(
                 cols = column_list(schema, p, None),
                 k = quote(&col),
             );
-            report.rows_carried += run(&format!("carrying {p}"), &sql, &[p, &col])? as u64;
+            carried += execute(conn, &format!("carrying {p}"), &sql, &[p, &col])? as u64;
         }
     }
     for (table, refs) in graph.attachments() {
@@ -467,14 +507,11 @@ fn carry_parents(
                 cols = column_list(schema, table, None),
                 c = quote(&r.column),
             );
-            report.rows_carried += run(
-                &format!("carrying {table}"),
-                &sql,
-                &[&r.target, &r.target_column],
-            )? as u64;
+            let args = [r.target.as_str(), &r.target_column];
+            carried += execute(conn, &format!("carrying {table}"), &sql, &args)? as u64;
         }
     }
-    Ok(())
+    Ok(carried)
 }
 
 /// The columns of `table` that `temp.merge_need` lists keys for (always real columns: they come

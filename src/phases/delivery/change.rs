@@ -5,9 +5,9 @@
 use crate::github::event::TargetKind;
 use crate::github::GitHub;
 use crate::opencode::TurnOutcome;
-use crate::phases::context::RunContext;
 use crate::phases::delivery::prepare::{ChangesPlan, OutputsPlan};
 use crate::phases::delivery::threat_check::{ChangeGate, Terms, ThreatCheck, ThreatReport};
+use crate::phases::run_context::Admitted;
 use crate::phases::turn::agent::AgentRun;
 use crate::safe_outputs::actions::{self, ActionOutcome};
 use crate::safe_outputs::branch::Target;
@@ -145,7 +145,7 @@ pub(crate) struct DeliveryReport {
 
 /// Reads, checks and carries out what the agent proposed.
 pub(crate) async fn deliver(
-    ctx: &RunContext,
+    ctx: &Admitted,
     plan: &OutputsPlan,
     agent_run: &AgentRun,
 ) -> DeliveryReport {
@@ -247,7 +247,7 @@ fn described(ps: &[Proposal]) -> Described {
 }
 
 async fn deliver_changes(
-    ctx: &RunContext,
+    ctx: &Admitted,
     gh: &GitHub,
     (target, base): (&Target, &capture::Base),
     describe: &Described,
@@ -324,7 +324,7 @@ fn patch_outcome(capture: &Capture, number: u64, why: &str, stats: Stats) -> Cha
 }
 
 async fn commit_and_open(
-    ctx: &RunContext,
+    ctx: &Admitted,
     gh: &GitHub,
     (target, capture, stats): (&Target, &Capture, Stats),
     (title, body): (&str, &str),
@@ -376,7 +376,7 @@ fn run_url_without_attempt(url: &str) -> String {
 
 /// The commit headline and body: the agent's `describe_change` (redacted, the headline one line),
 /// or a plain title from the thread.
-fn texts(ctx: &RunContext, describe: &Described) -> (String, String) {
+fn texts(ctx: &Admitted, describe: &Described) -> (String, String) {
     // The thread's title (redacted, one line) names the change when the agent did not.
     let thread_title = ctx
         .event
@@ -402,7 +402,7 @@ fn texts(ctx: &RunContext, describe: &Described) -> (String, String) {
 /// The pull request's body: the agent's description as `texts` made it (redacted, links and
 /// mentions inert), the threat check's note, `Closes #N` for an issue thread, and a footer naming
 /// the run.
-fn pull_body(ctx: &RunContext, body: &str, note: Option<&str>, run_url: &str) -> String {
+fn pull_body(ctx: &Admitted, body: &str, note: Option<&str>, run_url: &str) -> String {
     let mut out = body.to_string();
     if let Some(note) = note {
         out.push_str(&format!("\n\n{note}"));

@@ -9,7 +9,7 @@
 use crate::config::review::ReviewMode;
 use crate::github::event::{Event, PullRequestAction, TargetKind};
 use crate::github::GitHub;
-use crate::phases::context::{Mode, RunContext};
+use crate::phases::run_context::{Admitted, Mode};
 use crate::review::api::{self, PostError, Posted, Thread};
 use crate::review::compose::{same_login, Draft, Inline, Inputs};
 use crate::review::diff::PullDiff;
@@ -89,7 +89,7 @@ fn recorded_head(event: &Event, pull: &api::Pull) -> String {
 }
 
 /// Whether the run is an automatic review (`review: auto` and a pull request event that asks one).
-fn is_auto(ctx: &RunContext) -> bool {
+fn is_auto(ctx: &Admitted) -> bool {
     ctx.settings.review.mode == ReviewMode::Auto
         && matches!(
             ctx.event,
@@ -102,7 +102,7 @@ fn is_auto(ctx: &RunContext) -> bool {
         )
 }
 
-pub(crate) async fn prepare(ctx: &RunContext, gh: &GitHub) -> ReviewPrep {
+pub(crate) async fn prepare(ctx: &Admitted, gh: &GitHub) -> ReviewPrep {
     let Some(thread) = ctx.plan.thread.as_ref() else {
         return ReviewPrep::NotOffered;
     };
@@ -118,7 +118,7 @@ pub(crate) async fn prepare(ctx: &RunContext, gh: &GitHub) -> ReviewPrep {
     }
 }
 
-async fn ready(ctx: &RunContext, gh: &GitHub, number: u64) -> Result<Ready, String> {
+async fn ready(ctx: &Admitted, gh: &GitHub, number: u64) -> Result<Ready, String> {
     let pull = api::pull(gh, number).await.map_err(|e| e.to_string())?;
     let head = recorded_head(&ctx.event, &pull);
     let (own, diff, reviews, threads) = tokio::join!(
@@ -203,7 +203,7 @@ fn ours(t: &Thread, own: &str) -> Option<ThreadView> {
 
 /// After the turn: the review, when the turn completed (like every proposal).
 pub(crate) async fn carry_out(
-    ctx: &RunContext,
+    ctx: &Admitted,
     (prep, proposals): (&ReviewPrep, Option<std::path::PathBuf>),
     agent_run: &crate::phases::turn::agent::AgentRun,
     held: Option<&str>,

@@ -4,8 +4,8 @@
 //! proposal tools write to.
 
 use crate::config::safe_outputs::ChangesMode;
-use crate::phases::context::{Mode, RunContext};
 use crate::phases::delivery::pr_review::ReviewPrep;
+use crate::phases::run_context::{Admitted, Mode};
 use crate::runner::log;
 use crate::safe_outputs::branch::{self, Target, TargetInputs};
 use crate::safe_outputs::capture::{self, Base};
@@ -70,7 +70,7 @@ impl OutputsPlan {
 
 /// Prepares the run's outputs. Nothing here fails the run: what cannot be prepared is delivered
 /// as `off`, with the reason.
-pub(crate) async fn prepare(ctx: &mut RunContext) -> OutputsPlan {
+pub(crate) async fn prepare(ctx: &Admitted) -> OutputsPlan {
     let Some(gh) = ctx.gh.clone() else {
         return OutputsPlan::none("there is no GitHub token to deliver with");
     };
@@ -137,7 +137,7 @@ pub(crate) async fn prepare(ctx: &mut RunContext) -> OutputsPlan {
 }
 
 /// The target branch, the agent started on it, and the base recorded.
-async fn plan_changes(ctx: &RunContext, gh: &crate::github::GitHub) -> ChangesPlan {
+async fn plan_changes(ctx: &Admitted, gh: &crate::github::GitHub) -> ChangesPlan {
     let so = &ctx.settings.safe_outputs;
     let inputs = TargetInputs {
         gh,
@@ -172,7 +172,7 @@ async fn plan_changes(ctx: &RunContext, gh: &crate::github::GitHub) -> ChangesPl
 }
 
 /// Checks out the branch the agent continues on.
-fn start_on(ctx: &RunContext, name: &str, sha: &str) -> Result<(), String> {
+fn start_on(ctx: &Admitted, name: &str, sha: &str) -> Result<(), String> {
     let token = ctx.settings.github_token.as_ref().ok_or("no token")?;
     let server = crate::github::server_url(&ctx.env);
     let remote = format!("{server}/{}.git", ctx.repository);

@@ -1,16 +1,15 @@
-//! The threat check, between the checks and the delivery (docs/security.md#the-threat-check): the
-//! deterministic gate over the change (`threat::gate`), then one model check of what would be
-//! delivered — the change and the actions the agent proposes — and what both make of the delivery
-//! under `threat-check`. Delivery (`phases::delivery::change`) asks it about the change, then about the
-//! actions; the model is asked at most once a run, and only when there is something to deliver.
-
-use std::time::Duration;
+//! The threat check's orchestration, between the checks and the delivery
+//! (docs/security.md#the-threat-check): the deterministic gate over the change (`threat::gate`),
+//! then one model check of what would be delivered — the change and the actions the agent proposes
+//! (`threat::model_check`) — and what both make of the delivery under `threat-check`. Delivery
+//! (`phases::delivery::change`) asks it about the change, then about the actions; the model is
+//! asked at most once a run, and only when there is something to deliver.
 
 use crate::config::safe_outputs::ThreatMode;
-use crate::confine::proxy::{Proxy, ProxyPlan};
+use crate::confine::proxy::ProxyPlan;
 use crate::github::GitHub;
 use crate::opencode::client::error_chain;
-use crate::phases::context::RunContext;
+use crate::phases::run_context::Admitted;
 use crate::phases::turn::agent::AgentRun;
 use crate::safe_outputs::actions::{self, ActionOutcome};
 use crate::safe_outputs::branch::{self, Target, TargetInputs};
@@ -18,73 +17,13 @@ use crate::safe_outputs::capture::Capture;
 use crate::safe_outputs::deliver::PullOutcome;
 use crate::safe_outputs::proposals::Proposal;
 use crate::threat::gate::{self, GatePolicy, GateReport};
-use crate::threat::judge::{self, Verdict};
-use crate::threat::provider::{self, JudgeModel, Usage, Wire};
+use crate::threat::judge;
+use crate::threat::model_check::{self, Asking, JudgeResult, JudgeRun};
+use crate::threat::provider::Usage;
 use crate::threat::REVIEW_LABEL;
 
-/// The longest one request to the model may take.
-const JUDGE_TIMEOUT: Duration = Duration::from_secs(120);
-/// How many answers the model gets to give the verdict (an unreadable or failed one is asked
-/// again once).
-const JUDGE_ATTEMPTS: u32 = 2;
-/// The most diff the model reads (characters); less for a smaller context window.
-const MAX_JUDGED_CHARS: usize = 400_000;
-/// Characters of diff per token of a known context window (code runs 3–4 to a token: the rest is
-/// room for the prompt and the answer).
-const CHARS_PER_CONTEXT_TOKEN: u64 = 2;
 /// The most of a held change's patch the answer carries.
 const MAX_HELD_PATCH_CHARS: usize = 50_000;
-
-/// What the model check came to.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum JudgeResult {
-    Clear,
-    Flagged(Verdict),
-    /// Two answers that were not the verdict.
-    Unreadable,
-    /// It could not be asked, or did not answer: why.
-    Failed(String),
-}
-
-/// One model check.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct JudgeRun {
-    /// `provider/model`, when one was known.
-    pub(crate) model: Option<String>,
-    pub(crate) requests: u32,
-    pub(crate) usage: Usage,
-    /// `None`: the listing gave no rates.
-    pub(crate) cost: Option<f64>,
-    pub(crate) result: JudgeResult,
-}
-
-impl JudgeRun {
-    fn failed(model: Option<String>, why: impl Into<String>) -> JudgeRun {
-        JudgeRun {
-            model,
-            requests: 0,
-            usage: Usage::default(),
-            cost: Some(0.0),
-            result: JudgeResult::Failed(why.into()),
-        }
-    }
-
-    /// Why it stops a delivery under `block`; `None`: it does not.
-    fn concerns(&self) -> Option<Vec<String>> {
-        Some(match &self.result {
-            JudgeResult::Clear => return None,
-            JudgeResult::Flagged(v) => {
-                let mut out = vec![format!("the model check flagged it: {}", v.flags().join(", "))];
-                out.extend(v.shown_reasons());
-                out
-            }
-            JudgeResult::Unreadable => vec![
-                "the model check's answer was not the verdict asked for, twice; that counts as flagged".into(),
-            ],
-            JudgeResult::Failed(why) => vec![format!("the model check could not run: {why}")],
-        })
-    }
-}
 
 /// What the check makes of the change.
 #[derive(Debug)]
@@ -113,7 +52,7 @@ pub(crate) struct Terms {
 
 /// The threat check of one delivery.
 pub(crate) struct ThreatCheck<'a> {
-    ctx: &'a RunContext,
+    ctx: &'a Admitted,
     agent_run: &'a AgentRun,
     proposals: &'a [Proposal],
     mode: ThreatMode,
@@ -171,7 +110,7 @@ fn is_action(p: &Proposal) -> bool {
 
 impl<'a> ThreatCheck<'a> {
     pub(crate) fn new(
-        ctx: &'a RunContext,
+        ctx: &'a Admitted,
         agent_run: &'a AgentRun,
         proposals: &'a [Proposal],
     ) -> Self {
@@ -291,7 +230,20 @@ impl<'a> ThreatCheck<'a> {
             return;
         }
         let actions = judge::actions_text(self.proposals);
-        self.judged = Some(ask(self.ctx, self.agent_run, diff.unwrap_or(""), &actions).await);
+        let settings = &self.ctx.settings;
+        let asking = Asking {
+            model: judge_model(self.ctx, self.agent_run),
+            listing: self.agent_run.providers.as_ref(),
+            keys: ProxyPlan::new(
+                &settings.auth,
+                settings.opencode_config.as_ref(),
+                &self.ctx.env,
+            ),
+            repository: &self.ctx.repository,
+            cancel: &self.ctx.cancel,
+        };
+        let judged = model_check::ask(&asking, diff.unwrap_or(""), &actions).await;
+        self.judged = Some(judged);
     }
 
     fn blocking(&self) -> Option<Vec<String>> {
@@ -479,7 +431,7 @@ fn held_patch(capture: &Capture) -> Option<String> {
 }
 
 /// The model that answered the turn (else the configured one), as `provider/model`.
-fn judge_model(ctx: &RunContext, agent_run: &AgentRun) -> Option<String> {
+fn judge_model(ctx: &Admitted, agent_run: &AgentRun) -> Option<String> {
     agent_run
         .model
         .clone()
@@ -495,100 +447,10 @@ fn judge_model(ctx: &RunContext, agent_run: &AgentRun) -> Option<String> {
         })
 }
 
-/// Asks the model: through a key proxy of its own for the one provider, the redacted diff and
-/// actions fenced as data, an unreadable or failed answer asked again once.
-async fn ask(ctx: &RunContext, agent_run: &AgentRun, diff: &str, actions: &str) -> JudgeRun {
-    let name = judge_model(ctx, agent_run);
-    let Some((provider_id, model_id)) = name.as_deref().and_then(|n| n.split_once('/')) else {
-        return JudgeRun::failed(name, "no model is known to ask (set `model`)");
-    };
-    let plan = ProxyPlan::new(
-        &ctx.settings.auth,
-        ctx.settings.opencode_config.as_ref(),
-        &ctx.env,
-    );
-    let Some(route) = plan.routes.iter().find(|r| r.id == provider_id).cloned() else {
-        let why = format!(
-            "provider `{provider_id}` is not one the key proxy serves (an API key is needed; OAuth and cloud-signed credentials are not), so fro-bot cannot ask it"
-        );
-        return JudgeRun::failed(name, why);
-    };
-    let entry = agent_run
-        .providers
-        .as_ref()
-        .and_then(|l| l.providers.iter().find(|p| p.id == provider_id))
-        .and_then(|p| p.models.get(model_id));
-    let model = JudgeModel::from_listing(model_id, entry);
-    let limit = model
-        .context
-        .map_or(MAX_JUDGED_CHARS, |c| {
-            usize::try_from(c.saturating_mul(CHARS_PER_CONTEXT_TOKEN)).unwrap_or(usize::MAX)
-        })
-        .min(MAX_JUDGED_CHARS);
-    let diff = crate::redact::redact(diff);
-    let chars = diff.chars().count();
-    if chars > limit {
-        let why = format!("the change's diff ({chars} characters) is more than it reads ({limit})");
-        return JudgeRun::failed(name, why);
-    }
-    let style = route.style;
-    let proxy = match Proxy::start(vec![route]).await {
-        Ok(p) => p,
-        Err(e) => return JudgeRun::failed(name, format!("the key proxy did not start: {e}")),
-    };
-    let http = match crate::net::loopback().timeout(JUDGE_TIMEOUT).build() {
-        Ok(h) => h,
-        Err(e) => return JudgeRun::failed(name, format!("no HTTP client: {e}")),
-    };
-    let prompt = (
-        judge::system_prompt(&ctx.repository),
-        judge::user_prompt(&diff, actions),
-    );
-    let base = proxy.base_url(provider_id);
-    let mut run = JudgeRun::failed(name, "not asked");
-    for _ in 0..JUDGE_ATTEMPTS {
-        run.requests += 1;
-        let asked = provider::ask(
-            &http,
-            &base,
-            Wire::of(style),
-            &model,
-            (&prompt.0, &prompt.1),
-        );
-        // A signal leaves the budget to memory: the check ends there, and holds what it covers.
-        let asked = tokio::select! {
-            biased;
-            () = ctx.cancel.cancelled() => {
-                run.result = JudgeResult::Failed("the run was cancelled while it asked".into());
-                break;
-            }
-            asked = asked => asked,
-        };
-        let answer = match asked {
-            Ok(a) => a,
-            Err(e) => {
-                run.result = JudgeResult::Failed(error_chain(&e));
-                continue;
-            }
-        };
-        run.usage.add(answer.usage);
-        match judge::parse_verdict(&answer.text) {
-            Ok(v) if v.flagged() => run.result = JudgeResult::Flagged(v),
-            Ok(_) => run.result = JudgeResult::Clear,
-            Err(_) => {
-                run.result = JudgeResult::Unreadable;
-                continue;
-            }
-        }
-        break;
-    }
-    run.cost = model.cost(run.usage);
-    run
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::threat::judge::Verdict;
 
     fn run(result: JudgeResult) -> JudgeRun {
         JudgeRun {

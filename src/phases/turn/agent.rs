@@ -7,15 +7,17 @@ use std::time::{Duration, Instant};
 
 use crate::config::{ContextAuthors, ResponseMode, Settings};
 use crate::confine::AgentUser;
+use crate::egress::AgentReach;
 use crate::github::{self, RunPlan};
 use crate::memory::report::RestoreReport;
 use crate::opencode::progress::ProgressSink;
 use crate::opencode::{
     self, prep, Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome, TurnReport,
 };
-use crate::phases::context::{Mode, RunContext};
+use crate::phases::run_context::{Admitted, Mode, RunLedger};
 use crate::runner::env;
 use crate::runner::{log, Cancellation, Env};
+use crate::tools::proposals::ProposalTools;
 use crate::trust::{SessionTrust, TrustView};
 
 /// What the agent part of the run produced.
@@ -68,17 +70,43 @@ pub(crate) fn trust_view(plan: &RunPlan, restored: &RestoreReport) -> TrustView 
     )
 }
 
+/// Starts OpenCode for the turn: the agent's network first, then the server in its confinement;
+/// what the start confined goes into the summary.
 pub(crate) async fn start_agent(
-    ctx: &mut RunContext,
+    ctx: &Admitted,
+    run: &mut RunLedger,
     view: &TrustView,
-    proposals: Option<crate::tools::proposals::ProposalTools>,
-    private_home: Option<&Path>,
+    (proposals, private_home): (Option<ProposalTools>, Option<&Path>),
 ) -> Result<Agent, String> {
     let t = Instant::now();
     // First: a kernel that cannot enforce the agent's network fails the run before anything starts.
-    let network = crate::phases::turn::network::prepare(ctx).await?;
-    ctx.egress = Some(network.clone());
-    let RunContext {
+    let network = crate::phases::turn::agent_network::prepare(ctx).await?;
+    run.egress = Some(network.clone());
+    let options = agent_options(ctx, view, (proposals, private_home), network).await?;
+    let user = options.user;
+    let agent = Agent::start(options)
+        .await
+        .map_err(|e| crate::opencode::client::error_chain(&e))?;
+    let report = &mut run.ledger.report;
+    report.confinement.push(user.describe());
+    report
+        .confinement
+        .extend(agent.confinement_notes().iter().cloned());
+    report.record_phase("opencode-start", t.elapsed());
+    // Everything is taken for the turn here: a kill now leaves it all to post.
+    crate::runner::failpoint::hit("agent:started");
+    Ok(agent)
+}
+
+/// How OpenCode is started: the binary (located or installed), the agent's directories and user,
+/// what it is handed and what it is kept from.
+async fn agent_options(
+    ctx: &Admitted,
+    view: &TrustView,
+    (proposals, private_home): (Option<ProposalTools>, Option<&Path>),
+    network: AgentReach,
+) -> Result<AgentOptions, String> {
+    let Admitted {
         env,
         settings,
         mode,
@@ -86,7 +114,7 @@ pub(crate) async fn start_agent(
         paths,
         files,
         ..
-    } = &*ctx;
+    } = ctx;
     let home = PathBuf::from(env.get(env::HOME).unwrap_or("/github/home"));
     let cache_dir = match mode {
         Mode::Local { state_dir, .. } => state_dir.join("opencode-install"),
@@ -96,27 +124,13 @@ pub(crate) async fn start_agent(
         .await
         .map_err(|e| e.to_string())?;
     let dirs = isolation(env, &paths.data_dir, &home, private_home);
-    let user = match mode {
-        Mode::Action => AgentUser::choose(workspace),
-        Mode::Local { .. } => AgentUser::choose_local(workspace),
-    };
-    // Running unprivileged (a laptop's `fro-bot local`) is the normal case, not a warning; only
-    // a dedicated uid that cannot write the workspace needs attention.
-    match user {
-        AgentUser::Switched {
-            why: crate::confine::UidChoice::Dedicated,
-            ..
-        } => log::warning(&user.describe()),
-        AgentUser::Switched { .. } | AgentUser::Current { .. } => {
-            tracing::info!("{}", user.describe())
-        }
-    }
+    let user = agent_user(mode, workspace);
     let extra_env = match mode {
         Mode::Action => safe_directory_env(workspace),
         Mode::Local { .. } => Vec::new(),
     };
     let log_dir = run_log_dir(env)?;
-    let agent = Agent::start(AgentOptions {
+    Ok(AgentOptions {
         opencode: located.path().to_path_buf(),
         opencode_version: settings.opencode_version.clone(),
         workspace: workspace.to_path_buf(),
@@ -125,16 +139,7 @@ pub(crate) async fn start_agent(
         opt_in_env: settings.agent_env.clone(),
         user,
         state: Some(files.clone()),
-        file_commands: [
-            env::GITHUB_OUTPUT,
-            env::GITHUB_STATE,
-            env::GITHUB_ENV,
-            env::GITHUB_PATH,
-            env::GITHUB_STEP_SUMMARY,
-        ]
-        .iter()
-        .filter_map(|name| env.get(name).map(PathBuf::from))
-        .collect(),
+        file_commands: file_commands(env),
         // No run mode gives the agent a GitHub credential: what it wants done goes through
         // its proposal tools (docs/security.md#the-agent-proposes-fro-bot-disposes).
         hide_git_credentials: true,
@@ -152,16 +157,40 @@ pub(crate) async fn start_agent(
         cancel: ctx.cancel.clone(),
         network,
     })
-    .await
-    .map_err(|e| crate::opencode::client::error_chain(&e))?;
-    ctx.report.confinement.push(user.describe());
-    ctx.report
-        .confinement
-        .extend(agent.confinement_notes().iter().cloned());
-    ctx.report.record_phase("opencode-start", t.elapsed());
-    // Everything is taken for the turn here: a kill now leaves it all to post.
-    crate::runner::failpoint::hit("agent:started");
-    Ok(agent)
+}
+
+/// Who the agent runs as, said in the log.
+fn agent_user(mode: &Mode, workspace: &Path) -> AgentUser {
+    let user = match mode {
+        Mode::Action => AgentUser::choose(workspace),
+        Mode::Local { .. } => AgentUser::choose_local(workspace),
+    };
+    // Running unprivileged (a laptop's `fro-bot local`) is the normal case, not a warning; only
+    // a dedicated uid that cannot write the workspace needs attention.
+    match user {
+        AgentUser::Switched {
+            why: crate::confine::UidChoice::Dedicated,
+            ..
+        } => log::warning(&user.describe()),
+        AgentUser::Switched { .. } | AgentUser::Current { .. } => {
+            tracing::info!("{}", user.describe())
+        }
+    }
+    user
+}
+
+/// The runner's file-command files, which the agent must not write.
+fn file_commands(env: &Env) -> Vec<PathBuf> {
+    [
+        env::GITHUB_OUTPUT,
+        env::GITHUB_STATE,
+        env::GITHUB_ENV,
+        env::GITHUB_PATH,
+        env::GITHUB_STEP_SUMMARY,
+    ]
+    .iter()
+    .filter_map(|name| env.get(name).map(PathBuf::from))
+    .collect()
 }
 
 /// The agent's directories: memory where fro-bot keeps it; everything else under the run's private

@@ -1,19 +1,17 @@
 //! What the agent leaves behind, recorded before the turn and put back after it
-//! (docs/security.md#what-it-leaves-behind): `.git` (`git_guard`), the runner's home and a
-//! private one for the agent (`home_guard`), and the other conversations in memory
-//! (`memory_guard`).
+//! (docs/security.md#what-it-leaves-behind): `.git` and the runner's home, with a private one for
+//! the agent (`guards`), and the other conversations in memory (`memory::guard`).
 
 use std::path::Path;
 
 use crate::confine::handover::{self, TakenOver};
+use crate::memory::guard::{self as memory_guard, Before};
+use crate::memory::ledger::Ledger;
+use crate::phases::run_context::Admitted;
+use crate::phases::turn::agent::AgentRun;
+use crate::phases::turn::guards::{self, GitGuard, HomeGuard};
 use crate::runner::env::state;
 use crate::runner::Env;
-
-use crate::memory::guard::{self as memory_guard, Before};
-use crate::phases::context::RunContext;
-use crate::phases::turn::agent::AgentRun;
-use crate::phases::turn::git_guard::{self, GitGuard};
-use crate::phases::turn::home_guard::{self, HomeGuard};
 
 /// The three guards of one turn.
 pub(crate) struct Leftovers {
@@ -30,19 +28,19 @@ impl Leftovers {
 }
 
 /// Before the turn.
-pub(crate) fn take(ctx: &RunContext) -> Leftovers {
+pub(crate) fn take(ctx: &Admitted) -> Leftovers {
     Leftovers {
-        git: git_guard::take(ctx),
-        home: home_guard::take(ctx),
-        memory: memory_guard::take(ctx),
+        git: guards::take_git(ctx),
+        home: guards::take_home(ctx),
+        memory: memory_guard::take(&ctx.paths, &ctx.files),
     }
 }
 
 /// After the turn, once the agent's processes are gone: `.git` put back, the home given back, and
 /// memory limited to this run's own conversation.
-pub(crate) fn put_back(ctx: &mut RunContext, guards: Leftovers, agent_run: &AgentRun) {
-    git_guard::put_back(ctx, guards.git);
-    home_guard::give_back(ctx, guards.home.as_ref());
+pub(crate) fn put_back(ctx: &Admitted, ledger: &mut Ledger, held: Leftovers, agent_run: &AgentRun) {
+    guards::put_back_git(ctx, &mut ledger.report, held.git);
+    guards::give_back_home(ctx, held.home.as_ref());
     let own: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
         .into_iter()
         .filter_map(|s| s.as_deref())
@@ -51,7 +49,8 @@ pub(crate) fn put_back(ctx: &mut RunContext, guards: Leftovers, agent_run: &Agen
         .session_id
         .clone()
         .map(|id| (ctx.plan.logical_key.as_str().to_string(), id));
-    memory_guard::put_back(ctx, guards.memory, &own, thread);
+    let at = (&ctx.paths, &ctx.files);
+    memory_guard::put_back(ledger, at, held.memory, &own, thread);
 }
 
 /// Post: gives back what a killed main took from the runner's user for the turn besides its home

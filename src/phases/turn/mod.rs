@@ -1,9 +1,8 @@
-//! The agent's turn: its network (`network`), what it leaves behind (`leftovers`, with the
-//! `git_guard` and `home_guard`), the turn itself (`agent`) and stopping it (`cleanup`).
+//! The agent's turn: its network (`agent_network`), what it leaves behind (`leftovers`, with the
+//! `.git` and home `guards`), the turn itself (`agent`) and stopping it (`cleanup`).
 
 pub mod agent;
+pub mod agent_network;
 pub mod cleanup;
-pub mod git_guard;
-pub mod home_guard;
+pub mod guards;
 pub mod leftovers;
-pub mod network;

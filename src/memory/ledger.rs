@@ -1,95 +1,23 @@
-//! What a run knows once it is admitted (`RunContext`), the types the phases share (`Mode`,
-//! `StoreContext`), and how the main step ends (`ExitStatus`, `RunExit`).
+//! Memory's ledger: what the restore, the turn's guard and the save record as the run goes
+//! (`Ledger`), and the types they record it in — the restored database's digest (`RestoredCopy`)
+//! and where memory on disk comes from (`Provenance`), the rows only this run's database holds
+//! (`OwnRows`), the summary's report, and main's `cacheSaved` state kept in step with its output
+//! (`CacheSaved`); beside them the leases post releases when main was killed holding them
+//! (`PostLease`) and the store side of a run (`StoreContext`).
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
-use crate::cache;
-use crate::config::Settings;
-use crate::github::{self, CacheKeys, Event, RunPlan};
-use crate::lease::Holder;
 use crate::memory::merge::Snapshot;
 use crate::memory::report::{PersistenceReport, RestoreReport, RestoreSource};
 use crate::memory::save_result::StateValue;
 use crate::memory::state_paths::{check_marker, MarkerCheck, StatePaths};
 use crate::object_store::{ObjectStore, StoreKeys};
-use crate::phases::sentinels::CacheSentinels;
 use crate::runner::env::{output, state};
-use crate::runner::{Cancellation, Env, FileCommands};
+use crate::runner::{Env, FileCommands};
 
-#[derive(Debug, Clone)]
-pub enum Mode {
-    /// The container action's main step.
-    Action,
-    /// `fro-bot local`: a developer machine; `env` already carries the synthesized run.
-    Local { thread: String, state_dir: PathBuf },
-}
-
-/// How the main step ends. A skipped run is a success for the workflow (exit 0), but it is its own
-/// outcome so callers and tests can tell the two apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitStatus {
-    /// The agent's turn completed.
-    Success,
-    /// Routing, dedup or a held lease said this run has nothing to do.
-    Skipped,
-    /// Invalid configuration, or the agent did not complete its turn (memory is still saved).
-    Failed,
-}
-
-impl ExitStatus {
-    pub fn code(self) -> u8 {
-        match self {
-            ExitStatus::Success | ExitStatus::Skipped => 0,
-            ExitStatus::Failed => 1,
-        }
-    }
-}
-
-/// What `run` hands back to `main`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RunExit {
-    pub status: ExitStatus,
-    /// The agent's final answer, when there is one (printed by `fro-bot local`).
-    pub answer: Option<String>,
-}
-
-impl RunExit {
-    pub(crate) fn status(status: ExitStatus) -> Self {
-        Self {
-            status,
-            answer: None,
-        }
-    }
-}
-
-/// The store side of a run: client and key layout.
-pub struct StoreContext {
-    pub store: ObjectStore,
-    pub keys: StoreKeys,
-}
-
-/// Everything an admitted run works with, built once by `admit`.
-pub(crate) struct RunContext {
-    pub(crate) env: Env,
-    pub(crate) mode: Mode,
-    pub(crate) settings: Settings,
-    pub(crate) files: FileCommands,
-    pub(crate) cancel: Cancellation,
-    pub(crate) started: Instant,
-    pub(crate) workspace: PathBuf,
-    pub(crate) paths: StatePaths,
-    pub(crate) repository: String,
-    pub(crate) run_id: String,
-    pub(crate) event: Event,
-    pub(crate) plan: RunPlan,
-    pub(crate) keys: CacheKeys,
-    pub(crate) gh: Option<github::GitHub>,
-    /// The Actions cache (or the local filesystem cache); `None` outside a runner.
-    pub(crate) cache: Option<cache::Backend>,
-    pub(crate) store: Option<StoreContext>,
-    /// Who asks for the repository lease at publish.
-    pub(crate) lease_holder: Holder,
+/// What memory's phases append to as the run goes, from admission to the summary; one owner, the
+/// main step (`phases::run`), lends it to the phase that records.
+pub(crate) struct Ledger {
     /// The database as restored (its digest), so an unchanged one is not uploaded again.
     pub(crate) restored_copy: Option<RestoredCopy>,
     /// The sessions as restored, so a newer shared copy can be merged with this run's
@@ -99,12 +27,30 @@ pub(crate) struct RunContext {
     pub(crate) own_rows: OwnRows,
     /// Whether restored memory was scrubbed when saved, so the save scrubs only this run's rows.
     pub(crate) provenance: Provenance,
-    /// The summary's Session Persistence section, filled as the phases go.
+    /// The step summary's sections, filled as the phases go.
     pub(crate) report: PersistenceReport,
     /// State `cacheSaved` and output `cache-save-result`.
     pub(crate) cache_saved: CacheSaved,
-    /// The agent's network for the turn (`phases::turn::network`), until its summary row is written.
-    pub(crate) egress: Option<crate::egress::AgentReach>,
+}
+
+impl Ledger {
+    /// Nothing restored or recorded yet.
+    pub(crate) fn new(cache_saved: CacheSaved) -> Self {
+        Ledger {
+            restored_copy: None,
+            restored_sessions: None,
+            own_rows: OwnRows::default(),
+            provenance: Provenance::Unknown,
+            report: PersistenceReport::default(),
+            cache_saved,
+        }
+    }
+}
+
+/// The store side of a run: client and key layout.
+pub struct StoreContext {
+    pub store: ObjectStore,
+    pub keys: StoreKeys,
 }
 
 /// What only this run's database holds (docs/persistence.md#session-level-merge): the messages
@@ -159,33 +105,6 @@ impl OwnRows {
     }
 }
 
-impl RunContext {
-    /// The dedup sentinels, kept in the same cache as memory.
-    pub(crate) fn sentinels(&self) -> Option<CacheSentinels<'_>> {
-        self.cache.as_ref().map(|backend| CacheSentinels {
-            backend,
-            file: sentinel_file(&self.paths),
-            workspace: self.workspace.clone(),
-        })
-    }
-
-    pub(crate) fn set_state(&self, name: &str, value: &str) {
-        set_state(&self.files, name, value);
-    }
-
-    pub(crate) fn set_output(&self, name: &str, value: &str) {
-        set_output(&self.files, name, value);
-    }
-
-    /// `fut`, unless the run is cancelled and the runner's kill deadline passes first (`None`).
-    pub(crate) async fn within_budget<T>(
-        &self,
-        fut: impl std::future::Future<Output = T>,
-    ) -> Option<T> {
-        within_budget(&self.cancel, fut).await
-    }
-}
-
 /// Main's state `cacheSaved` (what post does if main ends now) and output `cache-save-result` (what
 /// became of memory, for later steps), kept in step: the state is written at every change, the
 /// output once. However the step ends — a skip, a configuration error, a save cut off by the
@@ -203,7 +122,7 @@ struct CacheSavedInner {
 impl CacheSaved {
     /// `skipped`, first thing: a run that is not admitted makes post idle.
     pub(crate) fn start(files: &FileCommands) -> Self {
-        set_state(files, state::CACHE_SAVED, StateValue::Skipped.as_str());
+        files.save_state_or_warn(state::CACHE_SAVED, StateValue::Skipped.as_str());
         Self(std::sync::Arc::new(std::sync::Mutex::new(
             CacheSavedInner {
                 files: files.clone(),
@@ -221,7 +140,9 @@ impl CacheSaved {
     /// The state only: what post does if the step ends before the next change.
     pub(crate) fn set(&self, value: StateValue) {
         let mut inner = self.inner();
-        set_state(&inner.files, state::CACHE_SAVED, value.as_str());
+        inner
+            .files
+            .save_state_or_warn(state::CACHE_SAVED, value.as_str());
         inner.last = value;
     }
 
@@ -229,7 +150,9 @@ impl CacheSaved {
     pub(crate) fn report(&self, value: StateValue) {
         self.set(value);
         let mut inner = self.inner();
-        set_output(&inner.files, output::CACHE_SAVE_RESULT, value.as_str());
+        inner
+            .files
+            .set_output_or_warn(output::CACHE_SAVE_RESULT, value.as_str());
         inner.reported = true;
     }
 }
@@ -237,39 +160,9 @@ impl CacheSaved {
 impl Drop for CacheSavedInner {
     fn drop(&mut self) {
         if !self.reported {
-            set_output(&self.files, output::CACHE_SAVE_RESULT, self.last.as_str());
+            self.files
+                .set_output_or_warn(output::CACHE_SAVE_RESULT, self.last.as_str());
         }
-    }
-}
-
-/// The sentinel lives at one fixed path beside OpenCode's data dir (see `phases::sentinels`).
-pub(crate) fn sentinel_file(paths: &StatePaths) -> PathBuf {
-    paths
-        .data_dir
-        .parent()
-        .unwrap_or(&paths.data_dir)
-        .join("fro-bot-dedup/sentinel.json")
-}
-
-/// Runs `fut` to completion, unless the run is cancelled and the runner's kill deadline passes
-/// first (then `None`): a signal must not abort the save, but the save must not outlive the kill.
-pub(crate) async fn within_budget<T>(
-    cancel: &Cancellation,
-    fut: impl std::future::Future<Output = T>,
-) -> Option<T> {
-    let deadline = async {
-        cancel.cancelled().await;
-        // Re-read every 100 ms: a SIGTERM after the SIGINT shortens what is left.
-        while let Some(d) = cancel.deadline() {
-            if Instant::now() >= d {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
-    tokio::select! {
-        out = fut => Some(out),
-        () = deadline => None,
     }
 }
 
@@ -302,8 +195,8 @@ impl PostLease {
         handle: &crate::lease::LeaseHandle,
     ) -> tokio::task::JoinHandle<()> {
         let (key, etag) = handle.state_for_post();
-        set_state(files, self.key, &key);
-        set_state(files, self.etag, &etag);
+        files.save_state_or_warn(self.key, &key);
+        files.save_state_or_warn(self.etag, &etag);
         let (files, source) = (files.clone(), handle.etag_source());
         tokio::spawn(async move {
             let mut seen = source.current();
@@ -311,7 +204,7 @@ impl PostLease {
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 let now = source.current();
                 if now != seen {
-                    set_state(&files, self.etag, &now);
+                    files.save_state_or_warn(self.etag, &now);
                     seen = now;
                 }
             }
@@ -320,27 +213,14 @@ impl PostLease {
 
     /// Released: nothing for post to do.
     pub(crate) fn clear(self, files: &FileCommands) {
-        set_state(files, self.key, "");
-        set_state(files, self.etag, "");
+        files.save_state_or_warn(self.key, "");
+        files.save_state_or_warn(self.etag, "");
     }
 
     /// Post's view: the key and ETag main left, if it left a lease.
     pub(crate) fn left_behind(self, env: &Env) -> Option<(&str, &str)> {
         Some((env.state(self.key)?, env.state(self.etag)?))
             .filter(|(k, e)| !k.is_empty() && !e.is_empty())
-    }
-}
-
-/// A state or output the runner could not take is worth a warning, never a failed run.
-pub(crate) fn set_state(files: &FileCommands, name: &str, value: &str) {
-    if let Err(e) = files.save_state(name, value) {
-        tracing::warn!("{e}");
-    }
-}
-
-pub(crate) fn set_output(files: &FileCommands, name: &str, value: &str) {
-    if let Err(e) = files.set_output(name, value) {
-        tracing::warn!("{e}");
     }
 }
 
@@ -390,7 +270,7 @@ pub enum Provenance {
     /// (`scrub::SCRUB_VERSION`), unchanged since by anything but the restore's checks.
     Scrubbed,
     /// That memory after the turn, rebuilt with only this run's trees, scrubbed before they were
-    /// written into it (`memory_guard::put_back`): the save scrubs only those trees.
+    /// written into it (`memory::guard::put_back`): the save scrubs only those trees.
     RebuiltFromScrubbed,
 }
 

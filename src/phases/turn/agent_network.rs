@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use crate::confine::landlock;
 use crate::egress::upstream::Upstream;
-use crate::egress::{AgentNetwork, AgentReach, EgressProxy};
-use crate::phases::context::RunContext;
+use crate::egress::{AgentNetwork, AgentReach, EgressProxy, NetworkSettings};
+use crate::phases::run_context::{Admitted, RunLedger};
 use crate::runner::env;
 
 /// What the agent may reach this turn. `Err`: the one line that fails the run before the agent
 /// starts (the kernel cannot enforce the setting, or the proxy cannot listen).
-pub(crate) async fn prepare(ctx: &RunContext) -> Result<AgentReach, String> {
+pub(crate) async fn prepare(ctx: &Admitted) -> Result<AgentReach, String> {
     let settings = &ctx.settings.network;
     if settings.mode == AgentNetwork::Open {
         return Ok(AgentReach::open());
@@ -53,8 +53,8 @@ pub(crate) async fn prepare(ctx: &RunContext) -> Result<AgentReach, String> {
 
 /// After the turn: the "Network" row, from the proxy's counts. The proxy stops once the agent's
 /// handle on it is gone too.
-pub(crate) fn record(ctx: &mut RunContext) {
-    let Some(reach) = ctx.egress.take() else {
+pub(crate) fn record(settings: &NetworkSettings, run: &mut RunLedger) {
+    let Some(reach) = run.egress.take() else {
         return;
     };
     let ports = match reach.agent_ports.as_slice() {
@@ -70,7 +70,7 @@ pub(crate) fn record(ctx: &mut RunContext) {
     };
     let row = match (reach.mode, &reach.proxy) {
         (AgentNetwork::Allowlist, Some(proxy)) => {
-            let listed = ctx.settings.network.allowed.written();
+            let listed = settings.allowed.written();
             let listed = match listed {
                 [] => "nothing listed".to_string(),
                 l => format!("`{}`", l.join("`, `")),
@@ -84,5 +84,5 @@ pub(crate) fn record(ctx: &mut RunContext) {
             "open (`agent-network: open`): nothing was enforced or counted".to_string()
         }
     };
-    ctx.report.network = Some(row);
+    run.ledger.report.network = Some(row);
 }
