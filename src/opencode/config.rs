@@ -28,8 +28,18 @@ pub struct SessionToolsEntry {
     pub workspace: PathBuf,
     /// The trust view the tools apply (`tools::sessions::TrustSource`); `None`: all untrusted.
     pub trust_file: Option<PathBuf>,
-    /// The proposal tools' file and policy (`crate::tools::proposals`).
-    pub proposals: Option<crate::tools::proposals::ProposalTools>,
+    /// The proposal tools' files; `None`: the proposal tools are not offered.
+    pub proposals: Option<ProposalTools>,
+}
+
+/// What the proposal tools are given (through the MCP entry's environment): where they append
+/// proposals, the policy they check against, and fro-bot's view of the pull request when the run
+/// can review one. The tools themselves are `tools::proposals` and `tools::review`.
+#[derive(Debug, Clone)]
+pub struct ProposalTools {
+    pub file: PathBuf,
+    pub policy: Option<PathBuf>,
+    pub review_view: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default)]

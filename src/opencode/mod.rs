@@ -175,7 +175,7 @@ pub struct AgentOptions {
     pub session_trust: Option<crate::trust::TrustView>,
     /// Where the proposal tools write and what they check against (`crate::safe_outputs`);
     /// `None`: the agent gets no proposal tools.
-    pub proposals: Option<crate::tools::proposals::ProposalTools>,
+    pub proposals: Option<config::ProposalTools>,
     pub model: Option<ModelRef>,
     pub user_config: Option<Map<String, Value>>,
     /// `auth-json` (provider id → auth entry): API keys are served through the proxy; only

@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::review::ReviewEvent;
-use crate::review::diff::Side;
 
 /// The most a proposals file may hold; the rest is not read (and the summary says so).
 pub const MAX_PROPOSALS_BYTES: u64 = 1 << 20;
@@ -24,6 +23,25 @@ pub const MAX_PROPOSALS_BYTES: u64 = 1 << 20;
 pub const MAX_BODY_CHARS: usize = 65_536;
 pub const MAX_TITLE_CHARS: usize = 256;
 pub const MAX_LABELS_PER_CALL: usize = 20;
+
+/// Which version of the file a review comment's line number counts in (GitHub's `side`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Side {
+    /// The base: deleted and unchanged lines.
+    Left,
+    /// The head: added and unchanged lines.
+    Right,
+}
+
+impl Side {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Left => "LEFT",
+            Side::Right => "RIGHT",
+        }
+    }
+}
 
 /// One proposal, one JSON line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -71,7 +71,7 @@ pub(crate) fn trust_view(plan: &RunPlan, restored: &RestoreReport) -> TrustView 
 pub(crate) async fn start_agent(
     ctx: &mut RunContext,
     view: &TrustView,
-    proposals: Option<crate::tools::proposals::ProposalTools>,
+    proposals: Option<crate::opencode::config::ProposalTools>,
     private_home: Option<&Path>,
 ) -> Result<Agent, String> {
     let t = Instant::now();
