@@ -1,7 +1,8 @@
 //! OpenCode's configuration, given through `OPENCODE_CONFIG_CONTENT` (never a file in the workspace):
-//! baseline → session-tools MCP entry → `model` → the user's `opencode-config` (deep merge, user
-//! wins). Also the pre-seeded config dir that stops OpenCode from npm-installing its plugin package
-//! at every start.
+//! baseline → session-tools MCP entry (with what the proposal tools are given, [`ProposalTools`])
+//! → `model` → the user's `opencode-config` (deep merge, user wins) → the providers pointed at
+//! the key proxy, then the headless permissions. Also `OPENCODE_AUTH_CONTENT`, and the
+//! pre-seeded config dir that stops OpenCode from npm-installing its plugin package at every start.
 
 use std::path::{Path, PathBuf};
 
