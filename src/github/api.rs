@@ -192,7 +192,7 @@ impl GitHub {
             .ok_or_else(|| ApiError::Repository {
                 value: repository.to_string(),
             })?;
-        // reqwest, not octocrab's own client: that one ignores the runner's proxy
+        // reqwest, not octocrab's own client: that one ignores the runner proxy
         // (`crate::net::external`). Redirects stay octocrab's, which drops the token off-host.
         let http = crate::net::external()
             .connect_timeout(TIMEOUT)

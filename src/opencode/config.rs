@@ -48,9 +48,9 @@ pub struct ConfigInput<'a> {
     pub session_tools: Option<&'a SessionToolsEntry>,
     pub model: Option<&'a ModelRef>,
     pub user: Option<&'a Map<String, Value>>,
-    /// Points providers at the credential proxy (`crate::confine::proxy`); merged last, so it
+    /// Points providers at the key proxy (`crate::confine::key_proxy`); merged last, so it
     /// wins over the user's `baseURL`/`apiKey`.
-    pub proxy: Option<&'a Value>,
+    pub key_proxy: Option<&'a Value>,
     /// fro-bot's memory dir (`opencode.db`): OpenCode's tools are refused paths there.
     pub memory_dir: Option<&'a Path>,
 }
@@ -93,8 +93,8 @@ pub fn config_content(input: &ConfigInput<'_>) -> String {
     if let Some(user) = input.user {
         deep_merge(&mut cfg, Value::Object(user.clone()));
     }
-    if let Some(proxy) = input.proxy {
-        deep_merge(&mut cfg, proxy.clone());
+    if let Some(overrides) = input.key_proxy {
+        deep_merge(&mut cfg, overrides.clone());
     }
     headless_permissions(&mut cfg, input.memory_dir);
     // OpenCode's snapshots (a git repository of the work tree inside the memory dir, for its
@@ -296,7 +296,7 @@ mod tests {
             session_tools: Some(&tools),
             model: Some(&model),
             user: Some(&user),
-            proxy: None,
+            key_proxy: None,
             memory_dir: None,
         }))
         .unwrap();

@@ -13,7 +13,7 @@ use super::client::error_chain;
 use super::{AgentError, AgentOptions};
 use crate::confine::gitcreds::{self, HiddenCredentials};
 use crate::confine::handover::{Handover, Take, TakenOver};
-use crate::confine::proxy::Proxy;
+use crate::confine::key_proxy::KeyProxy;
 use crate::confine::{memory_group, strays, AgentUser, PrivateBinary};
 use crate::runner::{env, FileCommands};
 
@@ -144,8 +144,8 @@ pub(super) struct Confinement {
     pub git_credentials: Option<HiddenCredentials>,
     /// What the summary says about the agent's reach.
     pub notes: Vec<String>,
-    /// Serves the provider APIs while the agent runs.
-    pub _proxy: Proxy,
+    /// The key proxy, serving the provider APIs while the agent runs.
+    pub _key_proxy: KeyProxy,
     /// Kept until the server is gone.
     pub _binary: Option<PrivateBinary>,
     /// The session tools' trust view, read by them at each call while the agent runs.

@@ -2,7 +2,7 @@
 //! changed ([`Confined`]): the binary the agent's uid may run, its environment (the allowlist of
 //! `crate::confine::env`, OpenCode's own directories, the agent's network), the config that
 //! names the session tools (with the proposal tools' files and the trust view), the model and
-//! the provider proxy; and the notes the summary gives about the agent's reach. Nothing here
+//! the key proxy; and the notes the summary gives about the agent's reach. Nothing here
 //! starts a process: `Agent::start` hands the result to `server::Server::start`.
 
 use std::path::PathBuf;
@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::confinement::{Confined, TrustFile};
 use super::{config, server, AgentError, AgentOptions, Client};
-use crate::confine::proxy::{Proxy, ProxyPlan};
+use crate::confine::key_proxy::{KeyProxy, KeyProxyPlan};
 use crate::confine::{memory_group, AgentUser, PrivateBinary};
 
 /// The `fro-bot` the session tools start from, as the agent's uid can reach it; `None` (and a
@@ -70,7 +70,7 @@ pub(super) fn commands_notes(opts: &AgentOptions, confined: &Confined) -> Vec<St
     if opts.network.mode != crate::egress::AgentNetwork::Open && !narrowed {
         notes.push(
             "the agent's commands share OpenCode's network in this run (no fro-bot shell wrapper \
-             narrows it): they can also reach fro-bot's provider proxy"
+             narrows it): they can also reach fro-bot's key proxy"
                 .to_string(),
         );
     }
@@ -78,12 +78,12 @@ pub(super) fn commands_notes(opts: &AgentOptions, confined: &Confined) -> Vec<St
 }
 
 /// What the summary says about the provider keys.
-pub(super) fn provider_notes(plan: &ProxyPlan) -> Vec<String> {
+pub(super) fn provider_notes(plan: &KeyProxyPlan) -> Vec<String> {
     let mut notes = Vec::new();
     if !plan.routes.is_empty() {
         let ids: Vec<&str> = plan.routes.iter().map(|r| r.id.as_str()).collect();
         notes.push(format!(
-            "provider keys stay with fro-bot (served through its local proxy): {}",
+            "provider keys stay with fro-bot (served through its key proxy): {}",
             ids.join(", ")
         ));
     }
@@ -105,16 +105,16 @@ pub(super) fn trust_file(opts: &AgentOptions) -> Result<TrustFile, AgentError> {
 }
 
 /// How OpenCode is started: the binary the agent may run, its environment, and the config
-/// naming the session tools, the model and the proxy.
+/// naming the session tools, the model and the key proxy.
 pub(super) fn server_options(
     opts: &AgentOptions,
     confined: &Confined,
-    plan: &ProxyPlan,
-    proxy: &Proxy,
+    plan: &KeyProxyPlan,
+    key_proxy: &KeyProxy,
     exe: Option<PathBuf>,
     trust_path: Option<PathBuf>,
 ) -> server::ServerOptions {
-    let network = opts.network.plan(proxy.port());
+    let network = opts.network.plan(key_proxy.port());
     let network_env = opts.network.env(&opts.base_env, &network);
     let memory_group = confined
         .binary
@@ -128,7 +128,7 @@ pub(super) fn server_options(
             .map_or_else(|| opts.opencode.clone(), |b| b.path().to_path_buf()),
         cwd: opts.workspace.clone(),
         env: crate::confine::env::agent_env(&opts.base_env, &opts.opt_in_env, &extra, &network_env),
-        config: config_fn(opts, plan.config_overrides(proxy), exe, trust_path),
+        config: config_fn(opts, plan.config_overrides(key_proxy), exe, trust_path),
         auth_content: config::auth_content(&plan.auth_passthrough),
         log_file: opts.log_file.clone(),
         startup_deadline: opts.startup_deadline,
@@ -157,7 +157,7 @@ fn extra_env(opts: &AgentOptions, binary: Option<&PrivateBinary>) -> Vec<(String
 
 /// The config OpenCode reads at start, made once the server's URL and password are known: the
 /// session tools (with the proposal tools' files and the trust view), the model, the user's
-/// config, then `overrides` (the providers pointed at the proxy), and the memory dir refused.
+/// config, then `overrides` (the providers pointed at the key proxy), and the memory dir refused.
 fn config_fn(
     opts: &AgentOptions,
     overrides: serde_json::Value,
@@ -182,7 +182,7 @@ fn config_fn(
             session_tools: tools.as_ref(),
             model: model.as_ref(),
             user: user.as_ref(),
-            proxy: Some(&overrides),
+            key_proxy: Some(&overrides),
             memory_dir: Some(&memory_dir),
         })
     })
@@ -195,7 +195,7 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
-    use crate::confine::proxy::PLACEHOLDER_KEY;
+    use crate::confine::key_proxy::PLACEHOLDER_KEY;
     use crate::egress::{AgentNetwork, AgentReach};
     use crate::opencode::config::ProposalTools;
     use crate::runner::env::{
@@ -211,12 +211,12 @@ mod tests {
         opts: &AgentOptions,
         exe: Option<PathBuf>,
         trust: Option<PathBuf>,
-    ) -> (server::ServerOptions, Proxy) {
+    ) -> (server::ServerOptions, KeyProxy) {
         let confined = super::super::confinement::confine(opts, exe.as_deref()).unwrap();
-        let plan = ProxyPlan::new(&opts.auth, opts.user_config.as_ref(), &opts.base_env);
-        let proxy = Proxy::start(plan.routes.clone()).await.unwrap();
-        let options = server_options(opts, &confined, &plan, &proxy, exe, trust);
-        (options, proxy)
+        let plan = KeyProxyPlan::new(&opts.auth, opts.user_config.as_ref(), &opts.base_env);
+        let key_proxy = KeyProxy::start(plan.routes.clone()).await.unwrap();
+        let options = server_options(opts, &confined, &plan, &key_proxy, exe, trust);
+        (options, key_proxy)
     }
 
     fn env_of(options: &server::ServerOptions) -> BTreeMap<String, String> {
@@ -244,7 +244,7 @@ mod tests {
         );
         opts.opt_in_env = vec!["TOOL_HOME".into()];
         opts.extra_env = vec![("GH_TOKEN".into(), "ghs_acting".into())];
-        let (options, proxy) = launched(&opts, None, None).await;
+        let (options, key_proxy) = launched(&opts, None, None).await;
 
         let env = env_of(&options);
         let home = opts.dirs.home.to_string_lossy();
@@ -262,7 +262,7 @@ mod tests {
         // The key stays with fro-bot: OpenCode is pointed at the key proxy with a placeholder.
         let config = config_of(&options);
         let anthropic = &config["provider"]["anthropic"]["options"];
-        assert_eq!(anthropic["baseURL"], json!(proxy.base_url("anthropic")));
+        assert_eq!(anthropic["baseURL"], json!(key_proxy.base_url("anthropic")));
         assert_eq!(anthropic["apiKey"], json!(PLACEHOLDER_KEY));
         assert!(!config.to_string().contains(KEY));
         assert_eq!(options.auth_content, None);
@@ -294,7 +294,7 @@ mod tests {
         assert_eq!(tools_exe.as_ref(), Some(&exe), "the user's own binary");
         assert!(notes.is_empty());
         let trust = tmp.path().join("trust.json");
-        let (options, _proxy) = launched(&opts, tools_exe, Some(trust.clone())).await;
+        let (options, _key_proxy) = launched(&opts, tools_exe, Some(trust.clone())).await;
 
         let config = config_of(&options);
         let entry = &config["mcp"][config::SESSION_TOOLS_MCP];
@@ -315,31 +315,31 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_enforced_network_keeps_the_runners_proxy_from_the_agent() {
+    async fn an_enforced_network_keeps_the_runner_proxy_from_the_agent() {
         let tmp = tempfile::tempdir().unwrap();
         let runner_proxy = "http://user:pw@runner-proxy.internal:3128";
         let base = Env::from_pairs([("PATH", "/usr/bin"), ("HTTPS_PROXY", runner_proxy)]);
         let mut opts = AgentOptions::local(tmp.path(), base);
 
-        // Open: the agent uses the runner's proxy as the job does, loopback exempt.
-        let (options, _proxy) = launched(&opts, None, None).await;
+        // Open: the agent uses the runner proxy as the job does, loopback exempt.
+        let (options, _key_proxy) = launched(&opts, None, None).await;
         let env = env_of(&options);
         assert_eq!(env["HTTPS_PROXY"], runner_proxy);
         assert!(env["NO_PROXY"].contains("127.0.0.1"), "{env:?}");
         assert!(!env.contains_key(FRO_BOT_AGENT_NETWORK));
 
-        // No network: the kernel holds OpenCode to the key proxy, and the runner's proxy is not
-        // the agent's.
+        // No network: the kernel holds OpenCode to the key proxy, and the runner proxy is not the
+        // agent's.
         opts.network = AgentReach {
             mode: AgentNetwork::None,
             ..AgentReach::open()
         };
-        let (options, proxy) = launched(&opts, None, None).await;
+        let (options, key_proxy) = launched(&opts, None, None).await;
         let env = env_of(&options);
         assert!(!env.values().any(|v| v.contains("runner-proxy")), "{env:?}");
         assert!(env.contains_key(FRO_BOT_AGENT_NETWORK));
         let network = options.network.expect("enforced");
-        assert_eq!(network.key_proxy_port, Some(proxy.port()));
+        assert_eq!(network.key_proxy_port, Some(key_proxy.port()));
         assert_eq!(network.egress_port, None);
     }
 
@@ -352,14 +352,14 @@ mod tests {
         );
         let bedrock = json!({"type": "api", "key": "bedrock-key"});
         opts.auth.insert("amazon-bedrock".into(), bedrock.clone());
-        let plan = ProxyPlan::new(&opts.auth, None, &opts.base_env);
+        let plan = KeyProxyPlan::new(&opts.auth, None, &opts.base_env);
         let notes = provider_notes(&plan);
         assert_eq!(notes.len(), 2, "{notes:?}");
         assert!(notes[0].starts_with("provider keys stay with fro-bot"));
         assert!(notes[0].ends_with(": anthropic"));
         assert!(notes[1].starts_with("provider `amazon-bedrock`: its credentials are visible"));
-        // What the proxy cannot carry is still OpenCode's to use.
-        let (options, _proxy) = launched(&opts, None, None).await;
+        // What the key proxy cannot carry is still OpenCode's to use.
+        let (options, _key_proxy) = launched(&opts, None, None).await;
         let auth: Value = serde_json::from_str(options.auth_content.as_deref().unwrap()).unwrap();
         assert_eq!(auth, json!({"amazon-bedrock": bedrock}));
 
@@ -368,6 +368,6 @@ mod tests {
         opts.network.mode = AgentNetwork::Allowlist;
         let notes = commands_notes(&opts, &confined);
         assert_eq!(notes.len(), 1);
-        assert!(notes[0].contains("can also reach fro-bot's provider proxy"));
+        assert!(notes[0].contains("can also reach fro-bot's key proxy"));
     }
 }

@@ -36,7 +36,7 @@ pub use session::{Resolution, ResolvedSession};
 pub use turn::{TurnFailure, TurnOptions, TurnOutcome, TurnReport};
 
 use crate::config::ModelRef;
-use crate::confine::proxy::{Proxy, ProxyPlan};
+use crate::confine::key_proxy::{KeyProxy, KeyProxyPlan};
 use crate::confine::AgentUser;
 use crate::runner::env;
 use crate::runner::{Cancellation, Env, FileCommands};
@@ -65,8 +65,8 @@ pub enum AgentError {
         #[source]
         source: crate::confine::gitcreds::GitCredsError,
     },
-    #[error("cannot start the provider proxy")]
-    Proxy {
+    #[error("cannot start the key proxy")]
+    KeyProxy {
         #[source]
         source: std::io::Error,
     },
@@ -181,7 +181,7 @@ pub struct AgentOptions {
     pub proposals: Option<config::ProposalTools>,
     pub model: Option<ModelRef>,
     pub user_config: Option<Map<String, Value>>,
-    /// `auth-json` (provider id → auth entry): API keys are served through the proxy; only
+    /// `auth-json` (provider id → auth entry): API keys are served through the key proxy; only
     /// what it cannot carry is passed as `OPENCODE_AUTH_CONTENT`.
     pub auth: Map<String, Value>,
     pub log_file: PathBuf,
@@ -241,7 +241,7 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Confines the agent (`confinement`), starts the provider proxy and OpenCode as the agent's
+    /// Confines the agent (`confinement`), starts the key proxy and OpenCode as the agent's
     /// process (`launch`), and connects to it. The summary's notes on the agent's reach are
     /// gathered on the way ([`confinement_notes`](Self::confinement_notes)).
     pub async fn start(opts: AgentOptions) -> Result<Agent, AgentError> {
@@ -253,16 +253,16 @@ impl Agent {
         if let Some(files) = &opts.state {
             confinement::record_taken(files, &confined.taken());
         }
-        let plan = ProxyPlan::new(&opts.auth, opts.user_config.as_ref(), &opts.base_env);
-        let proxy = Proxy::start(plan.routes.clone())
+        let plan = KeyProxyPlan::new(&opts.auth, opts.user_config.as_ref(), &opts.base_env);
+        let key_proxy = KeyProxy::start(plan.routes.clone())
             .await
-            .map_err(|source| AgentError::Proxy { source })?;
+            .map_err(|source| AgentError::KeyProxy { source })?;
         notes.extend(launch::provider_notes(&plan));
         let trust = launch::trust_file(&opts)?;
         let trust_path = trust.as_ref().map(|(_, f)| f.path().to_path_buf());
         let with_tools = exe.is_some();
         let server_opts =
-            launch::server_options(&opts, &confined, &plan, &proxy, exe.clone(), trust_path);
+            launch::server_options(&opts, &confined, &plan, &key_proxy, exe.clone(), trust_path);
         // fro-bot's own programs the agent's uid runs: not the agent's when the sweep finds them.
         let own_programs = [exe, Some(server_opts.bin.clone())]
             .into_iter()
@@ -286,7 +286,7 @@ impl Agent {
                 handover: confined.handover,
                 git_credentials: confined.git_credentials,
                 notes,
-                _proxy: proxy,
+                _key_proxy: key_proxy,
                 _binary: confined.binary,
                 trust,
                 own_programs,

@@ -67,7 +67,7 @@ const AUTH_MARKERS: &[&str] = &[
 const UNREACHABLE_MARKERS: &[&str] = &[
     "cannot connect to api",
     "unable to connect",
-    crate::confine::proxy::UNREACHABLE,
+    crate::confine::key_proxy::UNREACHABLE,
 ];
 
 /// OpenCode's retry that ends the turn when the provider still cannot be reached.
@@ -165,7 +165,7 @@ impl std::fmt::Display for TurnFailure {
             }
             TurnFailure::Unreachable { message } => write!(
                 f,
-                "the provider could not be reached ({message}): check its base URL in `opencode-config` and that the runner can reach it (a proxy: `HTTPS_PROXY`)"
+                "the provider could not be reached ({message}): check its base URL in `opencode-config` and that the runner can reach it (a runner proxy: `HTTPS_PROXY`)"
             ),
             TurnFailure::NoReply => f.write_str("the turn ended without an answer"),
             TurnFailure::Api { message } => write!(f, "the OpenCode API failed ({message})"),

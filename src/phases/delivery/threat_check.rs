@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::config::safe_outputs::ThreatMode;
-use crate::confine::proxy::{Proxy, ProxyPlan};
+use crate::confine::key_proxy::{KeyProxy, KeyProxyPlan};
 use crate::github::GitHub;
 use crate::opencode::client::error_chain;
 use crate::phases::context::RunContext;
@@ -502,7 +502,7 @@ async fn ask(ctx: &RunContext, agent_run: &AgentRun, diff: &str, actions: &str) 
     let Some((provider_id, model_id)) = name.as_deref().and_then(|n| n.split_once('/')) else {
         return JudgeRun::failed(name, "no model is known to ask (set `model`)");
     };
-    let plan = ProxyPlan::new(
+    let plan = KeyProxyPlan::new(
         &ctx.settings.auth,
         ctx.settings.opencode_config.as_ref(),
         &ctx.env,
@@ -532,7 +532,7 @@ async fn ask(ctx: &RunContext, agent_run: &AgentRun, diff: &str, actions: &str) 
         return JudgeRun::failed(name, why);
     }
     let style = route.style;
-    let proxy = match Proxy::start(vec![route]).await {
+    let proxy = match KeyProxy::start(vec![route]).await {
         Ok(p) => p,
         Err(e) => return JudgeRun::failed(name, format!("the key proxy did not start: {e}")),
     };

@@ -1,4 +1,4 @@
-//! The provider proxy: the agent holds no LLM key. fro-bot serves each provider's API on
+//! The key proxy: the agent holds no LLM key. fro-bot serves each provider's API on
 //! 127.0.0.1 and adds the real credential to every request; OpenCode's config points the
 //! provider's `baseURL` at `http://127.0.0.1:<port>/p/<provider>` and carries a placeholder key.
 //! Requests are forwarded only to that provider's configured upstream (a path cannot change the
@@ -116,7 +116,7 @@ impl std::fmt::Debug for Route {
 
 /// Which providers go through the proxy and which cannot.
 #[derive(Debug, Default)]
-pub struct ProxyPlan {
+pub struct KeyProxyPlan {
     pub routes: Vec<Route>,
     /// `auth-json` entries the proxy cannot carry: still given to OpenCode.
     pub auth_passthrough: Map<String, Value>,
@@ -141,7 +141,7 @@ fn resolve_key(raw: &str, env: &Env) -> Option<String> {
     }
 }
 
-impl ProxyPlan {
+impl KeyProxyPlan {
     /// From `auth-json`, the user's `opencode-config` and the provider key variables.
     pub fn new(auth: &Map<String, Value>, user: Option<&Map<String, Value>>, env: &Env) -> Self {
         let providers = user
@@ -157,7 +157,7 @@ impl ProxyPlan {
         let mut seen = std::collections::BTreeSet::new();
         ids.retain(|id| seen.insert(id.clone()));
 
-        let mut plan = ProxyPlan::default();
+        let mut plan = KeyProxyPlan::default();
         for id in ids {
             let cfg = providers.and_then(|p| p.get(&id));
             let known = KNOWN.iter().find(|k| k.0 == id);
@@ -228,7 +228,7 @@ impl ProxyPlan {
     }
 
     /// The config layer that points the routed providers at the proxy (merged last: it wins).
-    pub fn config_overrides(&self, proxy: &Proxy) -> Value {
+    pub fn config_overrides(&self, proxy: &KeyProxy) -> Value {
         let mut providers = Map::new();
         for r in &self.routes {
             providers.insert(
@@ -246,12 +246,12 @@ pub const UNREACHABLE: &str = "the provider is unreachable";
 
 /// The running proxy; stops when dropped.
 #[derive(Debug)]
-pub struct Proxy {
+pub struct KeyProxy {
     addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for Proxy {
+impl Drop for KeyProxy {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -262,8 +262,8 @@ struct State {
     http: reqwest::Client,
 }
 
-impl Proxy {
-    pub async fn start(routes: Vec<Route>) -> std::io::Result<Proxy> {
+impl KeyProxy {
+    pub async fn start(routes: Vec<Route>) -> std::io::Result<KeyProxy> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let http = crate::net::external()
@@ -289,7 +289,7 @@ impl Proxy {
                 });
             }
         });
-        Ok(Proxy { addr, task })
+        Ok(KeyProxy { addr, task })
     }
 
     /// Its port: the agent's Landlock domain lets OpenCode connect to it (`crate::confine::network`).
@@ -409,7 +409,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
     let resp = match upstream.send().await {
         Ok(r) => r,
         Err(e) => {
-            tracing::warn!("provider proxy: {} unreachable: {e}", route.id);
+            tracing::warn!("key proxy: {} unreachable: {e}", route.id);
             return plain(StatusCode::BAD_GATEWAY, UNREACHABLE);
         }
     };
@@ -474,7 +474,7 @@ mod tests {
         }}))
         .unwrap();
         let env = Env::from_pairs([("MY_KEY", "sk-mine"), ("GROQ_API_KEY", "gsk")]);
-        let plan = ProxyPlan::new(&auth, Some(&user), &env);
+        let plan = KeyProxyPlan::new(&auth, Some(&user), &env);
         let routes: Vec<(&str, &str, AuthStyle, &str)> = plan
             .routes
             .iter()
