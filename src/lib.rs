@@ -1,9 +1,22 @@
 //! fro-bot: run the OpenCode agent on repository events and keep its memory across workflow runs.
+//! The modules, in layers from the bottom (each uses only its own layer and those below; the
+//! order is drawn in docs/architecture.md and held by tests/it/structure.rs):
 //!
-//! The modules mirror the pipeline: `config` → `github` (routing, keys) → `lease` → `phases`
-//! (restore → session prep → agent → cleanup → save) with `cache`, `object_store`, `checkpoint`,
-//! `save_result` and `opencode` as the parts the phases drive. `runner` speaks the Actions runtime
-//! protocol (inputs, outputs, state, summary, log commands).
+//! - protocols: `runner` (the Actions runtime: env, inputs, outputs, state, summary, log
+//!   commands, cancellation), `redact` (the one redactor), `untrusted` (untrusted text fenced for
+//!   the prompt), `net` (every HTTP client, behind the runner proxy);
+//! - confinement: `confine` (who the agent runs as and what it can touch, the key proxy),
+//!   `egress` (the agent's network: the allowlist and the egress proxy), `trust` (who wrote a
+//!   session and how later runs judge it);
+//! - settings: `config` (every input parsed once);
+//! - services: `cache` (the Actions cache), `object_store` (S3), `lease` (one publisher at a
+//!   time), `github` (events, routing, keys, API calls), `outbound` (what leaves in the agent's
+//!   words);
+//! - agent: `opencode` (the OpenCode server, its API and the turn);
+//! - memory: `memory` (restore, save, publish and merge of the session database);
+//! - outputs: `safe_outputs` (the agent proposes, fro-bot disposes), `review` (pull request
+//!   review), `threat` (the threat check of a change), `tools` (the agent's MCP server);
+//! - pipeline: `phases` (the main and post steps in order), `fuzzing` (fuzz entry points).
 
 pub mod cache;
 pub mod config;

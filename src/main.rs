@@ -1,5 +1,8 @@
-//! `fro-bot`: the action's entry point. The container runs the `fro-bot-run` link as the main step
-//! and the `fro-bot-post` link as the post step (dispatched on argv[0]); both are `fro-bot run`/`post`.
+//! `fro-bot`: the binary. The container runs the `fro-bot-run` link as the main step and the
+//! `fro-bot-post` link as the post step (dispatched on argv[0]); both are `fro-bot run`/`post`.
+//! The other commands: `local` (the pipeline on a developer's machine), `session-tools` (the
+//! agent's MCP server), `inspect` and the hidden `watchdog`; started as OpenCode's `$SHELL`, it is
+//! the agent's shell wrapper (`confine::memory_group`).
 
 use std::process::ExitCode;
 

@@ -1,11 +1,12 @@
 //! The egress proxy (docs/security.md#the-agents-network): fro-bot serves it on 127.0.0.1 and the
-//! agent's processes can reach no other address but fro-bot's own servers ([`crate::confine::landlock`]).
-//! It tunnels `CONNECT host:port` and forwards plain-HTTP requests (each request of a kept-alive
-//! connection is checked on its own), only to hosts on the run's allowlist. It resolves names
-//! itself and connects to the address it checked, so a name cannot resolve one way for the check
-//! and another for the connection. A refusal is a `403` whose reason phrase and body say
-//! `fro-bot: host not on allowed-domains`, which the agent's tool prints; each decision is
-//! counted ([`super::tally`]).
+//! agent's processes can reach no other address but fro-bot's own servers
+//! ([`crate::confine::landlock`]). It tunnels `CONNECT host:port` and forwards plain-HTTP requests
+//! (each request of a kept-alive connection is checked on its own), only to hosts on the run's
+//! allowlist, through the runner proxy when there is one ([`super::runner_proxy`]). It resolves
+//! names itself and connects to the address it checked, so a name cannot resolve one way for the
+//! check and another for the connection. A refusal is a `403` whose reason phrase and body say
+//! `fro-bot: host not on allowed-domains`, which the agent's tool prints; each decision is counted
+//! ([`super::tally`]).
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};

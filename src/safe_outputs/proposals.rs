@@ -1,7 +1,7 @@
 //! What the agent proposes through its tools (`describe_change`, `discard_changes`, `add_labels`,
 //! `remove_labels`, `comment`, `create_issue`, and the review tools: `review_comment`,
-//! `submit_review`, `reply_to_review_thread`, `resolve_review_thread`), and the policy it
-//! proposes against.
+//! `submit_review`, `reply_to_review_thread`, `resolve_review_thread`, whose lines count on one
+//! [`Side`] of the diff), and the policy it proposes against.
 //!
 //! The tools run as the agent's uid (OpenCode starts them), so anything they write the agent could
 //! write itself: they only check the arguments' shape, tell the agent early what the policy will

@@ -1,6 +1,7 @@
 //! The agent's proposal tools, served beside the session tools by `fro-bot session-tools`
-//! (`tools`). Each checks its arguments, appends the proposal
-//! (`proposals::append`) and tells the agent what happens next: nothing is done during the turn.
+//! (`tools`), on the files OpenCode's config hands them (`opencode::config::ProposalTools`). Each
+//! checks its arguments, appends the proposal (`safe_outputs::proposals::append`) and tells the
+//! agent what happens next: nothing is done during the turn.
 
 use std::path::Path;
 
