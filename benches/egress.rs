@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use fro_bot::confine::network::NetworkPlan;
 use fro_bot::confine::AgentUser;
-use fro_bot::egress::upstream::Upstream;
+use fro_bot::egress::runner_proxy::RunnerProxy;
 use fro_bot::egress::{AgentNetwork, Allowlist, EgressProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -80,7 +80,7 @@ async fn tunnel_bench() {
     let runs = env_num("FRO_BOT_BENCH_RUNS", 5);
     let port = server(mb).await;
     let list = Allowlist::parse(&format!("localhost:{port}")).expect("list");
-    let proxy = EgressProxy::start(list, Upstream::default())
+    let proxy = EgressProxy::start(list, RunnerProxy::default())
         .await
         .expect("proxy");
     let url = format!("http://localhost:{port}/");

@@ -1,5 +1,8 @@
-//! `fro-bot`: the action's entry point. The container runs the `fro-bot-run` link as the main step
-//! and the `fro-bot-post` link as the post step (dispatched on argv[0]); both are `fro-bot run`/`post`.
+//! `fro-bot`: the binary. The container runs the `fro-bot-run` link as the main step and the
+//! `fro-bot-post` link as the post step (dispatched on argv[0]); both are `fro-bot run`/`post`.
+//! The other commands: `local` (the pipeline on a developer's machine), `session-tools` (the
+//! agent's MCP server), `inspect` and the hidden `watchdog`; started as OpenCode's `$SHELL`, it is
+//! the agent's shell wrapper (`confine::memory_group`).
 
 use std::process::ExitCode;
 
@@ -104,35 +107,14 @@ impl Args for InputFlags {
 }
 
 fn main() -> ExitCode {
-    // OpenCode's `$SHELL` wrapper: drop the memory group and become the real shell, before
-    // anything else runs (`fro_bot::confine::memory_group`).
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if let Some((real, rest)) = fro_bot::confine::memory_group::invoked_as_shell(&args) {
-        let e = fro_bot::confine::memory_group::exec_agent_shell(&real, &rest);
-        eprintln!(
-            "fro-bot: cannot start the shell {}: {e}",
-            real.to_string_lossy()
-        );
-        return ExitCode::from(126);
+    if let Some(code) = agent_shell(&args) {
+        return code;
     }
     // Before anything reads a secret: no process of the agent's uid may read this one's memory or
     // environment, and the agent's orphans stay in this process's tree (`fro_bot::confine`).
     let hardened = fro_bot::confine::harden_self();
-    // The post step is started through a second entrypoint path; dispatch on its name.
-    let invoked_as = std::env::args_os()
-        .next()
-        .and_then(|a| {
-            std::path::Path::new(&a)
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-        })
-        .unwrap_or_default();
-    // `runs.using: docker` passes the same (no) args to main and post, so each has its own path.
-    let command = match invoked_as.as_str() {
-        "fro-bot-run" => Command::Run,
-        "fro-bot-post" => Command::Post,
-        _ => Cli::parse().command,
-    };
+    let command = invoked_command(&args);
     let env = fro_bot::runner::Env::from_process();
     if let Command::Watchdog = command {
         return fro_bot::confine::watchdog::serve();
@@ -145,23 +127,62 @@ fn main() -> ExitCode {
     if let Err(e) = hardened {
         fro_bot::runner::log::warning(&format!("cannot make fro-bot non-dumpable: {e}"));
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    match runtime(&command) {
+        Ok(runtime) => dispatch(command, runtime, env),
+        Err(code) => code,
+    }
+}
+
+/// OpenCode's `$SHELL` wrapper: drop the memory group and become the real shell, before anything
+/// else runs (`fro_bot::confine::memory_group`). `None`: fro-bot was not started as the shell.
+fn agent_shell(args: &[std::ffi::OsString]) -> Option<ExitCode> {
+    let (real, rest) = fro_bot::confine::memory_group::invoked_as_shell(args)?;
+    let e = fro_bot::confine::memory_group::exec_agent_shell(&real, &rest);
+    eprintln!(
+        "fro-bot: cannot start the shell {}: {e}",
+        real.to_string_lossy()
+    );
+    Some(ExitCode::from(126))
+}
+
+/// The command to run. `runs.using: docker` passes the same (no) args to main and post, so the post
+/// step is started through a second entrypoint path: dispatch on its name, else on the arguments.
+fn invoked_command(args: &[std::ffi::OsString]) -> Command {
+    let invoked_as = args
+        .first()
+        .and_then(|a| {
+            std::path::Path::new(a)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default();
+    match invoked_as.as_str() {
+        "fro-bot-run" => Command::Run,
+        "fro-bot-post" => Command::Post,
+        _ => Cli::parse().command,
+    }
+}
+
+/// The async runtime, or the exit when it cannot start: post still exits 0 (a failing post step
+/// fails the whole job).
+fn runtime(command: &Command) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let built = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            let message = format!("cannot start the async runtime: {e}");
-            if let Command::Post = command {
-                // A failing post step fails the whole job: post always exits 0.
-                fro_bot::runner::log::warning(&message);
-                return ExitCode::SUCCESS;
-            }
-            fro_bot::runner::log::error(&message);
-            return ExitCode::FAILURE;
+        .build();
+    built.map_err(|e| {
+        let message = format!("cannot start the async runtime: {e}");
+        if let Command::Post = command {
+            fro_bot::runner::log::warning(&message);
+            return ExitCode::SUCCESS;
         }
-    };
+        fro_bot::runner::log::error(&message);
+        ExitCode::FAILURE
+    })
+}
+
+/// Runs `command` on `runtime`.
+fn dispatch(command: Command, runtime: tokio::runtime::Runtime, env: Env) -> ExitCode {
     match command {
         Command::Post => {
             // A failing post step fails the whole job: post always exits 0, whatever happens.
@@ -236,27 +257,13 @@ async fn run(env: Env, mode: Mode) -> ExitCode {
 /// `fro-bot local`: the action's inputs from flags (which win) and `INPUT_*`, and a synthesized
 /// manual-dispatch run of this repository, with everything kept under the state dir.
 fn local_env(mut env: Env, args: &LocalArgs) -> Result<(Env, Mode), String> {
-    use fro_bot::runner::env as names;
     let cwd =
         std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?;
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .current_dir(&cwd)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .filter(|s| !s.is_empty())
-    };
-    let root = git(&["rev-parse", "--show-toplevel"])
-        .map(PathBuf::from)
-        .unwrap_or(cwd.clone());
-    let branch = git(&["rev-parse", "--abbrev-ref", "HEAD"]).unwrap_or_else(|| "local".into());
+    let checkout = LocalCheckout::of(&cwd);
     let state_dir = match &args.state_dir {
         Some(d) if d.is_absolute() => d.clone(),
         Some(d) => cwd.join(d),
-        None => root.join(".fro-bot"),
+        None => checkout.root.join(".fro-bot"),
     };
     std::fs::create_dir_all(&state_dir)
         .map_err(|e| format!("cannot create the state dir {}: {e}", state_dir.display()))?;
@@ -270,11 +277,48 @@ fn local_env(mut env: Env, args: &LocalArgs) -> Result<(Env, Mode), String> {
             inputs::PROMPT.var()
         ));
     }
-    let name = root
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "repo".into());
-    // Not a runner: no file commands, and memory under the state dir, not the user's OpenCode.
+    as_local_run(&mut env, &checkout, &state_dir);
+    Ok((
+        env,
+        Mode::Local {
+            thread: args.thread.clone(),
+            state_dir,
+        },
+    ))
+}
+
+/// The repository a local run works on: its root and branch (the current directory and `local`
+/// outside a git checkout).
+struct LocalCheckout {
+    root: PathBuf,
+    branch: String,
+}
+
+impl LocalCheckout {
+    fn of(cwd: &std::path::Path) -> LocalCheckout {
+        let git = |args: &[&str]| {
+            std::process::Command::new("git")
+                .args(args)
+                .current_dir(cwd)
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                .filter(|s| !s.is_empty())
+        };
+        LocalCheckout {
+            root: git(&["rev-parse", "--show-toplevel"])
+                .map(PathBuf::from)
+                .unwrap_or_else(|| cwd.to_path_buf()),
+            branch: git(&["rev-parse", "--abbrev-ref", "HEAD"]).unwrap_or_else(|| "local".into()),
+        }
+    }
+}
+
+/// `env` made a manual-dispatch run of `checkout` on no runner: no file commands, no Actions
+/// cache service, and memory under the state dir, not the user's OpenCode.
+fn as_local_run(env: &mut Env, checkout: &LocalCheckout, state_dir: &std::path::Path) {
+    use fro_bot::runner::env as names;
     for var in [
         names::GITHUB_ACTIONS,
         names::GITHUB_OUTPUT,
@@ -293,12 +337,20 @@ fn local_env(mut env: Env, args: &LocalArgs) -> Result<(Env, Mode), String> {
     ] {
         env.remove(var);
     }
+    let name = checkout
+        .root
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "repo".into());
     let home = state_dir.join("home");
     for (k, v) in [
         (names::HOME, home.to_string_lossy().into_owned()),
-        (names::GITHUB_WORKSPACE, root.to_string_lossy().into_owned()),
+        (
+            names::GITHUB_WORKSPACE,
+            checkout.root.to_string_lossy().into_owned(),
+        ),
         (names::GITHUB_REPOSITORY, format!("local/{name}")),
-        (names::GITHUB_REF_NAME, branch),
+        (names::GITHUB_REF_NAME, checkout.branch.clone()),
         (names::RUNNER_OS, std::env::consts::OS.to_string()),
         (names::GITHUB_RUN_ID, fro_bot::runner::now_ms().to_string()),
         (names::GITHUB_RUN_ATTEMPT, "1".to_string()),
@@ -306,13 +358,6 @@ fn local_env(mut env: Env, args: &LocalArgs) -> Result<(Env, Mode), String> {
     ] {
         env.set(k, v);
     }
-    Ok((
-        env,
-        Mode::Local {
-            thread: args.thread.clone(),
-            state_dir,
-        },
-    ))
 }
 
 /// The MCP server OpenCode starts for the agent. stdout is the protocol channel: nothing else may

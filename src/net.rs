@@ -1,9 +1,9 @@
 //! Every HTTP client fro-bot makes is built here, so each one follows the runner's network
-//! (docs/security.md#egress-proxy-and-private-ca).
+//! (docs/security.md#runner-proxy-and-private-ca).
 //!
-//! The egress proxy is `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY` and `NO_PROXY`, in either case,
+//! The runner proxy is `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY` and `NO_PROXY`, in either case,
 //! which reqwest reads itself for every client built by [`external`], as the S3 client does
-//! ([`aws_http_client`]). fro-bot's own servers on 127.0.0.1 (the provider proxy, OpenCode's
+//! ([`aws_http_client`]). fro-bot's own servers on 127.0.0.1 (the key proxy, OpenCode's
 //! server) are reached by [`loopback`] clients, which never use a proxy whatever `NO_PROXY` says: a
 //! proxy elsewhere cannot reach this machine's loopback. OpenCode gets the same settings, with the
 //! loopback added to its `NO_PROXY` ([`agent_vars`]), and fro-bot's own `git` gets them too
@@ -21,7 +21,7 @@ use rustls::pki_types::CertificateDer;
 use crate::runner::env as names;
 use crate::runner::Env;
 
-/// Names OpenCode's `NO_PROXY` always holds: its provider proxy and fro-bot's client are here.
+/// Names OpenCode's `NO_PROXY` always holds: the key proxy and fro-bot's client are here.
 const LOOPBACK: &[&str] = &["127.0.0.1", "localhost", "::1"];
 
 /// A client for anything outside the runner: GitHub, the Actions cache, LLM providers.
@@ -29,12 +29,12 @@ pub fn external() -> reqwest::ClientBuilder {
     let extra = extra_roots()
         .iter()
         .filter_map(|der| reqwest::Certificate::from_der(der).ok());
-    // reqwest takes the proxy from the environment unless a proxy is set on the builder.
+    // reqwest takes the runner proxy from the environment unless a proxy is set on the builder.
     reqwest::Client::builder().tls_certs_merge(extra)
 }
 
-/// The S3 client's HTTP client: the AWS SDK's default (rustls, native roots, the proxy from the
-/// environment) with [`extra_roots`] added to its trust store.
+/// The S3 client's HTTP client: the AWS SDK's default (rustls, native roots, the runner proxy from
+/// the environment) with [`extra_roots`] added to its trust store.
 pub fn aws_http_client() -> aws_sdk_s3::config::SharedHttpClient {
     use aws_smithy_http_client::{proxy::ProxyConfig, tls, Builder, ConnectorBuilder};
     let mut trust = tls::TrustStore::default();
@@ -49,7 +49,7 @@ pub fn aws_http_client() -> aws_sdk_s3::config::SharedHttpClient {
             tls::TlsContext::default()
         });
     // `build_with_connector_fn` is how the SDK builds its own default client: the public builders
-    // cannot take the proxy settings.
+    // cannot take the runner proxy's settings.
     Builder::new().build_with_connector_fn(move |settings, components| {
         let mut connector = ConnectorBuilder::default()
             .tls_provider(tls::Provider::Rustls(
@@ -111,12 +111,12 @@ fn pem(der: &CertificateDer<'_>) -> Vec<u8> {
     out.into_bytes()
 }
 
-/// A client for a server on this machine's loopback: never through a proxy.
+/// A client for a server on this machine's loopback: never through the runner proxy.
 pub fn loopback() -> reqwest::ClientBuilder {
     reqwest::Client::builder().no_proxy()
 }
 
-/// The proxy settings set in `env`, as they are (each case is read by some tool).
+/// The runner proxy's settings in `env`, as they are (each case is read by some tool).
 fn proxy_settings(env: &Env) -> Vec<(String, String)> {
     set_in(env, names::PROXY.iter().chain(names::NO_PROXY))
 }
@@ -148,10 +148,10 @@ fn no_proxy_with_loopback(env: &Env) -> String {
     entries.join(",")
 }
 
-/// The agent's network settings from the job's `env`: the certificates it trusts and the proxy
-/// variables, as set, and, when a proxy is set, `NO_PROXY`/`no_proxy` naming the loopback
-/// (OpenCode reaches its provider through fro-bot's proxy on 127.0.0.1). A password in a proxy URL
-/// is masked: the agent can print it.
+/// The agent's network settings from the job's `env`: the certificates it trusts and the runner
+/// proxy's variables, as set, and, when a runner proxy is set, `NO_PROXY`/`no_proxy` naming the
+/// loopback (OpenCode reaches its provider through fro-bot's key proxy on 127.0.0.1). A password
+/// in the runner proxy's URL is masked: the agent can print it.
 pub fn agent_vars(env: &Env) -> Vec<(String, String)> {
     let mut out = set_in(env, names::TRUST.iter());
     out.extend(proxy_settings(env));
@@ -179,8 +179,8 @@ pub fn agent_vars(env: &Env) -> Vec<(String, String)> {
 
 /// The agent's network settings when fro-bot enforces its network (docs/security.md#the-agents-network):
 /// the certificates as the job set them, and every proxy variable naming `egress`, fro-bot's
-/// egress proxy, with only `127.0.0.1` (fro-bot's provider proxy, OpenCode's own server) kept
-/// off it; with no egress proxy (`agent-network: none`), no proxy variable at all. The job's own
+/// egress proxy, with only `127.0.0.1` (fro-bot's key proxy, OpenCode's own server) kept
+/// off it; with no egress proxy (`agent-network: none`), no proxy variable at all. The runner
 /// proxy is not the agent's: the egress proxy sends what it allows on through it.
 pub fn agent_vars_behind(env: &Env, egress: Option<&str>) -> Vec<(String, String)> {
     let mut out = set_in(env, names::TRUST.iter());
@@ -200,7 +200,7 @@ pub fn agent_vars_behind(env: &Env, egress: Option<&str>) -> Vec<(String, String
 }
 
 /// What fro-bot's own `git` (which runs with a cleared environment) needs to reach GitHub: the
-/// proxy settings of this process, and the certificates it trusts ([`git_trust`]).
+/// runner proxy's settings in this process, and the certificates it trusts ([`git_trust`]).
 pub fn git_vars() -> Vec<(String, String)> {
     let env = Env::from_process();
     let mut vars = proxy_settings(&env);
@@ -288,7 +288,7 @@ mod tests {
     }
 
     #[test]
-    fn the_agent_gets_the_proxy_in_either_case_and_never_proxies_the_loopback() {
+    fn the_agent_gets_the_runner_proxy_in_either_case_and_never_proxies_the_loopback() {
         let env = Env::from_pairs([
             ("https_proxy", "http://proxy.corp:3128"),
             ("HTTP_PROXY", "http://proxy.corp:3128"),

@@ -30,6 +30,60 @@ pub struct ArchiveSummary {
     pub size_bytes: u64,
 }
 
+/// Which of the cache paths exist.
+struct Found {
+    /// As given.
+    included: Vec<String>,
+    missing: Vec<String>,
+    /// The included ones, resolved.
+    roots: Vec<PathBuf>,
+}
+
+impl Found {
+    fn of(paths: &[String], workspace: &Path) -> Result<Found, CacheError> {
+        let mut found = Found {
+            included: Vec::new(),
+            missing: Vec::new(),
+            roots: Vec::new(),
+        };
+        for p in paths {
+            let abs = paths::resolve(workspace, p);
+            match fs::symlink_metadata(&abs) {
+                Ok(_) => {
+                    found.included.push(p.clone());
+                    found.roots.push(abs);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => found.missing.push(p.clone()),
+                Err(e) => return Err(CacheError::io("cannot read cache path", abs, e)),
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// A zstd stream into a new file at `dest`, as the toolkit's `zstdmt` writes one: one checksummed
+/// frame, its level and window, compressed on every core. The error says what failed.
+fn zstd_encoder(
+    dest: &Path,
+) -> Result<zstd::stream::write::Encoder<'static, BufWriter<File>>, (&'static str, io::Error)> {
+    let file = File::create(dest).map_err(|e| ("cannot create", e))?;
+    let mut encoder =
+        zstd::stream::write::Encoder::new(BufWriter::with_capacity(WRITE_BUF, file), LEVEL)
+            .map_err(|e| ("cannot start zstd", e))?;
+    encoder
+        .include_checksum(true)
+        .and_then(|_| encoder.window_log(WINDOW_LOG))
+        .map_err(|e| ("cannot configure zstd", e))?;
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    if workers > 1 {
+        // Still one frame: zstdmt splits the work, not the output.
+        encoder
+            .multithread(workers)
+            .map_err(|e| ("cannot configure zstd workers", e))?;
+    }
+    Ok(encoder)
+}
+
 /// Writes the archive of `paths` (relative ones are resolved against `workspace`) to `dest`.
 /// Fails with [`CacheError::NothingToSave`] when none of the paths exists.
 pub fn write_archive(
@@ -37,20 +91,11 @@ pub fn write_archive(
     workspace: &Path,
     dest: &Path,
 ) -> Result<ArchiveSummary, CacheError> {
-    let mut included = Vec::new();
-    let mut missing = Vec::new();
-    let mut roots = Vec::new();
-    for p in paths {
-        let abs = paths::resolve(workspace, p);
-        match fs::symlink_metadata(&abs) {
-            Ok(_) => {
-                included.push(p.clone());
-                roots.push(abs);
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => missing.push(p.clone()),
-            Err(e) => return Err(CacheError::io("cannot read cache path", abs, e)),
-        }
-    }
+    let Found {
+        included,
+        missing,
+        roots,
+    } = Found::of(paths, workspace)?;
     if roots.is_empty() {
         return Err(CacheError::NothingToSave {
             paths: paths.to_vec(),
@@ -61,21 +106,7 @@ pub fn write_archive(
         detail: detail.to_string(),
         source,
     };
-    let file = File::create(dest).map_err(|e| archive_err("cannot create", e))?;
-    let mut encoder =
-        zstd::stream::write::Encoder::new(BufWriter::with_capacity(WRITE_BUF, file), LEVEL)
-            .map_err(|e| archive_err("cannot start zstd", e))?;
-    encoder
-        .include_checksum(true)
-        .and_then(|_| encoder.window_log(WINDOW_LOG))
-        .map_err(|e| archive_err("cannot configure zstd", e))?;
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-    if workers > 1 {
-        // Still one frame: zstdmt splits the work, not the output.
-        encoder
-            .multithread(workers)
-            .map_err(|e| archive_err("cannot configure zstd workers", e))?;
-    }
+    let encoder = zstd_encoder(dest).map_err(|(detail, e)| archive_err(detail, e))?;
     let mut builder = Builder::new(encoder);
     let mut writer = Writer {
         builder: &mut builder,

@@ -256,7 +256,7 @@ pub const OPENCODE_CONFIG: InputSpec = spec(
 .parser(Parser::JsonObject);
 pub const AGENT_ENV: InputSpec = spec(
     "agent-env",
-    "Names of job environment variables passed on to the agent (comma- or newline-separated). The agent otherwise sees only a fixed allowlist (PATH, locale, the non-secret GITHUB_* context, the proxy and certificate settings). INPUT_*, STATE_*, ACTIONS_*, AWS_*, GITHUB_TOKEN and the file-command paths are never passed.",
+    "Names of job environment variables passed on to the agent (comma- or newline-separated). The agent otherwise sees only a fixed allowlist (PATH, locale, the non-secret GITHUB_* context, the runner proxy and certificate settings). INPUT_*, STATE_*, ACTIONS_*, AWS_*, GITHUB_TOKEN and the file-command paths are never passed.",
 )
 .not_local();
 pub const AGENT_NETWORK: InputSpec = spec(

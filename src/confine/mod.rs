@@ -1,18 +1,22 @@
-//! Confining the agent (`docs/security.md`): OpenCode reads text anyone can write, so it is treated
-//! as prompt-injected. It runs as an unprivileged user with no supplementary groups, no capabilities
-//! and `no_new_privs`, in its own process group; its environment is an allowlist; the files it needs
-//! are handed to it for the turn and taken back; the job's file-command files and the checkout's
-//! credentials are out of its reach; whatever it leaves running is killed before the checkpoint.
+//! Confining the agent (`docs/security.md#the-agent-is-confined`): OpenCode reads text anyone can
+//! write, so it is treated as prompt-injected. It runs as an unprivileged user ([`AgentUser`], this
+//! file) with no supplementary groups, no capabilities and `no_new_privs`, in its own process group,
+//! from a private copy of its binary ([`PrivateBinary`]); its environment is an allowlist (`env`);
+//! its commands are kept out of memory (`memory_group`); the files it needs are handed to it for the
+//! turn and taken back (`handover`), and the job's file-command files, the checkout's credentials
+//! (`gitcreds`), `.git` (`git_guard`) and the runner's home (`home_guard`) are out of its reach; it
+//! holds no model key (`key_proxy`); its network is the kernel's to limit (`network`, `landlock`,
+//! `seccomp`); whatever it leaves running is killed before the checkpoint (`strays`, `watchdog`).
 
 pub mod env;
 pub mod git_guard;
 pub mod gitcreds;
 pub mod handover;
 pub mod home_guard;
+pub mod key_proxy;
 pub mod landlock;
 pub mod memory_group;
 pub mod network;
-pub mod proxy;
 pub mod seccomp;
 pub mod strays;
 pub mod watchdog;

@@ -4,7 +4,7 @@
 //! starts, so no later process can lift it.
 //!
 //! Two domains, the second inside the first:
-//! - **OpenCode** (and what it starts itself: the session tools, ripgrep): the provider proxy, the
+//! - **OpenCode** (and what it starts itself: the session tools, ripgrep): the key proxy, the
 //!   egress proxy (`allowlist`), its own server's port (the session tools call it) and
 //!   `agent-ports`; it binds only its server's port and `agent-ports`.
 //! - **The agent's commands** (narrowed by the shell wrapper, [`narrow_commands`]): only the

@@ -236,8 +236,8 @@ fn parse_pattern(target: &str) -> Option<Pattern> {
     })
 }
 
-/// A host as the proxy compares it: lower case, no trailing dot, brackets off an IPv6 address;
-/// `None` for anything that is not a plain DNS name or an address.
+/// A host as the egress proxy compares it: lower case, no trailing dot, brackets off an IPv6
+/// address; `None` for anything that is not a plain DNS name or an address.
 pub fn normalize(host: &str) -> Option<String> {
     let host = host
         .strip_prefix('[')

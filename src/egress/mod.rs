@@ -1,13 +1,15 @@
-//! The agent's network (docs/security.md#the-agents-network): what it may reach, and the proxy
-//! that carries it. The kernel side — which ports the agent's processes may connect to at all,
-//! and which sockets they may open — is [`crate::confine::network`].
+//! The agent's network (docs/security.md#the-agents-network): what it may reach (`allowlist`,
+//! special addresses in `address`), the egress proxy that carries it (`proxy`, with `splice` and
+//! the summary's counts in `tally`), and the runner proxy it sends that on through
+//! (`runner_proxy`). The kernel side — which ports the agent's processes may connect to at all, and
+//! which sockets they may open — is [`crate::confine::network`].
 
 pub mod address;
 pub mod allowlist;
 pub mod proxy;
+pub mod runner_proxy;
 pub mod splice;
 pub mod tally;
-pub mod upstream;
 
 pub use crate::confine::network::AgentNetwork;
 pub use allowlist::{Allowlist, AllowlistError};
@@ -45,7 +47,7 @@ impl AgentReach {
         }
     }
 
-    /// What the kernel enforces, once the provider proxy listens on `key_proxy_port`.
+    /// What the kernel enforces, once the key proxy listens on `key_proxy_port`.
     pub fn plan(&self, key_proxy_port: u16) -> crate::confine::network::NetworkPlan {
         crate::confine::network::NetworkPlan {
             mode: self.mode,

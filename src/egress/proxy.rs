@@ -1,11 +1,12 @@
 //! The egress proxy (docs/security.md#the-agents-network): fro-bot serves it on 127.0.0.1 and the
-//! agent's processes can reach no other address but fro-bot's own servers ([`crate::confine::landlock`]).
-//! It tunnels `CONNECT host:port` and forwards plain-HTTP requests (each request of a kept-alive
-//! connection is checked on its own), only to hosts on the run's allowlist. It resolves names
-//! itself and connects to the address it checked, so a name cannot resolve one way for the check
-//! and another for the connection. A refusal is a `403` whose reason phrase and body say
-//! `fro-bot: host not on allowed-domains`, which the agent's tool prints; each decision is
-//! counted ([`super::tally`]).
+//! agent's processes can reach no other address but fro-bot's own servers
+//! ([`crate::confine::landlock`]). It tunnels `CONNECT host:port` and forwards plain-HTTP requests
+//! (each request of a kept-alive connection is checked on its own), only to hosts on the run's
+//! allowlist, through the runner proxy when there is one ([`super::runner_proxy`]). It resolves
+//! names itself and connects to the address it checked, so a name cannot resolve one way for the
+//! check and another for the connection. A refusal is a `403` whose reason phrase and body say
+//! `fro-bot: host not on allowed-domains`, which the agent's tool prints; each decision is counted
+//! ([`super::tally`]).
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -23,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::address;
 use super::allowlist::{self, Allowed, Allowlist};
+use super::runner_proxy::{self, RunnerProxy};
 use super::tally::{shown, Tally};
-use super::upstream::{self, Upstream};
 
 /// What the agent's tool shows for a host that is not listed.
 pub const NOT_LISTED: &str = "fro-bot: host not on allowed-domains";
@@ -123,14 +124,14 @@ pub fn system_resolver() -> Resolver {
 
 struct Shared {
     allowlist: Allowlist,
-    upstream: Upstream,
+    runner_proxy: RunnerProxy,
     resolve: Resolver,
     tally: Arc<Tally>,
     logged: std::sync::atomic::AtomicU64,
     tunnels: Arc<tokio::sync::Semaphore>,
 }
 
-/// The running proxy; stops (listener and every connection) when dropped.
+/// The running egress proxy; stops (listener and every connection) when dropped.
 #[derive(Debug)]
 pub struct EgressProxy {
     addr: SocketAddr,
@@ -145,14 +146,17 @@ impl Drop for EgressProxy {
 }
 
 impl EgressProxy {
-    pub async fn start(allowlist: Allowlist, upstream: Upstream) -> std::io::Result<EgressProxy> {
-        Self::start_with(allowlist, upstream, system_resolver()).await
+    pub async fn start(
+        allowlist: Allowlist,
+        runner_proxy: RunnerProxy,
+    ) -> std::io::Result<EgressProxy> {
+        Self::start_with(allowlist, runner_proxy, system_resolver()).await
     }
 
     /// [`Self::start`] with names resolved by `resolve`.
     pub async fn start_with(
         allowlist: Allowlist,
-        upstream: Upstream,
+        runner_proxy: RunnerProxy,
         resolve: Resolver,
     ) -> std::io::Result<EgressProxy> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -160,7 +164,7 @@ impl EgressProxy {
         let tally = Arc::new(Tally::default());
         let shared = Arc::new(Shared {
             allowlist,
-            upstream,
+            runner_proxy,
             resolve,
             tally: tally.clone(),
             logged: Default::default(),
@@ -338,7 +342,7 @@ async fn addresses(
     }
 }
 
-/// A connection to `host:port`, and the runner's proxy it goes through: that proxy when it has
+/// A connection to `host:port`, and the runner proxy it goes through: that proxy when it has
 /// one for this host (an address literal is still checked here), else a checked address.
 async fn dial<'s>(
     shared: &'s Shared,
@@ -346,34 +350,34 @@ async fn dial<'s>(
     port: u16,
     allowed: Allowed,
     tunnel: bool,
-) -> Result<(TcpStream, Option<&'s upstream::ProxyUrl>), Refusal> {
+) -> Result<(TcpStream, Option<&'s runner_proxy::ProxyUrl>), Refusal> {
     let via = if tunnel {
-        shared.upstream.for_tunnel(host)
+        shared.runner_proxy.for_tunnel(host)
     } else {
-        shared.upstream.for_http(host)
+        shared.runner_proxy.for_http(host)
     };
-    if let Some(proxy) = via {
+    if let Some(runner) = via {
         if let (Ok(ip), Allowed::ByPattern) = (host.parse::<IpAddr>(), allowed) {
             if let Some(kind) = address::special(ip) {
                 return Err(Refusal::Special { ip, kind });
             }
         }
         let stream = if tunnel {
-            tokio::time::timeout(CONNECT_TIMEOUT, upstream::tunnel(proxy, host, port)).await
+            tokio::time::timeout(CONNECT_TIMEOUT, runner_proxy::tunnel(runner, host, port)).await
         } else {
             tokio::time::timeout(
                 CONNECT_TIMEOUT,
-                TcpStream::connect((proxy.host.as_str(), proxy.port)),
+                TcpStream::connect((runner.host.as_str(), runner.port)),
             )
             .await
         };
         return match stream {
-            Ok(Ok(s)) => Ok((s, Some(proxy))),
+            Ok(Ok(s)) => Ok((s, Some(runner))),
             Ok(Err(e)) => Err(Refusal::Unreachable(format!(
-                "through the runner's proxy: {e}"
+                "through the runner proxy: {e}"
             ))),
             Err(_) => Err(Refusal::Unreachable(
-                "the runner's proxy did not answer in time".into(),
+                "the runner proxy did not answer in time".into(),
             )),
         };
     }
@@ -439,8 +443,8 @@ async fn forward(
     for name in HOP_BY_HOP {
         parts.headers.remove(*name);
     }
-    if let Some(proxy) = via {
-        if let Some(auth) = upstream::proxy_authorization(proxy) {
+    if let Some(runner) = via {
+        if let Some(auth) = runner_proxy::proxy_authorization(runner) {
             if let Ok(v) = hyper::header::HeaderValue::from_str(&auth) {
                 parts.headers.insert(hyper::header::PROXY_AUTHORIZATION, v);
             }
@@ -457,7 +461,7 @@ async fn forward(
             .map_err(|_| Refusal::Malformed("not a valid path"))?;
     }
     if !parts.headers.contains_key(hyper::header::HOST) {
-        let value = upstream::authority(host, port);
+        let value = runner_proxy::authority(host, port);
         if let Ok(v) = hyper::header::HeaderValue::from_str(&value) {
             parts.headers.insert(hyper::header::HOST, v);
         }

@@ -1,6 +1,7 @@
-//! The GitHub API calls the harness makes: reactions, context, the response comment, pull-request
-//! flags. Every failure is returned as an `ApiError` the caller logs as a warning: nothing here may
-//! fail a run.
+//! The GitHub API client ([`GitHub`]) and the calls the harness makes around a run: the 👀 and
+//! 🎉/😕 reactions, a comment on an issue or discussion, the token's own login (so fro-bot never
+//! answers itself) and the pull-request flags a comment payload lacks. Every failure is returned as
+//! an `ApiError` the caller logs as a warning: nothing here may fail a run.
 //!
 //! Requests go through octocrab's untyped `get`/`post` with small local response structs, so a
 //! field GitHub adds or omits cannot break deserialization of what we do not read.
@@ -192,7 +193,7 @@ impl GitHub {
             .ok_or_else(|| ApiError::Repository {
                 value: repository.to_string(),
             })?;
-        // reqwest, not octocrab's own client: that one ignores the runner's proxy
+        // reqwest, not octocrab's own client: that one ignores the runner proxy
         // (`crate::net::external`). Redirects stay octocrab's, which drops the token off-host.
         let http = crate::net::external()
             .connect_timeout(TIMEOUT)

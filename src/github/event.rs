@@ -281,103 +281,35 @@ impl Event {
 
     /// Normalizes a payload. Total: every input gives an `Event`.
     pub fn parse(name: &str, payload: &Value) -> Event {
-        let action = str_at(payload, "/action").map(str::to_string);
-        let unsupported = || Event::Unsupported {
-            event: name.to_string(),
-            action: action.clone(),
-        };
-        let malformed = |missing: &'static str| Event::Malformed {
-            event: name.to_string(),
-            action: action.clone(),
-            missing,
-        };
+        let action = str_at(payload, "/action");
         let sender = actor_at(payload, "/sender");
-        match name {
+        let parsed = match name {
             "issue_comment" | "discussion_comment" | "pull_request_review_comment" => {
-                if action.as_deref() != Some("created") {
-                    return unsupported();
-                }
-                let (source, target) = match name {
-                    "issue_comment" => (CommentSource::IssueComment, issue_target(payload)),
-                    "discussion_comment" => {
-                        (CommentSource::DiscussionComment, discussion_target(payload))
-                    }
-                    _ => (
-                        CommentSource::PullRequestReviewComment,
-                        pull_request_target(payload),
-                    ),
-                };
-                let target = match target {
-                    Ok(t) => t,
-                    Err(missing) => return malformed(missing),
-                };
-                match comment_at(payload) {
-                    Ok(comment) => Event::Comment {
-                        source,
-                        comment,
-                        target,
-                        sender,
-                    },
-                    Err(missing) => malformed(missing),
-                }
+                comment_event(name, action, payload, sender)
             }
-            "issues" | "pull_request" if action.as_deref() == Some("labeled") => {
-                let target = match name {
-                    "issues" => issue_target(payload),
-                    _ => pull_request_target(payload),
-                };
-                let label = match str_at(payload, "/label/name") {
-                    Some(l) => l.to_string(),
-                    None => return malformed("label.name"),
-                };
-                match target {
-                    Ok(target) => Event::Labeled {
-                        label,
-                        target,
-                        sender,
-                    },
-                    Err(missing) => malformed(missing),
-                }
+            "issues" | "pull_request" if action == Some("labeled") => {
+                labeled_event(name, payload, sender)
             }
-            "issues" => {
-                let action = match action.as_deref() {
-                    Some("opened") => IssuesAction::Opened,
-                    Some("edited") => IssuesAction::Edited,
-                    _ => return unsupported(),
-                };
-                match issue_target(payload) {
-                    Ok(target) => Event::Issues {
-                        action,
-                        target,
-                        sender,
-                    },
-                    Err(missing) => malformed(missing),
-                }
-            }
-            "pull_request" => {
-                let action = match action.as_deref() {
-                    Some("opened") => PullRequestAction::Opened,
-                    Some("synchronize") => PullRequestAction::Synchronize,
-                    Some("reopened") => PullRequestAction::Reopened,
-                    Some("ready_for_review") => PullRequestAction::ReadyForReview,
-                    Some("review_requested") => PullRequestAction::ReviewRequested,
-                    _ => return unsupported(),
-                };
-                match pull_request_target(payload) {
-                    Ok(target) => Event::PullRequest {
-                        action,
-                        target,
-                        sender,
-                    },
-                    Err(missing) => malformed(missing),
-                }
-            }
-            "schedule" => Event::Schedule {
+            "issues" => issues_event(action, payload, sender),
+            "pull_request" => pull_request_event(action, payload, sender),
+            "schedule" => Ok(Event::Schedule {
                 cron: str_at(payload, "/schedule").unwrap_or("").to_string(),
-            },
-            "workflow_dispatch" => Event::WorkflowDispatch { sender },
-            _ => unsupported(),
-        }
+            }),
+            "workflow_dispatch" => Ok(Event::WorkflowDispatch { sender }),
+            _ => Err(NotHandled::Unsupported),
+        };
+        parsed.unwrap_or_else(|why| {
+            let event = name.to_string();
+            let action = action.map(str::to_string);
+            match why {
+                NotHandled::Unsupported => Event::Unsupported { event, action },
+                NotHandled::Missing(missing) => Event::Malformed {
+                    event,
+                    action,
+                    missing,
+                },
+            }
+        })
     }
 
     /// The event name as GitHub spells it.
@@ -408,6 +340,91 @@ impl Event {
             | Event::Malformed { .. } => None,
         }
     }
+}
+
+/// Why a payload is not an event this action handles.
+enum NotHandled {
+    /// An event or action it does not handle.
+    Unsupported,
+    /// A handled event whose payload lacks this field.
+    Missing(&'static str),
+}
+
+/// A new comment (`action: created`) on an issue, a pull request's review diff or a discussion.
+fn comment_event(
+    name: &str,
+    action: Option<&str>,
+    payload: &Value,
+    sender: Option<Actor>,
+) -> Result<Event, NotHandled> {
+    if action != Some("created") {
+        return Err(NotHandled::Unsupported);
+    }
+    let (source, target) = match name {
+        "issue_comment" => (CommentSource::IssueComment, issue_target(payload)),
+        "discussion_comment" => (CommentSource::DiscussionComment, discussion_target(payload)),
+        _ => (
+            CommentSource::PullRequestReviewComment,
+            pull_request_target(payload),
+        ),
+    };
+    Ok(Event::Comment {
+        source,
+        target: target.map_err(NotHandled::Missing)?,
+        comment: comment_at(payload).map_err(NotHandled::Missing)?,
+        sender,
+    })
+}
+
+/// `issues` or `pull_request` with action `labeled`.
+fn labeled_event(name: &str, payload: &Value, sender: Option<Actor>) -> Result<Event, NotHandled> {
+    let target = match name {
+        "issues" => issue_target(payload),
+        _ => pull_request_target(payload),
+    };
+    let label = str_at(payload, "/label/name").ok_or(NotHandled::Missing("label.name"))?;
+    Ok(Event::Labeled {
+        label: label.to_string(),
+        target: target.map_err(NotHandled::Missing)?,
+        sender,
+    })
+}
+
+fn issues_event(
+    action: Option<&str>,
+    payload: &Value,
+    sender: Option<Actor>,
+) -> Result<Event, NotHandled> {
+    let action = match action {
+        Some("opened") => IssuesAction::Opened,
+        Some("edited") => IssuesAction::Edited,
+        _ => return Err(NotHandled::Unsupported),
+    };
+    Ok(Event::Issues {
+        action,
+        target: issue_target(payload).map_err(NotHandled::Missing)?,
+        sender,
+    })
+}
+
+fn pull_request_event(
+    action: Option<&str>,
+    payload: &Value,
+    sender: Option<Actor>,
+) -> Result<Event, NotHandled> {
+    let action = match action {
+        Some("opened") => PullRequestAction::Opened,
+        Some("synchronize") => PullRequestAction::Synchronize,
+        Some("reopened") => PullRequestAction::Reopened,
+        Some("ready_for_review") => PullRequestAction::ReadyForReview,
+        Some("review_requested") => PullRequestAction::ReviewRequested,
+        _ => return Err(NotHandled::Unsupported),
+    };
+    Ok(Event::PullRequest {
+        action,
+        target: pull_request_target(payload).map_err(NotHandled::Missing)?,
+        sender,
+    })
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> Option<&'a str> {

@@ -1,7 +1,10 @@
 //! The GitHub surface (docs/design.md#the-github-surface): the triggering event normalized once
 //! (`event`), routing and gating (`route`), every key derived from the environment (`keys`),
-//! deduplication of issue/PR runs (`dedup`), where the API and the server are (`endpoints`), and the API calls the harness makes (`api`: reactions
-//! and pull-request flags, `context`: the conversation for the prompt, `response`: the one reply, `tracking`: that reply posted early and edited in place).
+//! deduplication of issue/PR runs (`dedup`), fro-bot's mark on its own comments (`marker`), where
+//! the API and the server are (`endpoints`), and the API calls: the client, reactions and
+//! pull-request flags (`api`), the conversation for the prompt (`context`), the one reply
+//! (`response`) posted early and edited in place (`tracking`), the repository calls that deliver a
+//! change (`repo`) and the Actions cache entries (`caches`).
 
 pub mod api;
 pub mod caches;

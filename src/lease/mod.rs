@@ -17,7 +17,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use record::{Holder, LeaseRecord};
 
 use crate::object_store::{
-    Condition, DeleteOutcome, GetOutcome, ObjectKind, ObjectStore, PutOutcome, StoreError,
+    Condition, DeleteOutcome, GetOutcome, ObjectBody, ObjectKind, ObjectStore, PutOutcome,
+    StoreError,
 };
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
@@ -84,6 +85,55 @@ async fn timed<T>(
         Ok(Ok(v)) => Ok(v),
         Ok(Err(source)) => Err(LeaseError::Store { operation, source }),
         Err(_) => Err(LeaseError::TimedOut { operation, after }),
+    }
+}
+
+/// `record` written under `condition`: its ETag, or `None` when someone else wrote first.
+async fn put_record(
+    store: &ObjectStore,
+    key: &str,
+    record: &LeaseRecord,
+    condition: Condition<'_>,
+) -> Result<Option<String>, StoreError> {
+    let put = store.put_bytes(key, record.to_bytes(), condition, ObjectKind::LeaseRecord);
+    Ok(match put.await? {
+        PutOutcome::Written { etag } => Some(etag),
+        PutOutcome::PreconditionFailed => None,
+    })
+}
+
+/// The record [`Lease::acquire`] found in its way: who holds it, until when (as this run judges
+/// it), and its generation.
+struct Found {
+    holder_id: String,
+    expires_at: u64,
+    generation: u64,
+}
+
+impl Found {
+    /// An unreadable record counts as held until the default TTL after it was written; a re-run's
+    /// own earlier attempt never keeps it waiting.
+    fn read(body: &ObjectBody, holder: &Holder, now: u64, max_ttl_ms: u64) -> Found {
+        match LeaseRecord::parse(&body.bytes) {
+            Some(existing) if existing.is_earlier_attempt_of(holder) => Found {
+                holder_id: existing.holder_id.clone(),
+                expires_at: 0,
+                generation: existing.generation,
+            },
+            Some(existing) => Found {
+                expires_at: existing.effective_expiry(body.last_modified_ms, max_ttl_ms),
+                holder_id: existing.holder_id,
+                generation: existing.generation,
+            },
+            None => Found {
+                holder_id: "(unreadable lease record)".to_string(),
+                expires_at: body
+                    .last_modified_ms
+                    .unwrap_or(now)
+                    .saturating_add(LeaseConfig::default().ttl_ms()),
+                generation: 0,
+            },
+        }
     }
 }
 
@@ -211,19 +261,14 @@ impl Lease {
         let mut last_seen = None;
         for _ in 0..ACQUIRE_ATTEMPTS {
             let record = LeaseRecord::new(holder, 1, clock.now_ms(), ttl_ms);
-            let put = store.put_bytes(
-                key,
-                record.to_bytes(),
-                Condition::IfAbsent,
-                ObjectKind::LeaseRecord,
-            );
+            let put = put_record(store, key, &record, Condition::IfAbsent);
             match timed("acquire", config.call_timeout, put).await {
-                Ok(PutOutcome::Written { etag }) => {
+                Ok(Some(etag)) => {
                     return AcquireOutcome::Acquired(LeaseHandle::start(
                         store, key, record, etag, config, clock,
                     ))
                 }
-                Ok(PutOutcome::PreconditionFailed) => {}
+                Ok(None) => {}
                 Err(error) => return AcquireOutcome::Error { error },
             }
             let body = match timed("read", config.call_timeout, store.get_bytes(key)).await {
@@ -233,48 +278,26 @@ impl Lease {
                 Err(error) => return AcquireOutcome::Error { error },
             };
             let now = clock.now_ms();
-            let default_ttl_ms = LeaseConfig::default().ttl_ms();
-            let (holder_id, expires_at, generation) = match LeaseRecord::parse(&body.bytes) {
-                // A re-run is never kept waiting by its own earlier attempt.
-                Some(existing) if existing.is_earlier_attempt_of(holder) => {
-                    (existing.holder_id.clone(), 0, existing.generation)
-                }
-                Some(existing) => (
-                    existing.holder_id.clone(),
-                    existing.effective_expiry(body.last_modified_ms, max_ttl_ms),
-                    existing.generation,
-                ),
-                None => (
-                    "(unreadable lease record)".to_string(),
-                    body.last_modified_ms
-                        .unwrap_or(now)
-                        .saturating_add(default_ttl_ms),
-                    0,
-                ),
-            };
-            if expires_at > now {
+            let found = Found::read(&body, holder, now, max_ttl_ms);
+            if found.expires_at > now {
                 return AcquireOutcome::HeldByOther {
-                    holder_id,
-                    expires_at,
+                    holder_id: found.holder_id,
+                    expires_at: found.expires_at,
                 };
             }
             // Released or expired: the next generation, so a stale holder's token is lower.
-            let record = LeaseRecord::new(holder, generation.saturating_add(1), now, ttl_ms);
-            let put = store.put_bytes(
-                key,
-                record.to_bytes(),
-                Condition::IfMatch(&body.etag),
-                ObjectKind::LeaseRecord,
-            );
+            let record = LeaseRecord::new(holder, found.generation.saturating_add(1), now, ttl_ms);
+            let put = put_record(store, key, &record, Condition::IfMatch(&body.etag));
             match timed("takeover", config.call_timeout, put).await {
-                Ok(PutOutcome::Written { etag }) => {
+                Ok(Some(etag)) => {
+                    let (holder_id, generation) = (&found.holder_id, found.generation);
                     tracing::debug!("took the lease after {holder_id} (generation {generation})");
                     return AcquireOutcome::Acquired(LeaseHandle::start(
                         store, key, record, etag, config, clock,
                     ));
                 }
                 // Someone else took it over first; the next pass reports who.
-                Ok(PutOutcome::PreconditionFailed) => last_seen = Some((holder_id, expires_at)),
+                Ok(None) => last_seen = Some((found.holder_id, found.expires_at)),
                 Err(error) => return AcquireOutcome::Error { error },
             }
         }

@@ -1,5 +1,6 @@
-//! The S3-compatible object store (docs/design.md#object-store): input validation, key layout, the
-//! aws-sdk-s3 adapter, and syncing the session database and run records.
+//! The S3-compatible object store (docs/design.md#object-store): its inputs and every key component
+//! and path validated (`validate`), the key layout (`keys`), the aws-sdk-s3 adapter (`client`), and
+//! moving the session database and run records between the data dir and the store (`sync`).
 
 pub mod client;
 pub mod keys;

@@ -1,7 +1,8 @@
 //! OpenCode's configuration, given through `OPENCODE_CONFIG_CONTENT` (never a file in the workspace):
-//! baseline → session-tools MCP entry → `model` → the user's `opencode-config` (deep merge, user
-//! wins). Also the pre-seeded config dir that stops OpenCode from npm-installing its plugin package
-//! at every start.
+//! baseline → session-tools MCP entry (with what the proposal tools are given, [`ProposalTools`])
+//! → `model` → the user's `opencode-config` (deep merge, user wins) → the providers pointed at
+//! the key proxy, then the headless permissions. Also `OPENCODE_AUTH_CONTENT`, and the
+//! pre-seeded config dir that stops OpenCode from npm-installing its plugin package at every start.
 
 use std::path::{Path, PathBuf};
 
@@ -28,8 +29,18 @@ pub struct SessionToolsEntry {
     pub workspace: PathBuf,
     /// The trust view the tools apply (`tools::sessions::TrustSource`); `None`: all untrusted.
     pub trust_file: Option<PathBuf>,
-    /// The proposal tools' file and policy (`crate::tools::proposals`).
-    pub proposals: Option<crate::tools::proposals::ProposalTools>,
+    /// The proposal tools' files; `None`: the proposal tools are not offered.
+    pub proposals: Option<ProposalTools>,
+}
+
+/// What the proposal tools are given (through the MCP entry's environment): where they append
+/// proposals, the policy they check against, and fro-bot's view of the pull request when the run
+/// can review one. The tools themselves are `tools::proposals` and `tools::review`.
+#[derive(Debug, Clone)]
+pub struct ProposalTools {
+    pub file: PathBuf,
+    pub policy: Option<PathBuf>,
+    pub review_view: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -37,9 +48,9 @@ pub struct ConfigInput<'a> {
     pub session_tools: Option<&'a SessionToolsEntry>,
     pub model: Option<&'a ModelRef>,
     pub user: Option<&'a Map<String, Value>>,
-    /// Points providers at the credential proxy (`crate::confine::proxy`); merged last, so it
+    /// Points providers at the key proxy (`crate::confine::key_proxy`); merged last, so it
     /// wins over the user's `baseURL`/`apiKey`.
-    pub proxy: Option<&'a Value>,
+    pub key_proxy: Option<&'a Value>,
     /// fro-bot's memory dir (`opencode.db`): OpenCode's tools are refused paths there.
     pub memory_dir: Option<&'a Path>,
 }
@@ -82,8 +93,8 @@ pub fn config_content(input: &ConfigInput<'_>) -> String {
     if let Some(user) = input.user {
         deep_merge(&mut cfg, Value::Object(user.clone()));
     }
-    if let Some(proxy) = input.proxy {
-        deep_merge(&mut cfg, proxy.clone());
+    if let Some(overrides) = input.key_proxy {
+        deep_merge(&mut cfg, overrides.clone());
     }
     headless_permissions(&mut cfg, input.memory_dir);
     // OpenCode's snapshots (a git repository of the work tree inside the memory dir, for its
@@ -285,7 +296,7 @@ mod tests {
             session_tools: Some(&tools),
             model: Some(&model),
             user: Some(&user),
-            proxy: None,
+            key_proxy: None,
             memory_dir: None,
         }))
         .unwrap();

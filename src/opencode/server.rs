@@ -227,71 +227,89 @@ impl Server {
             return Quiescence::Confirmed;
         };
         let deadline = Instant::now() + budget;
-        // `None` = already reaped: nothing to signal.
-        if let Some(pid) = child.id() {
-            // SAFETY: a plain syscall. The pid is our direct child's and not yet reaped
-            // (`id()` returned Some), so it cannot have been reused by another process.
-            let rc = unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
-            if rc != 0 {
-                let _ = child.start_kill();
-            }
-        }
-        let exited = tokio::time::timeout(
-            deadline.saturating_duration_since(Instant::now()),
-            child.wait(),
-        )
-        .await;
-        match exited {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                let _ = child.start_kill();
-                return Quiescence::Unconfirmed {
-                    reason: format!("cannot wait for the OpenCode process: {e}"),
-                };
-            }
-            Err(_) => {
-                // Killed and reaped, a process writes nothing more (and SQLite's WAL is crash-safe);
-                // only one we cannot see exit stays unconfirmed.
-                let _ = child.start_kill();
-                match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
-                    Ok(Ok(_)) => tracing::warn!(
-                        "OpenCode did not exit within {} ms of SIGTERM; killed it",
-                        budget.as_millis()
-                    ),
-                    _ => {
-                        return Quiescence::Unconfirmed {
-                            reason: format!(
-                                "OpenCode did not exit within {} ms of SIGTERM, nor after SIGKILL",
-                                budget.as_millis()
-                            ),
-                        }
-                    }
-                }
-            }
+        if let Err(unconfirmed) = terminate(&mut child, budget, deadline).await {
+            return unconfirmed;
         }
         // Reaped: the watchdog has nothing left to kill should fro-bot die now.
         if let Some(dog) = self.watchdog.take() {
             dog.release().await;
         }
-        loop {
-            let refused = tokio::time::timeout(
-                Duration::from_millis(200),
-                tokio::net::TcpStream::connect(("127.0.0.1", self.port)),
-            )
-            .await;
-            if matches!(refused, Ok(Err(_))) {
-                return Quiescence::Confirmed;
-            }
-            if Instant::now() >= deadline {
-                return Quiescence::Unconfirmed {
-                    reason: format!(
-                        "the OpenCode process exited but port {} still accepts connections",
-                        self.port
-                    ),
-                };
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        port_refused(self.port, deadline).await
+    }
+}
+
+/// SIGTERM to the server, then its exit awaited until `deadline`, else SIGKILL. Killed and
+/// reaped, a process writes nothing more (and SQLite's WAL is crash-safe); only one we cannot see
+/// exit leaves quiescence unconfirmed.
+async fn terminate(
+    child: &mut Child,
+    budget: Duration,
+    deadline: Instant,
+) -> Result<(), Quiescence> {
+    // `None` = already reaped: nothing to signal.
+    if let Some(pid) = child.id() {
+        // SAFETY: a plain syscall. The pid is our direct child's and not yet reaped
+        // (`id()` returned Some), so it cannot have been reused by another process.
+        let rc = unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        if rc != 0 {
+            let _ = child.start_kill();
         }
+    }
+    let exited = tokio::time::timeout(
+        deadline.saturating_duration_since(Instant::now()),
+        child.wait(),
+    )
+    .await;
+    let waited = match exited {
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err(e)) => {
+            let _ = child.start_kill();
+            return Err(Quiescence::Unconfirmed {
+                reason: format!("cannot wait for the OpenCode process: {e}"),
+            });
+        }
+        Err(_) => {
+            let _ = child.start_kill();
+            tokio::time::timeout(Duration::from_secs(2), child.wait()).await
+        }
+    };
+    match waited {
+        Ok(Ok(_)) => {
+            tracing::warn!(
+                "OpenCode did not exit within {} ms of SIGTERM; killed it",
+                budget.as_millis()
+            );
+            Ok(())
+        }
+        _ => Err(Quiescence::Unconfirmed {
+            reason: format!(
+                "OpenCode did not exit within {} ms of SIGTERM, nor after SIGKILL",
+                budget.as_millis()
+            ),
+        }),
+    }
+}
+
+/// After the exit: confirmed once the server's `port` refuses connections, unconfirmed if it
+/// still accepts them at `deadline`.
+async fn port_refused(port: u16, deadline: Instant) -> Quiescence {
+    loop {
+        let refused = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(("127.0.0.1", port)),
+        )
+        .await;
+        if matches!(refused, Ok(Err(_))) {
+            return Quiescence::Confirmed;
+        }
+        if Instant::now() >= deadline {
+            return Quiescence::Unconfirmed {
+                reason: format!(
+                    "the OpenCode process exited but port {port} still accepts connections"
+                ),
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

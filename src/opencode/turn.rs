@@ -67,7 +67,7 @@ const AUTH_MARKERS: &[&str] = &[
 const UNREACHABLE_MARKERS: &[&str] = &[
     "cannot connect to api",
     "unable to connect",
-    crate::confine::proxy::UNREACHABLE,
+    crate::confine::key_proxy::UNREACHABLE,
 ];
 
 /// OpenCode's retry that ends the turn when the provider still cannot be reached.
@@ -165,7 +165,7 @@ impl std::fmt::Display for TurnFailure {
             }
             TurnFailure::Unreachable { message } => write!(
                 f,
-                "the provider could not be reached ({message}): check its base URL in `opencode-config` and that the runner can reach it (a proxy: `HTTPS_PROXY`)"
+                "the provider could not be reached ({message}): check its base URL in `opencode-config` and that the runner can reach it (a runner proxy: `HTTPS_PROXY`)"
             ),
             TurnFailure::NoReply => f.write_str("the turn ended without an answer"),
             TurnFailure::Api { message } => write!(f, "the OpenCode API failed ({message})"),
@@ -254,6 +254,9 @@ enum AttemptEnd {
     Cancelled,
 }
 
+/// One turn in `session`: the prompt, then continuations and at most one fresh-session restart
+/// as the replies' errors call for (their classes are in the module comment), until a reply
+/// comes back without an error or the turn ends.
 pub async fn run_turn(
     client: &Client,
     session: Session,
@@ -285,49 +288,11 @@ pub async fn run_turn(
                 return report;
             }
         };
-        let (new, observed) = match end {
-            AttemptEnd::Idle { new, observed } => (new, observed),
-            AttemptEnd::QuotaRetry { message } => {
-                stop(client, &report.session.id).await;
-                report.errors.push(message.clone());
-                report.outcome = TurnOutcome::Failed(TurnFailure::Quota { message });
-                return report;
-            }
-            AttemptEnd::UnreachableRetry { message } => {
-                stop(client, &report.session.id).await;
-                report.errors.push(message.clone());
-                report.outcome = TurnOutcome::Failed(TurnFailure::Unreachable { message });
-                return report;
-            }
-            AttemptEnd::TimedOut => {
-                stop(client, &report.session.id).await;
-                report.errors.push("the turn timed out".into());
-                report.outcome = TurnOutcome::TimedOut;
-                collect_after_stop(client, &mut report).await;
-                return report;
-            }
-            AttemptEnd::Cancelled => {
-                stop(client, &report.session.id).await;
-                report.errors.push("the run was cancelled".into());
-                report.outcome = TurnOutcome::Cancelled;
-                collect_after_stop(client, &mut report).await;
-                return report;
-            }
-        };
-        account(&mut report, &new);
-        // OpenCode reports idle before it stores the failed message's error: an empty reply
-        // after a `session.error` failed with that error.
-        if let (Some(r), Some(err)) = (report.reply.as_mut(), observed) {
-            if r.error.is_none() && r.text.trim().is_empty() {
-                r.error = Some(err);
-            }
-        }
-        let Some(reply) = report.reply.clone() else {
-            report.outcome = TurnOutcome::Failed(TurnFailure::NoReply);
+        let Some((new, observed)) = answered(client, &mut report, end).await else {
             return report;
         };
-        let Some(error) = reply.error else {
-            report.outcome = TurnOutcome::Completed;
+        account(&mut report, &new);
+        let Some(error) = failed_reply(&mut report, observed) else {
             return report;
         };
         match after_error(client, &mut report, &error, provider_attempts, opts).await {
@@ -339,6 +304,63 @@ pub async fn run_turn(
             }
         }
     }
+}
+
+/// The new messages of an attempt that went idle, and the `session.error` it observed; else the
+/// turn is over: a quota or unreachable retry, the deadline or a cancel stops the session and
+/// records why.
+async fn answered(
+    client: &Client,
+    report: &mut TurnReport,
+    end: AttemptEnd,
+) -> Option<(Vec<Message>, Option<NamedError>)> {
+    let (outcome, error) = match end {
+        AttemptEnd::Idle { new, observed } => return Some((new, observed)),
+        AttemptEnd::QuotaRetry { message } => (
+            TurnOutcome::Failed(TurnFailure::Quota {
+                message: message.clone(),
+            }),
+            message,
+        ),
+        AttemptEnd::UnreachableRetry { message } => (
+            TurnOutcome::Failed(TurnFailure::Unreachable {
+                message: message.clone(),
+            }),
+            message,
+        ),
+        AttemptEnd::TimedOut => (TurnOutcome::TimedOut, "the turn timed out".into()),
+        AttemptEnd::Cancelled => (TurnOutcome::Cancelled, "the run was cancelled".into()),
+    };
+    stop(client, &report.session.id).await;
+    report.errors.push(error);
+    let stopped_mid_reply = matches!(outcome, TurnOutcome::TimedOut | TurnOutcome::Cancelled);
+    report.outcome = outcome;
+    // What the stopped session had written still counts.
+    if stopped_mid_reply {
+        collect_after_stop(client, report).await;
+    }
+    None
+}
+
+/// The error of the turn's last reply, to act on; `None` when the turn is over: no reply at all
+/// (failed), or one without an error (completed).
+fn failed_reply(report: &mut TurnReport, observed: Option<NamedError>) -> Option<NamedError> {
+    // OpenCode reports idle before it stores the failed message's error: an empty reply after a
+    // `session.error` failed with that error.
+    if let (Some(r), Some(err)) = (report.reply.as_mut(), observed) {
+        if r.error.is_none() && r.text.trim().is_empty() {
+            r.error = Some(err);
+        }
+    }
+    let Some(reply) = &report.reply else {
+        report.outcome = TurnOutcome::Failed(TurnFailure::NoReply);
+        return None;
+    };
+    let Some(error) = reply.error.clone() else {
+        report.outcome = TurnOutcome::Completed;
+        return None;
+    };
+    Some(error)
 }
 
 /// What the turn does after a reply that failed.

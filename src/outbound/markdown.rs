@@ -146,45 +146,73 @@ fn plan(text: &str, policy: &LinkPolicy) -> Pass {
     let parser = Parser::new_ext(text, options());
     let mut pass = Pass::default();
     ctx.definitions(&parser, &mut pass);
-    let mut open: Vec<Open> = Vec::new();
-    let mut code_depth = 0usize;
-    let mut code: Vec<Range<usize>> = Vec::new();
-    // Code not every parser may read as code: a URL in it is defanged, not wrapped.
-    let mut soft: Vec<Range<usize>> = Vec::new();
-    let mut containers = 0usize;
-    let mut html: Option<Range<usize>> = None;
+    let mut walk = Walk::default();
     for (event, at) in TextMergeWithOffset::new(parser.into_offset_iter()) {
+        walk.event(&ctx, event, at, &mut pass);
+    }
+    if let Some(group) = walk.html {
+        ctx.html(group, &mut pass);
+    }
+    ctx.sweep(&walk.code, &walk.soft, &mut pass);
+    pass.edits.sort_by_key(|(at, _)| (at.start, at.end));
+    pass
+}
+
+/// Where [`plan`]'s walk over the parser's events is.
+#[derive(Default)]
+struct Walk {
+    /// The links and images being read, innermost last.
+    open: Vec<Open>,
+    code_depth: usize,
+    code: Vec<Range<usize>>,
+    /// Code not every parser may read as code: a URL in it is defanged, not wrapped.
+    soft: Vec<Range<usize>>,
+    containers: usize,
+    /// Raw HTML read so far, checked as one piece when it ends.
+    html: Option<Range<usize>>,
+}
+
+impl Walk {
+    /// One event: a link or image read whole and checked at its end, anything else by
+    /// [`Walk::other`].
+    fn event(&mut self, ctx: &Ctx<'_>, event: Event<'_>, at: Range<usize>, pass: &mut Pass) {
         let is_html = matches!(event, Event::Html(_) | Event::InlineHtml(_));
         // Raw HTML continues across a line break and a container's `>` markers.
         let continues = |g: &Range<usize>| {
             is_html
-                && text
+                && ctx
+                    .text
                     .get(g.end..at.start)
                     .is_some_and(|gap| gap.bytes().all(|b| b.is_ascii_whitespace() || b == b'>'))
         };
-        if let Some(group) = html.take_if(|g| !continues(g)) {
-            ctx.html(group, &mut pass);
+        if let Some(group) = self.html.take_if(|g| !continues(g)) {
+            ctx.html(group, pass);
         }
         if let Event::End(TagEnd::Link | TagEnd::Image) = event {
-            if let Some(o) = open.pop() {
-                ctx.link(o, &mut pass);
+            if let Some(o) = self.open.pop() {
+                ctx.link(o, pass);
             }
-            continue;
+            return;
         }
-        if let Some(o) = open.last_mut() {
+        if let Some(o) = self.open.last_mut() {
             let inner = o.inner.get_or_insert(at.clone());
             inner.end = inner.end.max(at.end);
         }
-        if let Some(o) = Open::at_start(&event, &at) {
-            open.push(o);
-            continue;
+        match Open::at_start(&event, &at) {
+            Some(o) => self.open.push(o),
+            None => self.other(ctx, event, at, pass),
         }
+    }
+
+    /// An event outside a link's own start and end: code and containers counted, raw HTML
+    /// grouped, text outside code swept for bare URLs.
+    fn other(&mut self, ctx: &Ctx<'_>, event: Event<'_>, at: Range<usize>, pass: &mut Pass) {
         match event {
             Event::Start(Tag::CodeBlock(kind)) => {
-                code_depth += 1;
-                match firm_block(text, &kind, &at, containers) {
-                    true => code.push(at),
-                    false => soft.push(at),
+                self.code_depth += 1;
+                match firm_block(ctx.text, &kind, &at, self.containers) {
+                    true => self.code.push(at),
+                    false => self.soft.push(at),
                 }
             }
             Event::Start(
@@ -193,33 +221,27 @@ fn plan(text: &str, policy: &LinkPolicy) -> Pass {
                 | Tag::Item
                 | Tag::Table(_)
                 | Tag::FootnoteDefinition(_),
-            ) => containers += 1,
+            ) => self.containers += 1,
             Event::End(
                 TagEnd::BlockQuote(_)
                 | TagEnd::List(_)
                 | TagEnd::Item
                 | TagEnd::Table
                 | TagEnd::FootnoteDefinition,
-            ) => containers = containers.saturating_sub(1),
+            ) => self.containers = self.containers.saturating_sub(1),
             // GitHub's parser can miss a span pulldown-cmark sees (after a backtick run without
             // a partner; across a container's line markers): what is in one is defanged.
-            Event::Code(_) => soft.push(at),
-            Event::End(TagEnd::CodeBlock) => code_depth = code_depth.saturating_sub(1),
-            Event::Text(t) if code_depth == 0 && !in_autolink(&open) => {
-                ctx.bare(&t, at, &mut pass);
+            Event::Code(_) => self.soft.push(at),
+            Event::End(TagEnd::CodeBlock) => self.code_depth = self.code_depth.saturating_sub(1),
+            Event::Text(t) if self.code_depth == 0 && !in_autolink(&self.open) => {
+                ctx.bare(&t, at, pass);
             }
             Event::Html(_) | Event::InlineHtml(_) => {
-                html = Some(html.map_or(at.clone(), |g| g.start..at.end));
+                self.html = Some(self.html.take().map_or(at.clone(), |g| g.start..at.end));
             }
             _ => {}
         }
     }
-    if let Some(group) = html {
-        ctx.html(group, &mut pass);
-    }
-    ctx.sweep(&code, &soft, &mut pass);
-    pass.edits.sort_by_key(|(at, _)| (at.start, at.end));
-    pass
 }
 
 /// Whether every parser reads this code block as code: only a fence at the start of a line

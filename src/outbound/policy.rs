@@ -1,8 +1,8 @@
 //! Which URLs may stay links in what fro-bot posts (docs/security.md#links-in-what-fro-bot-posts):
-//! GitHub's own hosts, the repository's Pages site and `allowed-domains`, over http(s) only (and
-//! a plain `mailto:` address), with
-//! paths, queries and fragments of at most [`MAX_PART`] bytes. Everything else is a way out for
-//! what the agent read — GitHub's image proxy fetches an image's URL as soon as the comment renders.
+//! GitHub's own hosts, the repository's Pages site and `allowed-domains`, over http(s) only (and a
+//! plain `mailto:` address), with paths, queries and fragments of at most [`MAX_PART`] bytes.
+//! Everything else is a way out for what the agent read — GitHub's image proxy fetches an image's
+//! URL as soon as the comment renders.
 
 use url::Url;
 

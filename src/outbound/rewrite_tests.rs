@@ -1,3 +1,7 @@
+//! Tests of the Markdown rewrite (`markdown::rewrite`): links, images and URLs in every form they
+//! can be written, hostile ones included, come out inert unless the policy keeps them, and the rest
+//! of the text keeps its shape.
+
 use super::markdown::{rewrite, Finding};
 use super::policy::LinkPolicy;
 use crate::egress::Allowlist;

@@ -4,10 +4,10 @@
 
 use serde_json::{json, Value};
 
-use super::diff::Side;
 use super::view::{cap_diff, Since, MAX_DIFF_BYTES};
 use crate::github::api::{one_line, ApiError, GitHub};
 use crate::runner::log;
+use crate::safe_outputs::proposals::Side;
 
 /// The pull request as a review reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,12 +8,12 @@
 
 use serde_json::{json, Value};
 
-use super::diff::{PullDiff, Side};
+use super::diff::PullDiff;
 use super::fingerprint::Fingerprint;
 use super::view::ReviewView;
 use crate::config::review::ReviewEvent;
 use crate::github::response::MARKER;
-use crate::safe_outputs::proposals::{Proposal, ReviewPolicy};
+use crate::safe_outputs::proposals::{Proposal, ReviewPolicy, Side};
 
 /// Marks a review body as fro-bot's, with the head it reviewed (`last_reviewed`).
 const REVIEWED_PREFIX: &str = "<!-- fro-bot:review head=";

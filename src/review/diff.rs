@@ -6,24 +6,7 @@
 
 use std::collections::BTreeMap;
 
-/// Which version of the file a line number counts in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum Side {
-    /// The base: deleted and unchanged lines.
-    Left,
-    /// The head: added and unchanged lines.
-    Right,
-}
-
-impl Side {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Side::Left => "LEFT",
-            Side::Right => "RIGHT",
-        }
-    }
-}
+use crate::safe_outputs::proposals::Side;
 
 /// One line of a hunk.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::diff::Side;
+use crate::safe_outputs::proposals::Side;
 
 /// The most of a diff the view carries; a larger pull request's diff is cut at a file boundary
 /// and the agent is told (`ReviewView::diff_cut`).

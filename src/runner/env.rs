@@ -33,7 +33,7 @@ pub const XDG_STATE_HOME: &str = "XDG_STATE_HOME";
 pub const AWS_REGION: &str = "AWS_REGION";
 pub const AWS_DEFAULT_REGION: &str = "AWS_DEFAULT_REGION";
 
-// The runner's egress proxy, in both cases (tools differ in which they read); the HTTP library
+// The runner proxy, in both cases (tools differ in which they read); the HTTP library
 // reads them for fro-bot's own clients, and fro-bot hands them to OpenCode and its own git.
 pub const PROXY: &[&str] = &[
     "HTTPS_PROXY",

@@ -1,5 +1,7 @@
-//! The GitHub Actions runtime protocol, owned here: inputs, outputs, state, env, the step summary,
-//! masking and log commands, and cancellation by signal.
+//! The GitHub Actions runtime protocol, owned here: the environment snapshot ([`Env`]) with every
+//! name the action reads or writes (`env`), inputs, outputs, state and env through the file
+//! commands (`file_command`), the step summary (`summary`), masking and log commands (`log`),
+//! cancellation by signal (`cancel`), and the named points crash tests stop at (`failpoint`).
 
 pub mod cancel;
 pub mod env;

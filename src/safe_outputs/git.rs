@@ -80,7 +80,7 @@ impl Git {
         }
     }
 
-    /// For a command that reaches GitHub: the runner's proxy settings (`crate::net::git_vars`).
+    /// For a command that reaches GitHub: the runner proxy's settings (`crate::net::git_vars`).
     pub fn with_network(mut self) -> Git {
         self.cmd.envs(crate::net::git_vars());
         self

@@ -1,7 +1,7 @@
 //! What the agent proposes through its tools (`describe_change`, `discard_changes`, `add_labels`,
 //! `remove_labels`, `comment`, `create_issue`, and the review tools: `review_comment`,
-//! `submit_review`, `reply_to_review_thread`, `resolve_review_thread`), and the policy it
-//! proposes against.
+//! `submit_review`, `reply_to_review_thread`, `resolve_review_thread`, whose lines count on one
+//! [`Side`] of the diff), and the policy it proposes against.
 //!
 //! The tools run as the agent's uid (OpenCode starts them), so anything they write the agent could
 //! write itself: they only check the arguments' shape, tell the agent early what the policy will
@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::config::review::ReviewEvent;
-use crate::review::diff::Side;
 
 /// The most a proposals file may hold; the rest is not read (and the summary says so).
 pub const MAX_PROPOSALS_BYTES: u64 = 1 << 20;
@@ -24,6 +23,25 @@ pub const MAX_PROPOSALS_BYTES: u64 = 1 << 20;
 pub const MAX_BODY_CHARS: usize = 65_536;
 pub const MAX_TITLE_CHARS: usize = 256;
 pub const MAX_LABELS_PER_CALL: usize = 20;
+
+/// Which version of the file a review comment's line number counts in (GitHub's `side`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Side {
+    /// The base: deleted and unchanged lines.
+    Left,
+    /// The head: added and unchanged lines.
+    Right,
+}
+
+impl Side {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Left => "LEFT",
+            Side::Right => "RIGHT",
+        }
+    }
+}
 
 /// One proposal, one JSON line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

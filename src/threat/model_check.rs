@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::confine::proxy::{Proxy, ProxyPlan, Route};
+use crate::confine::key_proxy::{KeyProxy, KeyProxyPlan, Route};
 use crate::opencode::client::error_chain;
 use crate::opencode::preflight::Providers;
 use crate::runner::Cancellation;
@@ -84,7 +84,7 @@ pub struct Asking<'a> {
     /// context window.
     pub listing: Option<&'a Providers>,
     /// The providers a key proxy can serve, and their credentials.
-    pub keys: ProxyPlan,
+    pub keys: KeyProxyPlan,
     pub repository: &'a str,
     pub cancel: &'a Cancellation,
 }
@@ -106,7 +106,7 @@ pub async fn ask(asking: &Asking<'_>, diff: &str, actions: &str) -> JudgeRun {
         Err(why) => return JudgeRun::failed(name, why),
     };
     let wire = Wire::of(question.route.style);
-    let proxy = match Proxy::start(vec![question.route]).await {
+    let proxy = match KeyProxy::start(vec![question.route]).await {
         Ok(p) => p,
         Err(e) => return JudgeRun::failed(name, format!("the key proxy did not start: {e}")),
     };

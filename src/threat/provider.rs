@@ -1,13 +1,13 @@
 //! Asking the model for the threat check (docs/security.md#the-threat-check): one plain request —
 //! no tools, no streaming — in the provider's own API, sent by fro-bot's own process to the key
-//! proxy (`confine::proxy`), which adds the key as it does for OpenCode. The proxy knows three
+//! proxy (`confine::key_proxy`), which adds the key as it does for OpenCode. The proxy knows three
 //! ways a provider takes its key, and each is one API: `x-api-key` is Anthropic's Messages API,
 //! `Authorization: Bearer` the OpenAI chat-completions API (OpenAI and every OpenAI-compatible
 //! provider), `x-goog-api-key` Google's `generateContent`.
 
 use serde_json::{json, Value};
 
-use crate::confine::proxy::AuthStyle;
+use crate::confine::key_proxy::AuthStyle;
 
 /// The most the judge may answer (tokens): the verdict is a few lines.
 const MAX_ANSWER_TOKENS: u64 = 1024;

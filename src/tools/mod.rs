@@ -15,9 +15,9 @@ use std::path::PathBuf;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::opencode::config::ProposalTools;
 use crate::runner::env::{FRO_BOT_OUTPUT_POLICY, FRO_BOT_PROPOSALS, FRO_BOT_REVIEW_VIEW};
 use crate::runner::Env;
-use proposals::ProposalTools;
 use review::ReviewTools;
 use sessions::SessionTools;
 

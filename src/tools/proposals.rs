@@ -1,21 +1,14 @@
 //! The agent's proposal tools, served beside the session tools by `fro-bot session-tools`
-//! (`tools`). Each checks its arguments, appends the proposal
-//! (`proposals::append`) and tells the agent what happens next: nothing is done during the turn.
+//! (`tools`), on the files OpenCode's config hands them (`opencode::config::ProposalTools`). Each
+//! checks its arguments, appends the proposal (`safe_outputs::proposals::append`) and tells the
+//! agent what happens next: nothing is done during the turn.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::{json, Value};
 
+use crate::opencode::config::ProposalTools;
 use crate::safe_outputs::proposals::{self, OutputPolicy, Proposal};
-
-/// Where the tools write and what they check against.
-#[derive(Debug, Clone)]
-pub struct ProposalTools {
-    pub file: PathBuf,
-    pub policy: Option<PathBuf>,
-    /// fro-bot's view of the pull request, when the run can review one (`tools::review`).
-    pub review_view: Option<PathBuf>,
-}
 
 /// The tools' names, for the dispatcher.
 pub const NAMES: &[&str] = &[
@@ -117,6 +110,7 @@ pub fn proposal(name: &str, args: &Value) -> Result<Proposal, String> {
     })
 }
 
+/// The tools themselves, on the files OpenCode's config handed over.
 impl ProposalTools {
     fn policy(&self) -> OutputPolicy {
         self.policy

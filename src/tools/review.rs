@@ -10,12 +10,12 @@ use std::path::PathBuf;
 use serde_json::{json, Value};
 
 use super::args::{arg_str, arg_usize, required};
-use super::proposals::ProposalTools;
 use crate::config::review::ReviewEvent;
+use crate::opencode::config::ProposalTools;
 use crate::review::compose;
-use crate::review::diff::{PullDiff, Side};
+use crate::review::diff::PullDiff;
 use crate::review::view::{ReviewView, Since};
-use crate::safe_outputs::proposals::Proposal;
+use crate::safe_outputs::proposals::{Proposal, Side};
 
 /// The most of a diff one `review_diff` answer holds.
 const MAX_ANSWER_BYTES: usize = 200_000;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use fro_bot::confine::network::NetworkPlan;
 use fro_bot::confine::AgentUser;
-use fro_bot::egress::upstream::Upstream;
+use fro_bot::egress::runner_proxy::RunnerProxy;
 use fro_bot::egress::{AgentNetwork, Allowlist, EgressProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -36,10 +36,10 @@ async fn curl(proxy: &str, tunnel: bool, url: &str) -> String {
 }
 
 #[tokio::test]
-async fn the_proxy_carries_listed_hosts_and_refuses_the_rest_with_the_reason() {
+async fn the_egress_proxy_carries_listed_hosts_and_refuses_the_rest_with_the_reason() {
     let port = crate::support::web::serve("hello-from-a-listed-host").await;
     let listed = Allowlist::parse(&format!("localhost:{port}")).unwrap();
-    let proxy = EgressProxy::start(listed, Upstream::default())
+    let proxy = EgressProxy::start(listed, RunnerProxy::default())
         .await
         .unwrap();
     let url = proxy.url();
@@ -71,7 +71,7 @@ async fn the_proxy_carries_listed_hosts_and_refuses_the_rest_with_the_reason() {
 async fn each_request_of_a_kept_alive_connection_is_checked_on_its_own() {
     let port = crate::support::web::serve("first").await;
     let listed = Allowlist::parse(&format!("localhost:{port}")).unwrap();
-    let proxy = EgressProxy::start(listed, Upstream::default())
+    let proxy = EgressProxy::start(listed, RunnerProxy::default())
         .await
         .unwrap();
     let mut s = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port()))
@@ -132,7 +132,7 @@ async fn a_pattern_never_leads_to_a_private_address_and_an_exact_name_may() {
         })
     });
     let listed = Allowlist::parse(&format!("*.example.test:{port} api.corp.test:{port}")).unwrap();
-    let proxy = EgressProxy::start_with(listed, Upstream::default(), resolve)
+    let proxy = EgressProxy::start_with(listed, RunnerProxy::default(), resolve)
         .await
         .unwrap();
     let out = curl(
@@ -154,18 +154,18 @@ async fn a_pattern_never_leads_to_a_private_address_and_an_exact_name_may() {
 }
 
 #[tokio::test]
-async fn allowed_traffic_goes_on_through_the_runners_proxy() {
-    let runner_proxy = crate::support::egress::EgressProxy::start().await;
+async fn allowed_traffic_goes_on_through_the_runner_proxy() {
+    let runner_proxy = crate::support::fake_runner_proxy::FakeRunnerProxy::start().await;
     let port = crate::support::web::serve("behind-the-corporate-proxy").await;
     let listed = Allowlist::parse(&format!("web.test:{port}")).unwrap();
     let env = fro_bot::runner::Env::from_pairs([
         ("HTTPS_PROXY", runner_proxy.url()),
         ("http_proxy", runner_proxy.url()),
     ]);
-    let proxy = EgressProxy::start(listed, Upstream::from_env(&env))
+    let proxy = EgressProxy::start(listed, RunnerProxy::from_env(&env))
         .await
         .unwrap();
-    // Only the runner's proxy can resolve `web.test`.
+    // Only the runner proxy can resolve `web.test`.
     for tunnel in [true, false] {
         let out = curl(&proxy.url(), tunnel, &format!("http://web.test:{port}/")).await;
         assert_eq!(out, "behind-the-corporate-proxy", "tunnel {tunnel}");
@@ -373,10 +373,10 @@ EOF"#
 }
 
 /// The agent's tools read the proxy variables the agent's environment holds
-/// (`egress::AgentReach::env`): each one's request reaches the proxy, which refuses it.
+/// (`egress::AgentReach::env`): each one's request reaches the egress proxy, which refuses it.
 #[tokio::test]
-async fn git_npm_pip_and_cargo_go_through_the_proxy() {
-    let proxy = EgressProxy::start(Allowlist::default(), Upstream::default())
+async fn git_npm_pip_and_cargo_go_through_the_egress_proxy() {
+    let proxy = EgressProxy::start(Allowlist::default(), RunnerProxy::default())
         .await
         .unwrap();
     let scratch = tempfile::tempdir().unwrap();
@@ -472,7 +472,7 @@ async fn tunnels_past_the_cap_are_refused_and_a_closed_one_frees_its_slot() {
         }
     });
     let listed = Allowlist::parse(&format!("localhost:{port}")).unwrap();
-    let proxy = EgressProxy::start(listed, Upstream::default())
+    let proxy = EgressProxy::start(listed, RunnerProxy::default())
         .await
         .unwrap();
     let open = |()| {

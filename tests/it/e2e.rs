@@ -1366,7 +1366,7 @@ echo "== writer started"
             read_tool.contains("PermissionDenied: FileSystem.open (/proc/self/environ)"),
             "{read_tool}"
         );
-        // The real key reached the provider, through fro-bot's proxy only.
+        // The real key reached the provider, through fro-bot's key proxy only.
         let auth = world.llm.auth_headers();
         assert!(
             auth.iter()

@@ -1,8 +1,8 @@
-//! Enterprise networks (docs/security.md#egress-proxy-and-private-ca): comment-triggered runs where
-//! every service is reachable only through the runner's egress proxy. fro-bot's clients (GitHub's
-//! API, its git, the Actions cache, S3, the provider proxy's upstream) and OpenCode's own requests
-//! go through it; nothing meant for 127.0.0.1 (fro-bot's provider proxy, OpenCode's server) does.
-//! With a private CA, the same run over HTTPS (through the proxy's `CONNECT`), the services'
+//! Enterprise networks (docs/security.md#runner-proxy-and-private-ca): comment-triggered runs where
+//! every service is reachable only through the runner proxy. fro-bot's clients (GitHub's API, its
+//! git, the Actions cache, S3, the key proxy's upstream) and OpenCode's own requests go through
+//! it; nothing meant for 127.0.0.1 (fro-bot's key proxy, OpenCode's server) does. With a private
+//! CA, the same run over HTTPS (through the runner proxy's `CONNECT`), the services'
 //! certificate signed by a test CA the job trusts in one of the ways runners do.
 
 use serde_json::{json, Value};
@@ -11,8 +11,8 @@ use crate::e2e::scenarios::{main_step, with_s3, World};
 use crate::support::action::{
     chown_r, comment_event, explain, fresh_checkout, Job, Launch, StepResult,
 };
-use crate::support::egress::{named, EgressProxy};
 use crate::support::fake_llm::{request_text, Reply};
+use crate::support::fake_runner_proxy::{named, FakeRunnerProxy};
 use crate::support::tls::{TestCa, TlsFront};
 
 const RUNNER_UID: u32 = 1001;
@@ -35,7 +35,7 @@ fn llm_config_at(world: &World, base_url: &str) -> Value {
     config
 }
 
-/// How a test's services are reached: under `.test` names that only the proxy resolves, over
+/// How a test's services are reached: under `.test` names that only the runner proxy resolves, over
 /// HTTP, or over HTTPS through fronts holding the test CA's certificate.
 struct Reach<'a> {
     ca: Option<&'a TestCa>,
@@ -99,9 +99,9 @@ async fn job_behind(world: &World, reach: &mut Reach<'_>, run_id: u64, prefix: &
 }
 
 #[tokio::test]
-async fn behind_an_egress_proxy_everything_external_goes_through_it_and_nothing_loopback_does() {
+async fn behind_a_runner_proxy_everything_external_goes_through_it_and_nothing_loopback_does() {
     let world = World::start().await;
-    let proxy = EgressProxy::start().await;
+    let runner_proxy = FakeRunnerProxy::start().await;
     let mut reach = Reach::http();
     let page = reach
         .url(&web_page("page-through-the-proxy").await, "web.test")
@@ -116,9 +116,9 @@ async fn behind_an_egress_proxy_everything_external_goes_through_it_and_nothing_
     job.owned_by_runner_user(RUNNER_UID);
     world.github.seed_git_repo(&job.workspace());
     // What runners set, in either case; NO_PROXY without the loopback, which fro-bot must keep
-    // away from the proxy all the same.
-    job.set("http_proxy", proxy.url())
-        .set("HTTPS_PROXY", proxy.url())
+    // away from the runner proxy all the same.
+    job.set("http_proxy", runner_proxy.url())
+        .set("HTTPS_PROXY", runner_proxy.url())
         .set("no_proxy", "intranet.example");
 
     // Run 1: OpenCode fetches a page and changes a file; fro-bot commits it through the API.
@@ -140,7 +140,13 @@ async fn behind_an_egress_proxy_everything_external_goes_through_it_and_nothing_
         &comment_event(5, 501, "@fro-bot what does the page say?"),
     );
     let (mut job, first) = main_step(job).await;
-    assert_eq!(first.code, 0, "{}\n{:?}", explain(&first), proxy.summary());
+    assert_eq!(
+        first.code,
+        0,
+        "{}\n{:?}",
+        explain(&first),
+        runner_proxy.summary()
+    );
     assert_eq!(first.output("changes"), "delivered", "{}", explain(&first));
     assert_eq!(first.output("cache-save-result"), "durable");
     assert!(
@@ -153,7 +159,7 @@ async fn behind_an_egress_proxy_everything_external_goes_through_it_and_nothing_
     let fetched = request_text(&world.llm.requests()[1]);
     assert!(
         fetched.contains("page-through-the-proxy"),
-        "OpenCode fetched the page through the proxy: {fetched}"
+        "OpenCode fetched the page through the runner proxy: {fetched}"
     );
     let comments = world.github.created_comments();
     assert!(
@@ -175,7 +181,7 @@ async fn behind_an_egress_proxy_everything_external_goes_through_it_and_nothing_
         0,
         "{}\n{:?}",
         explain(&second),
-        proxy.summary()
+        runner_proxy.summary()
     );
     assert_eq!(second.output("cache-status"), "hit");
     fetched_the_branch(&world, &second);
@@ -188,15 +194,15 @@ async fn behind_an_egress_proxy_everything_external_goes_through_it_and_nothing_
         "web.test",
     ] {
         assert!(
-            proxy.count(host) > 0,
+            runner_proxy.count(host) > 0,
             "nothing for {host}: {:?}",
-            proxy.summary()
+            runner_proxy.summary()
         );
     }
     assert_eq!(
-        proxy.elsewhere(),
+        runner_proxy.elsewhere(),
         [],
-        "loopback traffic never goes to the proxy"
+        "loopback traffic never goes to the runner proxy"
     );
 }
 
@@ -223,12 +229,12 @@ enum Trust {
 
 /// A comment-triggered run in which every service (OpenCode's page included) is HTTPS with a
 /// certificate of a private CA the job trusts as `trust` says: everything connects, answers, saves,
-/// publishes and delivers the change, through the proxy; and a follow-up whose git fetch of the
+/// publishes and delivers the change, through the runner proxy; and a follow-up whose git fetch of the
 /// thread's branch trusts the CA too.
 async fn a_run_over_https_with_a_private_ca(trust: Trust, launch: Launch) {
     let ca = TestCa::new();
     let world = World::start_with(launch).await;
-    let proxy = EgressProxy::start().await;
+    let runner_proxy = FakeRunnerProxy::start().await;
     let mut reach = Reach::https(&ca);
     let page = reach
         .url(&web_page("page-behind-the-private-ca").await, "web.test")
@@ -239,7 +245,7 @@ async fn a_run_over_https_with_a_private_ca(trust: Trust, launch: Launch) {
     let prefix = crate::support::s3::unique_prefix("private-ca");
     let mut job = job_behind(&world, &mut reach, 3200, &prefix).await;
     allow_page(&mut job, &page);
-    job.set("https_proxy", proxy.url());
+    job.set("https_proxy", runner_proxy.url());
     job.owned_by_runner_user(RUNNER_UID);
     world.github.seed_git_repo(&job.workspace());
     trust_ca(&mut job, &ca, &trust);
@@ -258,7 +264,7 @@ async fn a_run_over_https_with_a_private_ca(trust: Trust, launch: Launch) {
     );
     let (mut job, r) = main_step(job).await;
 
-    assert_eq!(r.code, 0, "{}\n{:?}", explain(&r), proxy.summary());
+    assert_eq!(r.code, 0, "{}\n{:?}", explain(&r), runner_proxy.summary());
     assert_eq!(r.output("changes"), "delivered", "{}", explain(&r));
     let comments = world.github.created_comments();
     assert!(
@@ -286,17 +292,21 @@ async fn a_run_over_https_with_a_private_ca(trust: Trust, launch: Launch) {
         "llm.test",
         "web.test",
     ] {
-        let tunnels = proxy
+        let tunnels = runner_proxy
             .seen()
             .iter()
             .filter(|s| s.host == host && s.method == "CONNECT")
             .count();
-        assert!(tunnels > 0, "no tunnel to {host}: {:?}", proxy.summary());
+        assert!(
+            tunnels > 0,
+            "no tunnel to {host}: {:?}",
+            runner_proxy.summary()
+        );
     }
     assert_eq!(
-        proxy.elsewhere(),
+        runner_proxy.elsewhere(),
         [],
-        "loopback traffic never goes to the proxy"
+        "loopback traffic never goes to the runner proxy"
     );
 
     // A follow-up: fro-bot's own git fetches the thread's branch over HTTPS, trusting the CA as
@@ -351,15 +361,15 @@ async fn a_private_ca_in_the_system_trust_store_is_trusted_by_fro_bot_and_openco
 /// by fro-bot's own client (`net::external`, here the Actions cache's save), its git fetch of the
 /// thread's branch (`net::git_trust`), and OpenCode's fetch, each failing as
 /// docs/troubleshooting.md ("A private CA") says: a client that stopped checking certificates
-/// fails this. The handshakes fail: the proxy tunnelled to each, and nothing reached the services
-/// behind the certificate. GitHub's API and the provider stay on HTTP (through the proxy), so the
+/// fails this. The handshakes fail: the runner proxy tunnelled to each, and nothing reached the services
+/// behind the certificate. GitHub's API and the provider stay on HTTP (through the runner proxy), so the
 /// run gets to each of them in one run; S3 stays on HTTP too (its SDK's retries of the refused
 /// handshake would take some 20 s more), its client trusting what `net::external`'s does.
 #[tokio::test]
 async fn without_the_private_ca_fro_bot_and_opencode_refuse_its_certificates() {
     let ca = TestCa::new();
     let world = World::start().await;
-    let proxy = EgressProxy::start().await;
+    let runner_proxy = FakeRunnerProxy::start().await;
     let mut reach = Reach::https(&ca);
     let page = reach
         .url(&web_page("page-behind-an-untrusted-ca").await, "web.test")
@@ -378,8 +388,8 @@ async fn without_the_private_ca_fro_bot_and_opencode_refuse_its_certificates() {
         .set("GITHUB_SERVER_URL", git);
     let llm = named(&world.llm.base_url(), "llm.test");
     job.input("opencode-config", llm_config_at(&world, &llm).to_string());
-    job.set("HTTPS_PROXY", proxy.url())
-        .set("HTTP_PROXY", proxy.url())
+    job.set("HTTPS_PROXY", runner_proxy.url())
+        .set("HTTP_PROXY", runner_proxy.url())
         // The save's request is enough: each refused one is retried for some 9 s.
         .set("ACTIONS_CACHE_MODE", "write-only");
     job.owned_by_runner_user(RUNNER_UID);
@@ -420,12 +430,16 @@ async fn without_the_private_ca_fro_bot_and_opencode_refuse_its_certificates() {
     );
     // Each got as far as the handshake: tunnelled, and nothing arrived behind it.
     for host in ["cache.test", "github.test", "web.test"] {
-        let tunnels = proxy
+        let tunnels = runner_proxy
             .seen()
             .iter()
             .filter(|s| s.host == host && s.method == "CONNECT")
             .count();
-        assert!(tunnels > 0, "no tunnel to {host}: {:?}", proxy.summary());
+        assert!(
+            tunnels > 0,
+            "no tunnel to {host}: {:?}",
+            runner_proxy.summary()
+        );
     }
     assert!(world.cache.calls().is_empty(), "{:?}", world.cache.calls());
     assert!(

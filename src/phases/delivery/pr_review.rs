@@ -354,7 +354,7 @@ async fn thread_acts(gh: &GitHub, number: u64, draft: &Draft) -> ThreadActs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::review::diff::Side;
+    use crate::safe_outputs::proposals::Side;
 
     fn thread(author: &str, body: &str) -> Thread {
         Thread {

@@ -4,13 +4,13 @@
 //! proposal tools write to.
 
 use crate::config::safe_outputs::ChangesMode;
+use crate::opencode::config::ProposalTools;
 use crate::phases::delivery::pr_review::ReviewPrep;
 use crate::phases::run_context::{Admitted, Mode};
 use crate::runner::log;
 use crate::safe_outputs::branch::{self, Target, TargetInputs};
 use crate::safe_outputs::capture::{self, Base};
 use crate::safe_outputs::proposals::{OutputPolicy, ProposalsDir};
-use crate::tools::proposals::ProposalTools;
 
 /// What the run will do with the agent's file changes.
 #[derive(Debug)]

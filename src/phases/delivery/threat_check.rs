@@ -6,7 +6,7 @@
 //! asked at most once a run, and only when there is something to deliver.
 
 use crate::config::safe_outputs::ThreatMode;
-use crate::confine::proxy::ProxyPlan;
+use crate::confine::key_proxy::KeyProxyPlan;
 use crate::github::GitHub;
 use crate::opencode::client::error_chain;
 use crate::phases::run_context::Admitted;
@@ -234,7 +234,7 @@ impl<'a> ThreatCheck<'a> {
         let asking = Asking {
             model: judge_model(self.ctx, self.agent_run),
             listing: self.agent_run.providers.as_ref(),
-            keys: ProxyPlan::new(
+            keys: KeyProxyPlan::new(
                 &settings.auth,
                 settings.opencode_config.as_ref(),
                 &self.ctx.env,

@@ -17,7 +17,7 @@ use crate::opencode::{
 use crate::phases::run_context::{Admitted, Mode, RunLedger};
 use crate::runner::env;
 use crate::runner::{log, Cancellation, Env};
-use crate::tools::proposals::ProposalTools;
+use crate::opencode::config::ProposalTools;
 use crate::trust::{SessionTrust, TrustView};
 
 /// What the agent part of the run produced.

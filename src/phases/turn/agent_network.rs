@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::confine::landlock;
-use crate::egress::upstream::Upstream;
+use crate::egress::runner_proxy::RunnerProxy;
 use crate::egress::{AgentNetwork, AgentReach, EgressProxy, NetworkSettings};
 use crate::phases::run_context::{Admitted, RunLedger};
 use crate::runner::env;
@@ -37,7 +37,7 @@ pub(crate) async fn prepare(ctx: &Admitted) -> Result<AgentReach, String> {
     };
     let proxy = match settings.mode {
         AgentNetwork::Allowlist => Some(Arc::new(
-            EgressProxy::start(settings.allowed.clone(), Upstream::from_env(&ctx.env))
+            EgressProxy::start(settings.allowed.clone(), RunnerProxy::from_env(&ctx.env))
                 .await
                 .map_err(|e| format!("cannot start the agent's egress proxy: {e}"))?,
         )),

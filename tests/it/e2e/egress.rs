@@ -1,8 +1,8 @@
 //! The agent's network through the real OpenCode, from the action's image under Docker's default
 //! seccomp profile and capabilities, as the runner starts it (docs/security.md#the-agents-network).
-//! A scripted agent tries every way out it has: curl through the proxy to a listed host and to one
-//! nobody listed, a direct connection past the proxy, UDP, a name lookup, and OpenCode's own
-//! `webfetch`. The same rules on plain processes, and the proxy alone, are `agent_network::`.
+//! A scripted agent tries every way out it has: curl through the egress proxy to a listed host and to one
+//! nobody listed, a direct connection past the egress proxy, UDP, a name lookup, and OpenCode's own
+//! `webfetch`. The same rules on plain processes, and the egress proxy alone, are `agent_network::`.
 
 use std::time::Duration;
 
@@ -111,7 +111,7 @@ echo \"== env $HTTPS_PROXY $NO_PROXY\""
         line(out, "metadata").contains("host not on allowed-domains: 169.254.169.254:80"),
         "{out}"
     );
-    // Past the proxy: refused at once by the kernel, not a hang.
+    // Past the egress proxy: refused at once by the kernel, not a hang.
     for direct in ["direct", "direct-curl"] {
         let l = line(out, direct);
         assert!(
@@ -136,7 +136,7 @@ echo \"== env $HTTPS_PROXY $NO_PROXY\""
         udp.recv(&mut [0u8; 16]).is_err(),
         "no datagram left the agent"
     );
-    // OpenCode's own fetch goes through the proxy too.
+    // OpenCode's own fetch goes through the egress proxy too.
     assert!(results[1].contains("listed-page-body"), "{}", results[1]);
     assert!(results[2].contains("403"), "{}", results[2]);
 
@@ -177,7 +177,7 @@ pub async fn under_none_the_model_answers_and_the_agents_commands_have_no_networ
     let mut job = world.job(3400);
     job.owned_by_runner_user(1001);
     job.input("agent-network", "none");
-    // Every listening TCP port on the machine, fro-bot's provider proxy included: none connects.
+    // Every listening TCP port on the machine, fro-bot's key proxy included: none connects.
     let script = "ports=$(while read -r _ local _ st _; do [ \"$st\" = 0A ] && echo $((16#${local##*:})); done \
         < /proc/net/tcp | sort -un)
 tried=0; ok=0

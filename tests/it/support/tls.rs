@@ -1,6 +1,6 @@
 //! Test services: a private certificate authority and HTTPS fronts. The CA is made with `openssl`,
-//! as a company makes its own, and signs one certificate for the `.test` names the egress proxy
-//! resolves (`super::egress`). A front terminates TLS with that certificate and passes the bytes
+//! as a company makes its own, and signs one certificate for the `.test` names the runner proxy
+//! resolves (`super::fake_runner_proxy`). A front terminates TLS with that certificate and passes the bytes
 //! on to a plain service on 127.0.0.1.
 
 use std::net::SocketAddr;

@@ -1,4 +1,4 @@
-//! Test service: an egress proxy like a corporate one, on 127.0.0.1. It tunnels `CONNECT` and
+//! Test service: a runner proxy like a corporate one, on 127.0.0.1. It tunnels `CONNECT` and
 //! forwards absolute-form requests, and it alone resolves the `.test` names tests give their
 //! services (`github.test:<port>` is `127.0.0.1:<port>`), so a client that does not use it cannot
 //! reach them at all. Every request it gets is recorded; one for any other host (the runner's
@@ -25,13 +25,13 @@ pub struct Seen {
     pub port: u16,
 }
 
-pub struct EgressProxy {
+pub struct FakeRunnerProxy {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for EgressProxy {
+impl Drop for FakeRunnerProxy {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -42,8 +42,8 @@ pub fn named(url: &str, name: &str) -> String {
     url.replacen("127.0.0.1", name, 1)
 }
 
-impl EgressProxy {
-    pub async fn start() -> EgressProxy {
+impl FakeRunnerProxy {
+    pub async fn start() -> FakeRunnerProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -68,7 +68,7 @@ impl EgressProxy {
                 });
             }
         });
-        EgressProxy { addr, seen, task }
+        FakeRunnerProxy { addr, seen, task }
     }
 
     /// For `HTTPS_PROXY`/`HTTP_PROXY`.

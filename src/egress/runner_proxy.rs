@@ -1,15 +1,16 @@
-//! The runner's own proxy (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, either case; upper
-//! case wins): self-hosted runners often reach the outside only through one, so the egress proxy
-//! sends what it allows on through it, as fro-bot's own clients do (docs/security.md#egress-proxy-and-private-ca).
-//! Through it, names are resolved by the runner's proxy: the egress proxy still checks each name
-//! against the allowlist, and an address written as the host against [`super::address`].
+//! The runner proxy, the runner's own (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`, either
+//! case; upper case wins): self-hosted runners often reach the outside only through one, so the
+//! egress proxy sends what it allows on through it, as fro-bot's own clients do
+//! (docs/security.md#runner-proxy-and-private-ca). Through it, names are resolved by the runner
+//! proxy: the egress proxy still checks each name against the allowlist, and an address written as
+//! the host against [`super::address`].
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::runner::Env;
 
-/// One proxy of the runner's: `http://[user:password@]host:port`.
+/// One URL of the runner proxy: `http://[user:password@]host:port`.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ProxyUrl {
     pub host: String,
@@ -25,9 +26,9 @@ impl std::fmt::Debug for ProxyUrl {
     }
 }
 
-/// Where the runner's network sends the egress proxy's traffic.
+/// The runner proxy, as the egress proxy sends its traffic on through it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Upstream {
+pub struct RunnerProxy {
     /// For tunnels (`CONNECT`): `HTTPS_PROXY`, else `ALL_PROXY`.
     tunnel: Option<ProxyUrl>,
     /// For plain-HTTP requests: `HTTP_PROXY`, else `ALL_PROXY`.
@@ -42,11 +43,11 @@ fn first(env: &Env, names: [&str; 2]) -> Option<String> {
         .map(str::to_string)
 }
 
-impl Upstream {
-    /// The runner's proxies from the job's environment. A setting that is not an `http://` URL is
+impl RunnerProxy {
+    /// The runner proxy from the job's environment. A setting that is not an `http://` URL is
     /// left out with a warning: the egress proxy then connects directly, and fails closed where
-    /// the network allows only the runner's proxy.
-    pub fn from_env(env: &Env) -> Upstream {
+    /// the network allows only the runner proxy.
+    pub fn from_env(env: &Env) -> RunnerProxy {
         let parse = |names: [&str; 2]| {
             let raw = first(env, names)?;
             match parse_proxy_url(&raw) {
@@ -61,7 +62,7 @@ impl Upstream {
             }
         };
         let all = parse(["ALL_PROXY", "all_proxy"]);
-        Upstream {
+        RunnerProxy {
             tunnel: parse(["HTTPS_PROXY", "https_proxy"]).or_else(|| all.clone()),
             http: parse(["HTTP_PROXY", "http_proxy"]).or(all),
             no_proxy: first(env, ["NO_PROXY", "no_proxy"])
@@ -84,12 +85,12 @@ impl Upstream {
         })
     }
 
-    /// The runner's proxy for a tunnel to `host`, unless `NO_PROXY` names it.
+    /// The runner proxy for a tunnel to `host`, unless `NO_PROXY` names it.
     pub fn for_tunnel(&self, host: &str) -> Option<&ProxyUrl> {
         self.tunnel.as_ref().filter(|_| !self.bypassed(host))
     }
 
-    /// The runner's proxy for a plain-HTTP request to `host`, unless `NO_PROXY` names it.
+    /// The runner proxy for a plain-HTTP request to `host`, unless `NO_PROXY` names it.
     pub fn for_http(&self, host: &str) -> Option<&ProxyUrl> {
         self.http.as_ref().filter(|_| !self.bypassed(host))
     }
@@ -143,7 +144,7 @@ pub fn authority(host: &str, port: u16) -> String {
     }
 }
 
-/// A tunnel to `host:port` through the runner's proxy: `CONNECT`, and its `200`.
+/// A tunnel to `host:port` through the runner proxy: `CONNECT`, and its `200`.
 pub async fn tunnel(proxy: &ProxyUrl, host: &str, port: u16) -> std::io::Result<TcpStream> {
     let mut stream = TcpStream::connect((proxy.host.as_str(), proxy.port)).await?;
     let target = authority(host, port);
@@ -158,13 +159,13 @@ pub async fn tunnel(proxy: &ProxyUrl, host: &str, port: u16) -> std::io::Result<
     while !got.ends_with(b"\r\n\r\n") {
         if got.len() >= 16 * 1024 {
             return Err(std::io::Error::other(
-                "the runner's proxy sent an oversized answer",
+                "the runner proxy sent an oversized answer",
             ));
         }
         let mut byte = [0u8; 1];
         if stream.read(&mut byte).await? == 0 {
             return Err(std::io::Error::other(
-                "the runner's proxy closed the connection",
+                "the runner proxy closed the connection",
             ));
         }
         got.push(byte[0]);
@@ -174,7 +175,7 @@ pub async fn tunnel(proxy: &ProxyUrl, host: &str, port: u16) -> std::io::Result<
     if code != "200" {
         let line = status.lines().next().unwrap_or_default().to_string();
         return Err(std::io::Error::other(format!(
-            "the runner's proxy answered {line}"
+            "the runner proxy answered {line}"
         )));
     }
     Ok(stream)
@@ -190,14 +191,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_runners_proxies_are_read_upper_case_first_and_no_proxy_bypasses() {
+    fn the_runner_proxy_is_read_upper_case_first_and_no_proxy_bypasses_it() {
         let env = Env::from_pairs([
             ("HTTPS_PROXY", "http://u%40x:p%3Aw@proxy.corp:3128"),
             ("https_proxy", "http://other:1"),
             ("http_proxy", "proxy.corp:8080"),
             ("NO_PROXY", "intranet.example, .corp.example,*.svc"),
         ]);
-        let up = Upstream::from_env(&env);
+        let up = RunnerProxy::from_env(&env);
         let t = up.for_tunnel("github.com").unwrap();
         assert_eq!((t.host.as_str(), t.port), ("proxy.corp", 3128));
         assert_eq!(
@@ -223,6 +224,6 @@ mod tests {
             ("HTTPS_PROXY", "https://proxy.corp:443"),
             ("ALL_PROXY", "socks5://s:1"),
         ]);
-        assert_eq!(Upstream::from_env(&env), Upstream::default());
+        assert_eq!(RunnerProxy::from_env(&env), RunnerProxy::default());
     }
 }

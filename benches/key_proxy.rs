@@ -1,7 +1,7 @@
-//! Benchmark: the provider proxy's cost. The scripted fake LLM streams a long answer (16-byte
-//! deltas, one SSE event each — a "token" here); the same requests go straight to it and through
-//! `fro-bot`'s proxy (`src/confine/proxy.rs`), alternating, and both rates are printed side by
-//! side with the time to the first event. Knobs: FRO_BOT_BENCH_TOKENS (events per answer,
+//! Benchmark: the key proxy's cost. The scripted fake LLM streams a long answer (16-byte deltas,
+//! one SSE event each — a "token" here); the same requests go straight to it and through
+//! `fro-bot`'s key proxy (`src/confine/key_proxy.rs`), alternating, and both rates are printed side
+//! by side with the time to the first event. Knobs: FRO_BOT_BENCH_TOKENS (events per answer,
 //! default 4000), FRO_BOT_BENCH_RUNS (requests per path, default 20).
 
 #[path = "../tests/it/support/mod.rs"]
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 
-use fro_bot::confine::proxy::{Proxy, ProxyPlan};
+use fro_bot::confine::key_proxy::{KeyProxy, KeyProxyPlan};
 use fro_bot::runner::Env;
 use support::fake_llm::{FakeLlm, Reply};
 
@@ -58,8 +58,8 @@ fn main() {
         let user: Map<String, Value> = serde_json::from_value(json!({"provider": {"fake": {
             "options": {"baseURL": llm.base_url(), "apiKey": "sk-bench"}}}}))
         .expect("object");
-        let plan = ProxyPlan::new(&Map::new(), Some(&user), &Env::default());
-        let proxy = Proxy::start(plan.routes.clone()).await.expect("proxy");
+        let plan = KeyProxyPlan::new(&Map::new(), Some(&user), &Env::default());
+        let proxy = KeyProxy::start(plan.routes.clone()).await.expect("proxy");
         let http = reqwest::Client::new();
         let paths = [
             ("direct", llm.base_url()),
@@ -78,7 +78,7 @@ fn main() {
                 totals[i].2 += total;
             }
         }
-        println!("provider proxy: {runs} streamed answers of ~{tokens} events each, per path");
+        println!("key proxy: {runs} streamed answers of ~{tokens} events each, per path");
         println!(
             "{:<8} {:>14} {:>16} {:>14}",
             "path", "events/s", "first event ms", "answer ms"

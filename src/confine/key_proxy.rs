@@ -1,4 +1,4 @@
-//! The provider proxy: the agent holds no LLM key. fro-bot serves each provider's API on
+//! The key proxy: the agent holds no LLM key. fro-bot serves each provider's API on
 //! 127.0.0.1 and adds the real credential to every request; OpenCode's config points the
 //! provider's `baseURL` at `http://127.0.0.1:<port>/p/<provider>` and carries a placeholder key.
 //! Requests are forwarded only to that provider's configured upstream (a path cannot change the
@@ -116,7 +116,7 @@ impl std::fmt::Debug for Route {
 
 /// Which providers go through the proxy and which cannot.
 #[derive(Debug, Default)]
-pub struct ProxyPlan {
+pub struct KeyProxyPlan {
     pub routes: Vec<Route>,
     /// `auth-json` entries the proxy cannot carry: still given to OpenCode.
     pub auth_passthrough: Map<String, Value>,
@@ -141,94 +141,107 @@ fn resolve_key(raw: &str, env: &Env) -> Option<String> {
     }
 }
 
-impl ProxyPlan {
+/// Every provider that may hold a key, once each: those in `auth-json`, those the user's config
+/// names, and the known ones whose key variable is set.
+fn provider_ids(
+    auth: &Map<String, Value>,
+    providers: Option<&Map<String, Value>>,
+    env: &Env,
+) -> Vec<String> {
+    let mut ids: Vec<String> = auth.keys().cloned().collect();
+    ids.extend(providers.into_iter().flat_map(|p| p.keys().cloned()));
+    for (id, _, _, vars) in KNOWN {
+        if vars.iter().any(|v| env.get(v).is_some()) {
+            ids.push(id.to_string());
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    ids.retain(|id| seen.insert(id.clone()));
+    ids
+}
+
+/// A provider's API key: its `auth-json` entry's, else `options.apiKey` in the user's config, else
+/// a known provider's key variable; never an empty one.
+fn api_key(
+    entry: Option<&Value>,
+    cfg: Option<&Value>,
+    known: Option<&(&str, &str, AuthStyle, &[&str])>,
+    env: &Env,
+) -> Option<String> {
+    str_at(entry, &["key"])
+        .map(str::to_string)
+        .or_else(|| str_at(cfg, &["options", "apiKey"]).and_then(|k| resolve_key(k, env)))
+        .or_else(|| known.and_then(|k| k.3.iter().find_map(|v| env.get(v).map(str::to_string))))
+        .filter(|k| !k.is_empty())
+}
+
+impl KeyProxyPlan {
     /// From `auth-json`, the user's `opencode-config` and the provider key variables.
     pub fn new(auth: &Map<String, Value>, user: Option<&Map<String, Value>>, env: &Env) -> Self {
         let providers = user
             .and_then(|u| u.get("provider"))
             .and_then(Value::as_object);
-        let mut ids: Vec<String> = auth.keys().cloned().collect();
-        ids.extend(providers.into_iter().flat_map(|p| p.keys().cloned()));
-        for (id, _, _, vars) in KNOWN {
-            if vars.iter().any(|v| env.get(v).is_some()) {
-                ids.push(id.to_string());
-            }
-        }
-        let mut seen = std::collections::BTreeSet::new();
-        ids.retain(|id| seen.insert(id.clone()));
-
-        let mut plan = ProxyPlan::default();
-        for id in ids {
+        let mut plan = KeyProxyPlan::default();
+        for id in provider_ids(auth, providers, env) {
             let cfg = providers.and_then(|p| p.get(&id));
-            let known = KNOWN.iter().find(|k| k.0 == id);
             let entry = auth.get(&id);
-            let entry_type = str_at(entry, &["type"]);
-            if CLOUD_SIGNED.contains(&id.as_str()) {
-                if let Some(e) = entry {
-                    plan.auth_passthrough.insert(id.clone(), e.clone());
-                }
-                plan.visible.push((
-                    id,
-                    "cloud-signed requests: the proxy cannot add their credentials".into(),
-                ));
-                continue;
-            }
-            if entry.is_some() && entry_type != Some("api") {
-                if let Some(e) = entry {
-                    plan.auth_passthrough.insert(id.clone(), e.clone());
-                }
-                plan.visible.push((
-                    id,
-                    format!(
-                        "{} credentials: passed to OpenCode as they are",
-                        entry_type.unwrap_or("untyped")
-                    ),
-                ));
-                continue;
-            }
-            let key = str_at(entry, &["key"])
-                .map(str::to_string)
-                .or_else(|| str_at(cfg, &["options", "apiKey"]).and_then(|k| resolve_key(k, env)))
-                .or_else(|| {
-                    known.and_then(|k| k.3.iter().find_map(|v| env.get(v).map(str::to_string)))
-                });
-            let Some(key) = key.filter(|k| !k.is_empty()) else {
-                continue;
-            };
-            let upstream = str_at(cfg, &["options", "baseURL"])
-                .or(known.map(|k| k.1))
-                .and_then(|u| Url::parse(u.trim_end_matches('/')).ok())
-                .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
-            let Some(upstream) = upstream else {
-                if let Some(e) = entry {
-                    plan.auth_passthrough.insert(id.clone(), e.clone());
-                }
-                plan.visible.push((
-                    id,
-                    "no known API address to proxy (set options.baseURL in opencode-config)".into(),
-                ));
-                continue;
-            };
-            let npm = str_at(cfg, &["npm"]).unwrap_or("");
-            let style = match known {
-                Some(k) => k.2,
-                None if npm == "@ai-sdk/anthropic" => AuthStyle::XApiKey,
-                None if npm == "@ai-sdk/google" => AuthStyle::Google,
-                None => AuthStyle::Bearer,
-            };
-            crate::runner::log::add_mask(&key);
-            plan.routes.push(Route {
-                id,
-                upstream,
-                style,
-                key,
-            });
+            plan.add(id, entry, cfg, env);
         }
         plan
     }
 
+    /// Provider `id` (its `auth-json` entry, its `opencode-config` entry): routed through the
+    /// proxy when it has an API key and a known API address, else passed to OpenCode as it is and
+    /// named as visible; a provider with no key at all is left to OpenCode.
+    fn add(&mut self, id: String, entry: Option<&Value>, cfg: Option<&Value>, env: &Env) {
+        let entry_type = str_at(entry, &["type"]);
+        if CLOUD_SIGNED.contains(&id.as_str()) {
+            let why = "cloud-signed requests: the proxy cannot add their credentials";
+            return self.pass_through(id, entry, why.into());
+        }
+        if entry.is_some() && entry_type != Some("api") {
+            let kind = entry_type.unwrap_or("untyped");
+            let why = format!("{kind} credentials: passed to OpenCode as they are");
+            return self.pass_through(id, entry, why);
+        }
+        let known = KNOWN.iter().find(|k| k.0 == id);
+        let Some(key) = api_key(entry, cfg, known, env) else {
+            return;
+        };
+        let upstream = str_at(cfg, &["options", "baseURL"])
+            .or(known.map(|k| k.1))
+            .and_then(|u| Url::parse(u.trim_end_matches('/')).ok())
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+        let Some(upstream) = upstream else {
+            let why = "no known API address to proxy (set options.baseURL in opencode-config)";
+            return self.pass_through(id, entry, why.into());
+        };
+        let style = match (known, str_at(cfg, &["npm"]).unwrap_or("")) {
+            (Some(k), _) => k.2,
+            (None, "@ai-sdk/anthropic") => AuthStyle::XApiKey,
+            (None, "@ai-sdk/google") => AuthStyle::Google,
+            (None, _) => AuthStyle::Bearer,
+        };
+        crate::runner::log::add_mask(&key);
+        self.routes.push(Route {
+            id,
+            upstream,
+            style,
+            key,
+        });
+    }
+
+    /// A provider the proxy cannot carry: its `auth-json` entry still goes to OpenCode, and the
+    /// summary names it as visible to the agent, saying `why`.
+    fn pass_through(&mut self, id: String, entry: Option<&Value>, why: String) {
+        if let Some(e) = entry {
+            self.auth_passthrough.insert(id.clone(), e.clone());
+        }
+        self.visible.push((id, why));
+    }
+
     /// The config layer that points the routed providers at the proxy (merged last: it wins).
-    pub fn config_overrides(&self, proxy: &Proxy) -> Value {
+    pub fn config_overrides(&self, proxy: &KeyProxy) -> Value {
         let mut providers = Map::new();
         for r in &self.routes {
             providers.insert(
@@ -246,12 +259,12 @@ pub const UNREACHABLE: &str = "the provider is unreachable";
 
 /// The running proxy; stops when dropped.
 #[derive(Debug)]
-pub struct Proxy {
+pub struct KeyProxy {
     addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for Proxy {
+impl Drop for KeyProxy {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -262,8 +275,8 @@ struct State {
     http: reqwest::Client,
 }
 
-impl Proxy {
-    pub async fn start(routes: Vec<Route>) -> std::io::Result<Proxy> {
+impl KeyProxy {
+    pub async fn start(routes: Vec<Route>) -> std::io::Result<KeyProxy> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let http = crate::net::external()
@@ -289,7 +302,7 @@ impl Proxy {
                 });
             }
         });
-        Ok(Proxy { addr, task })
+        Ok(KeyProxy { addr, task })
     }
 
     /// Its port: the agent's Landlock domain lets OpenCode connect to it (`crate::confine::network`).
@@ -409,7 +422,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
     let resp = match upstream.send().await {
         Ok(r) => r,
         Err(e) => {
-            tracing::warn!("provider proxy: {} unreachable: {e}", route.id);
+            tracing::warn!("key proxy: {} unreachable: {e}", route.id);
             return plain(StatusCode::BAD_GATEWAY, UNREACHABLE);
         }
     };
@@ -474,7 +487,7 @@ mod tests {
         }}))
         .unwrap();
         let env = Env::from_pairs([("MY_KEY", "sk-mine"), ("GROQ_API_KEY", "gsk")]);
-        let plan = ProxyPlan::new(&auth, Some(&user), &env);
+        let plan = KeyProxyPlan::new(&auth, Some(&user), &env);
         let routes: Vec<(&str, &str, AuthStyle, &str)> = plan
             .routes
             .iter()

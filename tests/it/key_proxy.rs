@@ -1,4 +1,4 @@
-//! The provider proxy (`src/confine/proxy.rs`) in front of the scripted fake LLM: the real key is
+//! The key proxy (`src/confine/key_proxy.rs`) in front of the scripted fake LLM: the real key is
 //! added, the agent's own credential never reaches the provider, streams pass through as they
 //! arrive, and no path reaches another host.
 
@@ -7,18 +7,18 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{json, Map, Value};
 
-use fro_bot::confine::proxy::{Proxy, ProxyPlan, PLACEHOLDER_KEY};
+use fro_bot::confine::key_proxy::{KeyProxy, KeyProxyPlan, PLACEHOLDER_KEY};
 use fro_bot::runner::Env;
 
 use crate::support::fake_llm::{FakeLlm, Reply};
 
-async fn proxied(llm: &FakeLlm) -> (Proxy, String) {
+async fn proxied(llm: &FakeLlm) -> (KeyProxy, String) {
     let user: Map<String, Value> = serde_json::from_value(json!({"provider": {"fake": {
         "npm": "@ai-sdk/openai-compatible",
         "options": {"baseURL": llm.base_url(), "apiKey": "sk-real-key"}}}}))
     .unwrap();
-    let plan = ProxyPlan::new(&Map::new(), Some(&user), &Env::default());
-    let proxy = Proxy::start(plan.routes.clone()).await.unwrap();
+    let plan = KeyProxyPlan::new(&Map::new(), Some(&user), &Env::default());
+    let proxy = KeyProxy::start(plan.routes.clone()).await.unwrap();
     let base = proxy.base_url("fake");
     (proxy, base)
 }
