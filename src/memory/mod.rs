@@ -14,6 +14,7 @@ pub mod guard;
 pub mod merge;
 pub mod project_identity;
 pub mod publish;
+pub mod repair;
 pub mod report;
 pub mod restore;
 pub mod sanitize;
