@@ -178,6 +178,7 @@ async fn take_turn(
     // The agent is stopped (and everything it left running killed) before .git is put back and
     // its change read.
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
+    crate::phases::turn::cut::repair(ctx, &agent_run, stopped).await;
     crate::phases::turn::network::record(ctx);
     leftovers::put_back(ctx, guards, &agent_run);
     if !ctx.cancel.is_cancelled() {
@@ -265,6 +266,9 @@ async fn restore_memory(
         }
         merged.join_trust_into(&mut restored.trust);
     }
+    // Before OpenCode starts, and before the memory guard's copy: what an earlier run cut short.
+    let repaired = crate::memory::repair::after_restore(ctx.paths.db()).await;
+    ctx.report.cut_turns.push(repaired);
     ctx.report.restore = Some(restored.clone());
     ctx.report.record_phase("restore", t.elapsed());
     match project_identity::align(&ctx.workspace, &ctx.paths.db()) {
