@@ -9,6 +9,10 @@ use crate::phases::context::RunContext;
 use crate::phases::turn::agent::AgentRun;
 use crate::phases::turn::cleanup::Stopped;
 
+/// Under a signal, the repair runs only while this much of the budget is left: the save comes
+/// first, and what is saved unrepaired the next run's restore repairs (as an earlier run's).
+const SAVE_RESERVE: std::time::Duration = std::time::Duration::from_millis(1500);
+
 /// Repairs what the turn left, when OpenCode is known to have stopped writing; the outcome goes
 /// to the summary.
 pub(crate) async fn repair(ctx: &mut RunContext, agent_run: &AgentRun, stopped: Stopped) {
@@ -27,6 +31,16 @@ pub(crate) async fn repair(ctx: &mut RunContext, agent_run: &AgentRun, stopped: 
         .cloned()
         .collect();
     if sessions.is_empty() {
+        return;
+    }
+    if ctx
+        .cancel
+        .remaining()
+        .is_some_and(|left| left < SAVE_RESERVE)
+    {
+        tracing::info!(
+            "the turn cut short is left for the next run to repair: the save comes first"
+        );
         return;
     }
     let reason = reason(agent_run.outcome.as_ref());
