@@ -279,6 +279,29 @@ fn a_command_opencode_recorded_as_user_aborted_under_frobots_abort_is_an_unknown
 }
 
 #[test]
+fn an_older_open_answer_behind_a_newer_turn_is_completed_too() {
+    let mut c = db();
+    session(&c, "ses_a", None);
+    user(&c, "msg_u1", "ses_a", 100);
+    killed_answer(&c, "msg_a1", "ses_a", 110);
+    part(&c, "prt_1", "msg_a1", "ses_a", 120, &running_bash("x", 115));
+    // A later run asked again and was answered; the old answer is still open.
+    user(&c, "msg_u2", "ses_a", 200);
+    let done = json!({"role": "assistant", "time": {"created": 210, "completed": 220}});
+    message(&c, "msg_a2", "ses_a", 210, &done.to_string());
+    let report = repaired(&mut c, Scope::Whole, Interruption::EarlierRun);
+    assert_eq!(report.turns.len(), 1);
+    assert_eq!(report.turns[0].message_id, "msg_a1");
+    assert!(report.turns[0].superseded);
+    assert_eq!(data(&c, "message", "msg_a1")["time"]["completed"], 120);
+    assert_eq!(
+        data(&c, "message", "msg_a2"),
+        done,
+        "the newer answer is as it was"
+    );
+}
+
+#[test]
 fn opencodes_own_aborted_call_with_a_partial_output_is_not_shown_as_its_result() {
     let mut c = db();
     session(&c, "ses_a", None);

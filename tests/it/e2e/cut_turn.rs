@@ -49,7 +49,13 @@ async fn signalled_during_the_command(world: &World, job: Job, signal: i32) -> (
 /// Ends the sleeping command (nothing does after a SIGKILL of the step), by its own pid.
 fn end_command(ws: &Path) {
     let pid = std::fs::read_to_string(ws.join("cmd.pid")).unwrap_or_default();
-    if let Ok(pid) = pid.trim().parse::<i32>() {
+    let Ok(pid) = pid.trim().parse::<i32>() else {
+        return;
+    };
+    // Only while that pid is still the command's sleep (OpenCode may have ended it, and the pid
+    // been reused since).
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    if cmdline.starts_with(b"sleep\0") {
         // SAFETY: a plain syscall, on the pid this test's own command wrote.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
