@@ -15,6 +15,7 @@ pub mod ledger;
 pub mod merge;
 pub mod project_identity;
 pub mod publish;
+pub mod repair;
 pub mod report;
 pub mod restore;
 pub mod sanitize;

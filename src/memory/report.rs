@@ -146,6 +146,8 @@ pub struct PersistenceReport {
     pub network: Option<String>,
     /// What became of the links in the agent's posted text (`outbound::summary_row`).
     pub links: Option<String>,
+    /// Turns cut short, repaired after the restore and after this run's turn (`memory::repair`).
+    pub cut_turns: Vec<crate::memory::repair::RepairOutcome>,
 }
 
 impl Default for PersistenceReport {
@@ -164,6 +166,7 @@ impl Default for PersistenceReport {
             delivery_answer: None,
             network: None,
             links: None,
+            cut_turns: Vec::new(),
         }
     }
 }
@@ -206,6 +209,9 @@ impl PersistenceReport {
         }
         if let Some(s) = &self.scrub {
             rows.push(vec!["Secrets scrubbed".into(), s.describe()]);
+        }
+        if let Some(line) = crate::memory::repair::summary_line(&self.cut_turns) {
+            rows.push(vec!["Turn cut short".into(), line]);
         }
         if let Some(n) = &self.network {
             rows.push(vec!["Network".into(), n.clone()]);
@@ -304,6 +310,7 @@ mod tests {
             delivery_answer: None,
             network: Some("allowlist (`node`): allowed no request; refused none".into()),
             links: Some("1 made inert".into()),
+            cut_turns: Vec::new(),
         };
         report.record_phase("restore", Duration::from_millis(1500));
         let md = report.to_markdown("Session Persistence");

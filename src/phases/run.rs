@@ -228,6 +228,7 @@ async fn take_turn(
     // The agent is stopped (and everything it left running killed) before .git is put back and
     // its change read.
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
+    crate::phases::turn::cut::repair(ctx, &mut run.ledger.report, &agent_run, &stopped).await;
     crate::phases::turn::agent_network::record(&ctx.settings.network, run);
     leftovers::put_back(ctx, &mut run.ledger, guards, &agent_run);
     if !ctx.cancel.is_cancelled() {
@@ -319,6 +320,9 @@ async fn restore_memory(
         }
         merged.join_trust_into(&mut restored.trust);
     }
+    // Before OpenCode starts, and before the memory guard's copy: what an earlier run cut short.
+    let repaired = crate::memory::repair::after_restore(ctx.paths.db()).await;
+    ledger.report.cut_turns.push(repaired);
     ledger.report.restore = Some(restored.clone());
     ledger.report.record_phase("restore", t.elapsed());
     match project_identity::align(&ctx.workspace, &ctx.paths.db()) {

@@ -1856,6 +1856,7 @@ pub(crate) mod threat;
 pub(crate) mod enterprise;
 
 pub(crate) mod cancel;
+mod cut_turn;
 pub(crate) mod egress;
 pub(crate) mod leftovers;
 pub(crate) mod links;

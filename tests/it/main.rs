@@ -10,6 +10,7 @@ mod experience;
 mod fake_review;
 mod github;
 mod inputs;
+mod interrupted;
 mod key_proxy;
 mod lease;
 mod merge;

@@ -1,8 +1,10 @@
 //! The agent's turn: its network (`agent_network`), what it leaves behind (`leftovers`, with the
-//! `.git` and home `guards`), the turn itself (`agent`) and stopping it (`cleanup`).
+//! `.git` and home `guards`), the turn itself (`agent`), stopping it (`cleanup`) and repairing
+//! what a stopped turn left in memory (`cut`).
 
 pub mod agent;
 pub mod agent_network;
 pub mod cleanup;
+pub mod cut;
 pub mod guards;
 pub mod leftovers;
