@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod locate;
+pub mod mentions;
 pub mod preflight;
 pub mod prep;
 pub mod progress;
@@ -117,6 +118,11 @@ impl Isolation {
         self.data_home.join("opencode")
     }
 
+    /// OpenCode's session database (read while it runs only by the prior-work search).
+    pub fn database(&self) -> PathBuf {
+        self.data_dir().join("opencode.db")
+    }
+
     /// The directories OpenCode writes: handed to the agent's uid for the turn.
     pub fn opencode_dirs(&self) -> Vec<PathBuf> {
         vec![
@@ -195,6 +201,8 @@ pub struct AgentOptions {
 pub struct Agent {
     server: Server,
     client: Client,
+    /// OpenCode's database: the prior-work search reads which sessions mention its terms there.
+    database: PathBuf,
     now_ms: fn() -> i64,
     /// Where [`record_taken`] wrote; cleared once everything is given back.
     state: Option<FileCommands>,
@@ -551,6 +559,7 @@ impl Agent {
         Ok(Agent {
             server,
             client,
+            database: opts.dirs.database(),
             now_ms: opts.now_ms,
             state: opts.state.clone(),
             confinement: Confinement {
@@ -612,7 +621,7 @@ impl Agent {
         exclude: &[&str],
         view: &crate::trust::TrustView,
     ) -> Result<prep::PriorWork, ApiError> {
-        prep::prior_work(&self.client, terms, exclude, view).await
+        prep::prior_work(&self.client, Some(&self.database), terms, exclude, view).await
     }
 
     pub async fn run_turn(
@@ -634,7 +643,8 @@ impl Agent {
         retention: usize,
         protect: &[&str],
     ) -> Result<prune::PruneReport, ApiError> {
-        prune::prune(&self.client, (self.now_ms)(), retention, protect).await
+        let bounds = prune::Bounds::default();
+        prune::prune(&self.client, (self.now_ms)(), retention, protect, bounds).await
     }
 
     /// Whether the session (or any session) is still working; ask after requesting shutdown of the
