@@ -84,12 +84,14 @@ fn copy_db(db: &Path, to: &Path) -> std::io::Result<()> {
 /// scrubbed, `own` trees are scrubbed before they are written into it, so nothing in the rebuilt
 /// file ever held a secret and the save scrubs only those trees (`Provenance`).
 /// Also records the messages the turn wrote and its thread's session (`RunContext::own_rows`),
-/// which only this run's database holds.
+/// which only this run's database holds. The trees cleanup `pruned` stay deleted when the copy
+/// too says they are past the window ([`pruned_in_copy`]).
 pub(crate) fn put_back(
     ctx: &mut RunContext,
     before: Before,
     own: &[&str],
     thread: Option<(String, String)>,
+    pruned: &[String],
 ) {
     let scrubbed_base = ctx.provenance == Provenance::Scrubbed;
     // Anything but a rebuild from scrubbed memory leaves the save to scrub the whole database.
@@ -105,7 +107,10 @@ pub(crate) fn put_back(
     let db = ctx.paths.db();
     let own: BTreeSet<String> = own.iter().map(|s| s.to_string()).collect();
     let prescrubbed = scrubbed_base && prescrub(&db, &own);
-    let (note, rebuilt) = rebuild(&guard, &db, &own);
+    let retention = ctx.settings.session_retention as usize;
+    let mut taken = own.clone();
+    taken.extend(pruned_in_copy(&guard.copy, pruned, retention, &own));
+    let (note, rebuilt) = rebuild(&guard, &db, &taken);
     if let Some(note) = note {
         log::warning(&note);
         ctx.report.confinement.push(note);
@@ -115,6 +120,38 @@ pub(crate) fn put_back(
     }
     record_own_rows(ctx, Some(&guard.copy), thread);
     ctx.set_state(state::MEMORY_GUARD, "");
+}
+
+/// The sessions cleanup pruned that the restored copy, too, plans to prune: the rebuild takes their
+/// deletion. Planned on the copy, which the agent could not touch, so a conversation the agent
+/// made look old in the database is put back, not lost (docs/persistence.md#every-thread-resumes).
+fn pruned_in_copy(
+    copy: &Path,
+    pruned: &[String],
+    retention: usize,
+    protect: &BTreeSet<String>,
+) -> Vec<String> {
+    if pruned.is_empty() {
+        return Vec::new();
+    }
+    let protect: Vec<&str> = protect.iter().map(String::as_str).collect();
+    let now = crate::opencode::system_now_ms();
+    match crate::opencode::prune::plan_in(copy, now, retention, &protect) {
+        Ok(plan) => {
+            let planned: BTreeSet<&String> = plan.delete.iter().collect();
+            pruned
+                .iter()
+                .filter(|id| planned.contains(id))
+                .cloned()
+                .collect()
+        }
+        Err(e) => {
+            tracing::warn!(
+                "this run's pruning is not kept: the restored memory cannot be read: {e}"
+            );
+            Vec::new()
+        }
+    }
 }
 
 /// The messages the database holds now and did not before the turn (`before`: its copy; `None`:

@@ -179,7 +179,7 @@ async fn take_turn(
     // its change read.
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
     crate::phases::turn::network::record(ctx);
-    leftovers::put_back(ctx, guards, &agent_run);
+    leftovers::put_back(ctx, guards, &agent_run, &stopped.pruned);
     if !ctx.cancel.is_cancelled() {
         if let Some(usage) = deliver_outputs(ctx, &outputs, &agent_run).await {
             add_threat_usage(ctx, &mut agent_run, usage);
@@ -530,6 +530,7 @@ async fn cleanup_and_save(
         agent_still_running,
         quiescent,
         strays_remained,
+        pruned: _,
     } = stopped;
     let save_key = ctx.keys.save_key();
     let restore_keys = ctx.keys.restore_prefixes();

@@ -39,8 +39,13 @@ pub(crate) fn take(ctx: &RunContext) -> Leftovers {
 }
 
 /// After the turn, once the agent's processes are gone: `.git` put back, the home given back, and
-/// memory limited to this run's own conversation.
-pub(crate) fn put_back(ctx: &mut RunContext, guards: Leftovers, agent_run: &AgentRun) {
+/// memory limited to this run's own conversation and what cleanup `pruned`.
+pub(crate) fn put_back(
+    ctx: &mut RunContext,
+    guards: Leftovers,
+    agent_run: &AgentRun,
+    pruned: &[String],
+) {
     git_guard::put_back(ctx, guards.git);
     home_guard::give_back(ctx, guards.home.as_ref());
     let own: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
@@ -51,7 +56,7 @@ pub(crate) fn put_back(ctx: &mut RunContext, guards: Leftovers, agent_run: &Agen
         .session_id
         .clone()
         .map(|id| (ctx.plan.logical_key.as_str().to_string(), id));
-    memory_guard::put_back(ctx, guards.memory, &own, thread);
+    memory_guard::put_back(ctx, guards.memory, &own, thread, pruned);
 }
 
 /// Post: gives back what a killed main took from the runner's user for the turn besides its home
