@@ -379,4 +379,90 @@ mod tests {
             "this run's turn is kept"
         );
     }
+
+    /// Cleanup pruned two old trees and a recent conversation the agent had made look old in the
+    /// database: the rebuild keeps the old trees deleted and puts the recent one back.
+    #[test]
+    fn only_pruning_the_restored_copy_agrees_with_stays() {
+        const DAY: i64 = 86_400_000;
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("opencode.db");
+        let now = crate::opencode::system_now_ms();
+        {
+            let c = Connection::open(&db).unwrap();
+            c.execute_batch(include_str!(
+                "../../tests/it/fixtures/opencode-1.18.33-schema.sql"
+            ))
+            .unwrap();
+            c.execute_batch(
+                "INSERT INTO project (id, worktree, time_created, time_updated, sandboxes) \
+                 VALUES ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', '/ws', 1, 1, '[]');",
+            )
+            .unwrap();
+            for (id, age) in [
+                ("ses_old", 40),
+                ("ses_child", 1),
+                ("ses_recent", 1),
+                ("ses_mine", 90),
+            ] {
+                session(&c, id, "{}");
+                c.execute(
+                    "UPDATE session SET time_updated = ?1 WHERE id = ?2",
+                    rusqlite::params![now - age * DAY, id],
+                )
+                .unwrap();
+            }
+            c.execute(
+                "UPDATE session SET parent_id = 'ses_old' WHERE id = 'ses_child'",
+                [],
+            )
+            .unwrap();
+        }
+        let kept = tempfile::tempdir().unwrap();
+        let copy = kept.path().join("opencode.db");
+        copy_db(&db, &copy).unwrap();
+        let guard = MemoryGuard {
+            snapshot: Snapshot::capture(&copy).unwrap(),
+            _dir: kept,
+            copy,
+        };
+        // What OpenCode's deletions left: the agent had dated `ses_recent` 1970, so it went too.
+        let c = Connection::open(&db).unwrap();
+        for table in ["part", "message", "session"] {
+            let key = if table == "session" {
+                "id"
+            } else {
+                "session_id"
+            };
+            c.execute(
+                &format!(
+                    "DELETE FROM {table} WHERE {key} IN ('ses_child', 'ses_old', 'ses_recent')"
+                ),
+                [],
+            )
+            .unwrap();
+        }
+        drop(c);
+        let pruned: Vec<String> = ["ses_child", "ses_old", "ses_recent"]
+            .map(String::from)
+            .to_vec();
+        let own: BTreeSet<String> = ["ses_mine".to_string()].into();
+        let taken = pruned_in_copy(&guard.copy, &pruned, 0, &own);
+        assert_eq!(taken, ["ses_child", "ses_old"]);
+        let mut all = own.clone();
+        all.extend(taken);
+        let (note, rebuilt) = rebuild(&guard, &db, &all);
+        assert!(rebuilt, "{note:?}");
+        assert!(note.is_some_and(|n| n.contains("ses_recent")), "put back");
+        let left: Vec<String> = Connection::open(&db)
+            .unwrap()
+            .prepare("SELECT id FROM session ORDER BY id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(left, ["ses_mine", "ses_recent"]);
+        assert!(pruned_in_copy(&guard.copy, &[], 0, &own).is_empty());
+    }
 }

@@ -7,6 +7,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use serde_json::Value;
+
 use super::scenarios::{main_step, post_step, World};
 use crate::support::action::{comment_event, explain, Job};
 use crate::support::fake_llm::{request_text, Reply};
@@ -144,7 +146,7 @@ async fn the_oldest_thread_resumes_old_sessions_are_pruned_and_prior_work_is_fou
         "{}",
         explain(&second)
     );
-    let asked = request_text(&world.llm.requests().last().cloned().unwrap());
+    let asked = world.llm.requests().last().cloned().unwrap();
     let broken = broken_promises(second.output("session-id"), &asked, &grown, &db);
     assert!(
         broken.is_empty(),
@@ -182,23 +184,31 @@ async fn a_thread_and_thousands_newer(world: &World) -> (Job, Grown) {
     (job, grown)
 }
 
+/// Whether the model's request holds, as an assistant turn of its history, an answer saying
+/// `words` (the issue's comments quote fro-bot's answers too: only the history shows a resume).
+fn answered_before(request: &Value, words: &str) -> bool {
+    let history = request["messages"].as_array().into_iter().flatten();
+    history
+        .filter(|m| m["role"] == "assistant")
+        .any(|m| request_text(&serde_json::json!({ "messages": [m] })).contains(words))
+}
+
 /// Each promise checked on its own, so a run that breaks several says so for each: the run
-/// continued `session`, `asked` the model with the thread's first exchange and the prior work, and
-/// `db` lost exactly the sessions past the window and their children.
-fn broken_promises(session: &str, asked: &str, grown: &Grown, db: &Path) -> Vec<String> {
+/// continued `session`, `asked` the model with the thread's first answer in its history and the
+/// prior work in its prompt, and `db` lost exactly the sessions past the window and their
+/// children.
+fn broken_promises(session: &str, asked: &Value, grown: &Grown, db: &Path) -> Vec<String> {
     let mut broken = Vec::new();
-    if session != grown.thread || !asked.contains("WALRUS-7") {
+    let resumed = answered_before(asked, "WALRUS-7");
+    if session != grown.thread || !resumed {
+        let not = if resumed { "" } else { "not " };
         broken.push(format!(
             "the thread did not resume: session {session} (the thread's is {}); its first \
-             exchange is {}in the model's request",
+             answer is {not}in the model's history",
             grown.thread,
-            if asked.contains("WALRUS-7") {
-                ""
-            } else {
-                "not "
-            }
         ));
     }
+    let asked = request_text(asked);
     if !(asked.contains("Relevant prior work")
         && asked.contains(&grown.prior)
         && asked.contains("KESTREL-4411"))
