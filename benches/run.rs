@@ -4,8 +4,8 @@
 //!
 //! Run 1 lets OpenCode create its real schema and a real session (one tool call, one answer); the
 //! database is then grown to the target size by cloning that session's real rows (sessions,
-//! messages, parts, events) with new ids and generated text, and saved to the cache service by the
-//! binary's own post step. Then N timed runs each do: restore → OpenCode start → one LLM turn →
+//! messages, parts, events) with new ids and generated text (`support::grow`, shared with the
+//! tests), and saved to the cache service by the binary's own post step. Then N timed runs each do: restore → OpenCode start → one LLM turn →
 //! cleanup → save. Phase durations come from the step summary; the total from the outside.
 //! Baseline measured in the same run: `tar | zstd -3` and `zstd -d | tar -x` of the same database.
 //!
@@ -22,21 +22,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use rand::Rng;
-use rusqlite::types::Value as Sql;
-use serde_json::{json, Value};
+use serde_json::json;
 use support::action::{comment_event, explain, Job};
 use support::cache_server::CacheServer;
 use support::fake_github::FakeGitHub;
 use support::fake_llm::{FakeLlm, Reply};
+use support::grow::{epoch_ms, grow, Grown, Growth};
 
 /// The budget for everything but OpenCode start-up and LLM time (docs/benchmarks.md).
 const TARGET: Duration = Duration::from_secs(2);
-/// Exchanges (cloned turns) per synthetic session: a long-ish conversation.
-const EXCHANGES_PER_SESSION: usize = 12;
 
 fn env_num(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -139,7 +136,7 @@ async fn run() {
     let db = job.data_dir().join("opencode.db");
 
     let t = Instant::now();
-    let grown = grow(&db, &session, db_mb * 1024 * 1024);
+    let grown = grow(&db, &session, &Growth::bench(db_mb * 1024 * 1024));
     eprintln!(
         "grew the database to {:.1} MB ({} sessions, {} messages, {} parts, {} events) in {:.1}s",
         mb(grown.bytes),
@@ -214,7 +211,7 @@ async fn run() {
             .map(support::fake_llm::request_text)
             .unwrap_or_default();
         assert!(
-            grown.sessions == 0 || prompt.contains("fro-bot: issue-1"),
+            grown.sessions == 0 || grown.ids.iter().any(|id| prompt.contains(id.as_str())),
             "no excerpt of a grown session reached the LLM:\n{prompt}"
         );
         let db_bytes = std::fs::metadata(job.data_dir().join("opencode.db"))
@@ -475,13 +472,6 @@ fn report(
     );
 }
 
-fn epoch_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 /// `2026-11-29T09:22:37.800Z` → ms since the epoch (UTC, proleptic Gregorian).
 fn parse_iso_ms(s: &str) -> Option<i64> {
     let num = |r: std::ops::Range<usize>| s.get(r).and_then(|x| x.parse::<i64>().ok());
@@ -518,344 +508,6 @@ fn opencode_loop_start(dir: &Path, after_ms: i64) -> Option<i64> {
         }
     }
     found
-}
-
-// --- Growing the database ---------------------------------------------------------------------
-
-struct Grown {
-    bytes: u64,
-    sessions: usize,
-    messages: usize,
-    parts: usize,
-    events: usize,
-}
-
-type Row = Vec<(String, Sql)>;
-
-fn rows(conn: &rusqlite::Connection, sql: &str, key: &str) -> Vec<Row> {
-    let mut stmt = conn.prepare(sql).expect("prepare");
-    let names: Vec<String> = stmt.column_names().iter().map(|s| s.to_string()).collect();
-    stmt.query_map([key], |r| {
-        (0..names.len())
-            .map(|i| Ok((names[i].clone(), r.get::<_, Sql>(i)?)))
-            .collect::<Result<Row, _>>()
-    })
-    .expect("query")
-    .collect::<Result<Vec<_>, _>>()
-    .expect("rows")
-}
-
-fn insert(conn: &rusqlite::Connection, table: &str, row: &Row) {
-    let cols: Vec<String> = row.iter().map(|(c, _)| format!("`{c}`")).collect();
-    let marks: Vec<&str> = row.iter().map(|_| "?").collect();
-    let sql = format!(
-        "INSERT INTO `{table}` ({}) VALUES ({})",
-        cols.join(","),
-        marks.join(",")
-    );
-    conn.prepare_cached(&sql)
-        .expect("prepare insert")
-        .execute(rusqlite::params_from_iter(row.iter().map(|(_, v)| v)))
-        .expect("insert");
-}
-
-fn get<'a>(row: &'a Row, col: &str) -> &'a Sql {
-    &row.iter().find(|(c, _)| c == col).expect("column").1
-}
-
-fn set(row: &mut Row, col: &str, v: Sql) {
-    if let Some(slot) = row.iter_mut().find(|(c, _)| c == col) {
-        slot.1 = v;
-    }
-}
-
-fn text(v: &Sql) -> &str {
-    match v {
-        Sql::Text(s) => s,
-        _ => "",
-    }
-}
-
-const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-
-/// An OpenCode-style id: prefix, 12 hex digits of (ms × 4096 + counter) (bit-inverted for
-/// sessions, which sort newest first), 14 random base62 characters.
-fn new_id(prefix: &str, ms: i64, counter: u64, descending: bool) -> String {
-    let mut n = ((ms as u64) << 12).wrapping_add(counter) & 0xFFFF_FFFF_FFFF;
-    if descending {
-        n = !n & 0xFFFF_FFFF_FFFF;
-    }
-    let mut rng = rand::rng();
-    let tail: String = (0..14)
-        .map(|_| BASE62[rng.random_range(0..BASE62.len())] as char)
-        .collect();
-    format!("{prefix}{n:012x}{tail}")
-}
-
-const WORDS_TEXT: &str =
-    "the cache build timeout flaky test runner session database restore save retry because \
-     when error commit branch workflow function module returns value config parser thread \
-     lock queue request response status handler struct field pointer buffer async await \
-     future stream token header client server port socket file path directory archive zstd \
-     tar sqlite checkpoint WAL page index query insert update delete row column schema \
-     migration version release deploy pipeline job step matrix linux memory CPU latency \
-     throughput p99 regression benchmark fix patch review comment issue pull merge conflict \
-     rebase upstream fork permission secret mask log trace warning panic unwrap result option \
-     enum match trait impl generic lifetime borrow clone copy drop arc mutex channel zebra \
-     walrus otter heron maple cedar granite cobalt amber quartz";
-static WORDS: LazyLock<Vec<&str>> = LazyLock::new(|| WORDS_TEXT.split_whitespace().collect());
-
-const SYLLABLES_TEXT: &str =
-    "ka lo mi ren tor vax qui zel dra pon sil mur gex fa bri nok tul wen yas hep cor dun lix \
-     mav ost pra sek tiv ulm vor jab kel nim rou sha thr ep ix ob ag";
-static SYLLABLES: LazyLock<Vec<&str>> =
-    LazyLock::new(|| SYLLABLES_TEXT.split_whitespace().collect());
-
-/// A word for generated text: mostly common words, often a project-specific identifier, a number
-/// or a hash, as in real transcripts (which compress about 3–5× with zstd).
-fn word(rng: &mut impl Rng) -> String {
-    match rng.random_range(0..10) {
-        0..=5 => WORDS[rng.random_range(0..WORDS.len())].to_string(),
-        6..=8 => (0..rng.random_range(2..4))
-            .map(|_| SYLLABLES[rng.random_range(0..SYLLABLES.len())])
-            .collect(),
-        _ => {
-            if rng.random_bool(0.5) {
-                rng.random_range(0..100_000u32).to_string()
-            } else {
-                format!("{:08x}", rng.random::<u32>())
-            }
-        }
-    }
-}
-
-/// Prose-like text of about `len` bytes (compresses roughly like real transcripts, ~3×).
-fn prose(len: usize) -> String {
-    let mut rng = rand::rng();
-    let mut s = String::with_capacity(len + 16);
-    while s.len() < len {
-        let n = rng.random_range(6..18);
-        for i in 0..n {
-            if i > 0 {
-                s.push(' ');
-            }
-            s.push_str(&word(&mut rng));
-        }
-        s.push_str(if rng.random_bool(0.2) { ".\n\n" } else { ". " });
-    }
-    s
-}
-
-/// Source-like text of about `len` bytes, as a `read` tool's output (numbered lines).
-fn code(len: usize) -> String {
-    let mut rng = rand::rng();
-    let mut s = String::with_capacity(len + 64);
-    let mut line = 1;
-    while s.len() < len {
-        let indent = "    ".repeat(rng.random_range(0..4));
-        let (a, b, c) = (word(&mut rng), word(&mut rng), word(&mut rng));
-        let n: u32 = rng.random_range(0..10_000);
-        let body = match rng.random_range(0..5) {
-            0 => format!("let {a}_{b} = {c}(&{a}, {n})?;"),
-            1 => format!("fn {a}_{b}({c}: &str) -> Result<u64, Error> {{"),
-            2 => format!("// {a} {b} {c}: keep {n} for the {b}"),
-            3 => format!("if {a}.{b}() > {n} {{ return Err({c}); }}"),
-            _ => "}".to_string(),
-        };
-        s.push_str(&format!("{line:05}| {indent}{body}\n"));
-        line += 1;
-    }
-    s
-}
-
-/// Replaces every string in `v` that is a key of `map` (template texts → generated texts).
-fn swap_strings(v: &mut Value, map: &HashMap<String, String>) {
-    match v {
-        Value::String(s) => {
-            if let Some(new) = map.get(s.as_str()) {
-                *s = new.clone();
-            }
-        }
-        Value::Array(a) => a.iter_mut().for_each(|x| swap_strings(x, map)),
-        Value::Object(o) => o.values_mut().for_each(|x| swap_strings(x, map)),
-        _ => {}
-    }
-}
-
-/// Rewrites a cloned row: ids, JSON texts, and timestamps shifted by `shift` ms.
-fn rewrite(row: &mut Row, ids: &[(String, String)], texts: &HashMap<String, String>, shift: i64) {
-    for (col, v) in row.iter_mut() {
-        match v {
-            Sql::Text(s) => {
-                let mut out = s.clone();
-                for (old, new) in ids {
-                    if out.contains(old.as_str()) {
-                        out = out.replace(old.as_str(), new);
-                    }
-                }
-                if col == "data" {
-                    if let Ok(mut j) = serde_json::from_str::<Value>(&out) {
-                        swap_strings(&mut j, texts);
-                        out = j.to_string();
-                    }
-                }
-                *s = out;
-            }
-            Sql::Integer(n) if col.starts_with("time_") => *n += shift,
-            _ => {}
-        }
-    }
-}
-
-/// Grows `db` to at least `target` bytes by cloning session `template` (its real rows) into
-/// synthetic sessions of [`EXCHANGES_PER_SESSION`] exchanges each, titled like other issues'
-/// conversations and updated within the last few days (so retention keeps them).
-fn grow(db: &Path, template: &str, target: u64) -> Grown {
-    let mut conn = rusqlite::Connection::open(db).expect("open the session database");
-    let page_size: i64 = conn
-        .query_row("PRAGMA page_size", [], |r| r.get(0))
-        .expect("page size");
-    let session_tpl = rows(&conn, "SELECT * FROM session WHERE id = ?1", template);
-    let session_tpl = session_tpl
-        .into_iter()
-        .next()
-        .expect("template session row");
-    let msgs = rows(
-        &conn,
-        "SELECT * FROM message WHERE session_id = ?1 ORDER BY id",
-        template,
-    );
-    let parts = rows(
-        &conn,
-        "SELECT * FROM part WHERE session_id = ?1 ORDER BY id",
-        template,
-    );
-    let events = rows(
-        &conn,
-        "SELECT * FROM event WHERE aggregate_id = ?1 ORDER BY seq",
-        template,
-    );
-    let seq_tpl = rows(
-        &conn,
-        "SELECT * FROM event_sequence WHERE aggregate_id = ?1",
-        template,
-    );
-    let base_ms = match get(&session_tpl, "time_created") {
-        Sql::Integer(n) => *n,
-        _ => 0,
-    };
-    // Template texts worth growing: user prompts and assistant answers (text parts), tool outputs.
-    let mut grow_texts: Vec<(String, bool)> = Vec::new();
-    for p in &parts {
-        let Ok(j) = serde_json::from_str::<Value>(text(get(p, "data"))) else {
-            continue;
-        };
-        match j["type"].as_str() {
-            Some("text") => {
-                if let Some(t) = j["text"].as_str().filter(|t| !t.starts_with("--- Fro Bot")) {
-                    grow_texts.push((t.to_string(), false));
-                }
-            }
-            Some("tool") => {
-                if let Some(t) = j["state"]["output"].as_str() {
-                    grow_texts.push((t.to_string(), true));
-                }
-            }
-            _ => {}
-        }
-    }
-    let now_ms = epoch_ms();
-    let tx = conn.transaction().expect("transaction");
-    let mut counter: u64 = 1;
-    let mut grown = Grown {
-        bytes: 0,
-        sessions: 0,
-        messages: 0,
-        parts: 0,
-        events: 0,
-    };
-    let mut rng = rand::rng();
-    for s in 0..1000usize {
-        let used: i64 = tx
-            .query_row("PRAGMA page_count", [], |r| r.get(0))
-            .expect("page count");
-        if (used * page_size) as u64 >= target {
-            break;
-        }
-        // Spread over the last five days, an hour or so per conversation.
-        let session_ms = now_ms - 5 * 86_400_000 + (s as i64) * 3_600_000;
-        let sid = new_id("ses_", session_ms, counter, true);
-        counter += 1;
-        let mut row = session_tpl.clone();
-        rewrite(&mut row, &[], &HashMap::new(), session_ms - base_ms);
-        set(&mut row, "id", Sql::Text(sid.clone()));
-        set(
-            &mut row,
-            "title",
-            Sql::Text(format!("fro-bot: issue-{}", 100 + s)),
-        );
-        set(&mut row, "slug", Sql::Text(format!("bench-{s}")));
-        set(
-            &mut row,
-            "time_updated",
-            Sql::Integer(session_ms + (EXCHANGES_PER_SESSION as i64) * 60_000),
-        );
-        insert(&tx, "session", &row);
-        // Events reference their sequence row, so it goes first; its seq is set at the end.
-        if let Some(tpl) = seq_tpl.first() {
-            let mut row = tpl.clone();
-            set(&mut row, "aggregate_id", Sql::Text(sid.clone()));
-            insert(&tx, "event_sequence", &row);
-        }
-        let mut seq: i64 = 0;
-        for x in 0..EXCHANGES_PER_SESSION {
-            let shift = session_ms + (x as i64) * 60_000 - base_ms;
-            let mut ids = vec![(template.to_string(), sid.clone())];
-            for r in msgs.iter().chain(parts.iter()).chain(events.iter()) {
-                let old = text(get(r, "id")).to_string();
-                let new = new_id(&old[..4], base_ms + shift, counter, false);
-                ids.push((old, new));
-                counter += 1;
-            }
-            let texts: HashMap<String, String> = grow_texts
-                .iter()
-                .map(|(t, is_code)| {
-                    let new = if *is_code {
-                        code(rng.random_range(3_000..9_000))
-                    } else {
-                        prose(rng.random_range(400..2_500))
-                    };
-                    (t.clone(), new)
-                })
-                .collect();
-            for (table, list) in [("message", &msgs), ("part", &parts), ("event", &events)] {
-                for r in list {
-                    let mut row = r.clone();
-                    rewrite(&mut row, &ids, &texts, shift);
-                    if table == "event" {
-                        set(&mut row, "seq", Sql::Integer(seq));
-                        seq += 1;
-                    }
-                    insert(&tx, table, &row);
-                }
-            }
-            grown.messages += msgs.len();
-            grown.parts += parts.len();
-            grown.events += events.len();
-        }
-        tx.execute(
-            "UPDATE event_sequence SET seq = ?1 WHERE aggregate_id = ?2",
-            rusqlite::params![seq - 1, sid],
-        )
-        .expect("event sequence");
-        grown.sessions += 1;
-    }
-    tx.commit().expect("commit");
-    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
-        .expect("checkpoint");
-    drop(conn);
-    grown.bytes = std::fs::metadata(db).map(|m| m.len()).unwrap_or(0);
-    grown
 }
 
 // --- Raw baseline ------------------------------------------------------------------------------

@@ -85,13 +85,15 @@ fn copy_db(db: &Path, to: &Path) -> std::io::Result<()> {
 /// scrubbed, `own` trees are scrubbed before they are written into it, so nothing in the rebuilt
 /// file ever held a secret and the save scrubs only those trees (`Provenance`).
 /// Also records the messages the turn wrote and its thread's session (`Ledger::own_rows`),
-/// which only this run's database holds.
+/// which only this run's database holds. The trees cleanup `pruned` stay deleted when the copy
+/// too says they are past the window ([`pruned_in_copy`]).
 pub(crate) fn put_back(
     ledger: &mut Ledger,
     (paths, files): (&StatePaths, &FileCommands),
     before: Before,
     own: &[&str],
     thread: Option<(String, String)>,
+    (pruned, retention): (&[String], usize),
 ) {
     let scrubbed_base = ledger.provenance == Provenance::Scrubbed;
     // Anything but a rebuild from scrubbed memory leaves the save to scrub the whole database.
@@ -107,7 +109,9 @@ pub(crate) fn put_back(
     };
     let own: BTreeSet<String> = own.iter().map(|s| s.to_string()).collect();
     let prescrubbed = scrubbed_base && prescrub(&db, &own);
-    let (note, rebuilt) = rebuild(&guard, &db, &own);
+    let mut taken = own.clone();
+    taken.extend(pruned_in_copy(&guard.copy, pruned, retention, &own));
+    let (note, rebuilt) = rebuild(&guard, &db, &taken);
     if let Some(note) = note {
         log::warning(&note);
         ledger.report.confinement.push(note);
@@ -117,6 +121,38 @@ pub(crate) fn put_back(
     }
     ledger.own_rows = own_rows(&db, Some(&guard.copy), thread);
     files.save_state_or_warn(state::MEMORY_GUARD, "");
+}
+
+/// The sessions cleanup pruned that the restored copy, too, plans to prune: the rebuild takes their
+/// deletion. Planned on the copy, which the agent could not touch, so a conversation the agent
+/// made look old in the database is put back, not lost (docs/persistence.md#every-thread-resumes).
+fn pruned_in_copy(
+    copy: &Path,
+    pruned: &[String],
+    retention: usize,
+    protect: &BTreeSet<String>,
+) -> Vec<String> {
+    if pruned.is_empty() {
+        return Vec::new();
+    }
+    let protect: Vec<&str> = protect.iter().map(String::as_str).collect();
+    let now = crate::opencode::system_now_ms();
+    match crate::opencode::prune::plan_in(copy, now, retention, &protect) {
+        Ok(plan) => {
+            let planned: BTreeSet<&String> = plan.delete.iter().collect();
+            pruned
+                .iter()
+                .filter(|id| planned.contains(id))
+                .cloned()
+                .collect()
+        }
+        Err(e) => {
+            tracing::warn!(
+                "this run's pruning is not kept: the restored memory cannot be read: {e}"
+            );
+            Vec::new()
+        }
+    }
 }
 
 /// The messages `db` holds now and did not before the turn (`before`: its copy; `None`: there was
@@ -342,5 +378,91 @@ mod tests {
             answer, "{\"text\":\"the answer: ***\"}",
             "this run's turn is kept"
         );
+    }
+
+    /// Cleanup pruned two old trees and a recent conversation the agent had made look old in the
+    /// database: the rebuild keeps the old trees deleted and puts the recent one back.
+    #[test]
+    fn only_pruning_the_restored_copy_agrees_with_stays() {
+        const DAY: i64 = 86_400_000;
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("opencode.db");
+        let now = crate::opencode::system_now_ms();
+        {
+            let c = Connection::open(&db).unwrap();
+            c.execute_batch(include_str!(
+                "../../tests/it/fixtures/opencode-1.18.33-schema.sql"
+            ))
+            .unwrap();
+            c.execute_batch(
+                "INSERT INTO project (id, worktree, time_created, time_updated, sandboxes) \
+                 VALUES ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', '/ws', 1, 1, '[]');",
+            )
+            .unwrap();
+            for (id, age) in [
+                ("ses_old", 40),
+                ("ses_child", 1),
+                ("ses_recent", 1),
+                ("ses_mine", 90),
+            ] {
+                session(&c, id, "{}");
+                c.execute(
+                    "UPDATE session SET time_updated = ?1 WHERE id = ?2",
+                    rusqlite::params![now - age * DAY, id],
+                )
+                .unwrap();
+            }
+            c.execute(
+                "UPDATE session SET parent_id = 'ses_old' WHERE id = 'ses_child'",
+                [],
+            )
+            .unwrap();
+        }
+        let kept = tempfile::tempdir().unwrap();
+        let copy = kept.path().join("opencode.db");
+        copy_db(&db, &copy).unwrap();
+        let guard = MemoryGuard {
+            snapshot: Snapshot::capture(&copy).unwrap(),
+            _dir: kept,
+            copy,
+        };
+        // What OpenCode's deletions left: the agent had dated `ses_recent` 1970, so it went too.
+        let c = Connection::open(&db).unwrap();
+        for table in ["part", "message", "session"] {
+            let key = if table == "session" {
+                "id"
+            } else {
+                "session_id"
+            };
+            c.execute(
+                &format!(
+                    "DELETE FROM {table} WHERE {key} IN ('ses_child', 'ses_old', 'ses_recent')"
+                ),
+                [],
+            )
+            .unwrap();
+        }
+        drop(c);
+        let pruned: Vec<String> = ["ses_child", "ses_old", "ses_recent"]
+            .map(String::from)
+            .to_vec();
+        let own: BTreeSet<String> = ["ses_mine".to_string()].into();
+        let taken = pruned_in_copy(&guard.copy, &pruned, 0, &own);
+        assert_eq!(taken, ["ses_child", "ses_old"]);
+        let mut all = own.clone();
+        all.extend(taken);
+        let (note, rebuilt) = rebuild(&guard, &db, &all);
+        assert!(rebuilt, "{note:?}");
+        assert!(note.is_some_and(|n| n.contains("ses_recent")), "put back");
+        let left: Vec<String> = Connection::open(&db)
+            .unwrap()
+            .prepare("SELECT id FROM session ORDER BY id")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(left, ["ses_mine", "ses_recent"]);
+        assert!(pruned_in_copy(&guard.copy, &[], 0, &own).is_empty());
     }
 }

@@ -231,6 +231,38 @@ pub struct McpStatus {
     pub error: Option<String>,
 }
 
+/// Sessions one listing asks OpenCode for at most: about 6 MB of JSON and a second or two of
+/// OpenCode's time, so a restored database holding millions of sessions cannot hang a run.
+pub const LISTING_CAP: usize = 20_000;
+
+/// A listing of this workspace's sessions, newest first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listing {
+    pub sessions: Vec<Session>,
+    pub extent: Extent,
+}
+
+/// Whether a listing holds every session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extent {
+    /// Every session of the project.
+    Complete,
+    /// Memory holds more than `cap` sessions: only the newest `cap` are listed.
+    Capped { cap: usize },
+}
+
+impl Extent {
+    /// What a log line says when the listing was cut, naming what used it.
+    pub fn note(self, what: &str) -> Option<String> {
+        match self {
+            Extent::Complete => None,
+            Extent::Capped { cap } => Some(format!(
+                "memory holds more than {cap} sessions: {what} considered the newest {cap} only"
+            )),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
@@ -369,9 +401,29 @@ impl Client {
         }
     }
 
-    /// Sessions of this workspace's project (OpenCode includes archived and child sessions).
-    pub async fn list_sessions(&self) -> Result<Vec<Session>, ApiError> {
-        self.json("GET", "/session", &[], None).await
+    /// Every session of this workspace's project, newest first (archived and child sessions
+    /// included), up to [`LISTING_CAP`]: see [`list_sessions_upto`](Self::list_sessions_upto).
+    pub async fn list_sessions(&self) -> Result<Listing, ApiError> {
+        self.list_sessions_upto(LISTING_CAP).await
+    }
+
+    /// The newest `cap` sessions of this workspace's project, saying whether that is all of them.
+    /// OpenCode 1.18.33's `GET /session` answers only the 100 most recently updated unless given
+    /// `limit`, and has no cursor (`start` is a lower bound on `time.updated`, newest first), so
+    /// one request asks for one more than `cap`: an answer that long means memory holds more
+    /// (docs/persistence.md#every-thread-resumes).
+    pub async fn list_sessions_upto(&self, cap: usize) -> Result<Listing, ApiError> {
+        // `limit=0` answers nothing at all: ask for one at least.
+        let cap = cap.max(1);
+        let limit = [("limit", (cap + 1).to_string())];
+        let mut sessions: Vec<Session> = self.json("GET", "/session", &limit, None).await?;
+        let extent = if sessions.len() > cap {
+            sessions.truncate(cap);
+            Extent::Capped { cap }
+        } else {
+            Extent::Complete
+        };
+        Ok(Listing { sessions, extent })
     }
 
     pub async fn get_session(&self, id: &str) -> Result<Session, ApiError> {

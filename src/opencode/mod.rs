@@ -15,6 +15,7 @@ pub mod error;
 pub mod events;
 mod launch;
 pub mod locate;
+pub mod mentions;
 pub mod preflight;
 pub mod prep;
 pub mod progress;
@@ -118,6 +119,11 @@ impl Isolation {
     /// OpenCode's data dir (where `opencode.db` lives).
     pub fn data_dir(&self) -> PathBuf {
         self.data_home.join("opencode")
+    }
+
+    /// OpenCode's session database (read while it runs only by the prior-work search).
+    pub fn database(&self) -> PathBuf {
+        self.data_dir().join("opencode.db")
     }
 
     /// The directories OpenCode writes: handed to the agent's uid for the turn.
@@ -234,6 +240,8 @@ impl AgentOptions {
 pub struct Agent {
     server: Server,
     client: Client,
+    /// OpenCode's database: the prior-work search reads which sessions mention its terms there.
+    database: PathBuf,
     now_ms: fn() -> i64,
     /// Where `confinement::record_taken` wrote; cleared once everything is given back.
     state: Option<FileCommands>,
@@ -279,6 +287,7 @@ impl Agent {
         Ok(Agent {
             server,
             client,
+            database: opts.dirs.database(),
             now_ms: opts.now_ms,
             state: opts.state.clone(),
             confinement: Confinement {
@@ -342,7 +351,7 @@ impl Agent {
         exclude: &[&str],
         view: &crate::trust::TrustView,
     ) -> Result<prep::PriorWork, ApiError> {
-        prep::prior_work(&self.client, terms, exclude, view).await
+        prep::prior_work(&self.client, Some(&self.database), terms, exclude, view).await
     }
 
     pub async fn run_turn(
@@ -364,7 +373,8 @@ impl Agent {
         retention: usize,
         protect: &[&str],
     ) -> Result<prune::PruneReport, ApiError> {
-        prune::prune(&self.client, (self.now_ms)(), retention, protect).await
+        let bounds = prune::Bounds::default();
+        prune::prune(&self.client, (self.now_ms)(), retention, protect, bounds).await
     }
 
     /// Whether the session (or any session) is still working; ask after requesting shutdown of the

@@ -1,17 +1,25 @@
-//! Session prep: "Relevant prior work" found in earlier sessions, and the prompt the agent gets.
-//! `PromptInput` is plain data so the GitHub module can fill it without this module knowing GitHub.
+//! Session prep: "Relevant prior work" found in earlier sessions — any of them, however many
+//! memory holds — and the prompt the agent gets. `PromptInput` is plain data so the GitHub module
+//! can fill it without this module knowing GitHub.
+
+use std::path::Path;
+use std::time::Duration;
 
 use futures_util::StreamExt;
 
 use super::client::{ApiError, Client, Session};
+use super::mentions::{self, ScanEnd};
 use crate::trust::{PriorUse, SessionTrust, TrustView};
 use crate::untrusted::{strip_hidden, Fence, Label};
 
 pub const MAX_EXCERPTS: usize = 5;
 /// Characters of context on each side of a match.
 pub const EXCERPT_CONTEXT: usize = 50;
-/// Sessions scanned, newest first (bounds the cost of prep on a large store).
+/// Sessions whose messages are read for excerpts, newest first (bounds the cost of prep on a
+/// large store): those that mention a term, or without the database the newest.
 const MAX_SESSIONS_SCANNED: usize = 40;
+/// How long the database is read for sessions that mention a term.
+const MENTIONS_TIME: Duration = Duration::from_secs(3);
 const MAX_PER_SESSION: usize = 2;
 /// Sessions whose messages are fetched at once while looking for prior work.
 const CONCURRENT_FETCHES: usize = 4;
@@ -64,16 +72,38 @@ const STOPWORDS: &[&str] = &[
 
 /// Up to [`MAX_EXCERPTS`] excerpts from sessions other than `exclude` (the current session and any
 /// session it replaced), newest sessions first; sessions `view` withholds are not read at all.
+/// Every session is considered, not OpenCode's first 100 (docs/persistence.md#every-thread-resumes):
+/// `memory` (OpenCode's database) tells which of them mention a term
+/// ([`mentions::sessions_mentioning`]); without it, or when it cannot be read, the newest
+/// [`MAX_SESSIONS_SCANNED`] are read.
 pub async fn prior_work(
     client: &Client,
+    memory: Option<&Path>,
     terms: &[String],
     exclude: &[&str],
     view: &TrustView,
 ) -> Result<PriorWork, ApiError> {
+    let listing = client.list_sessions().await?;
+    if let Some(note) = listing.extent.note("the prior-work search") {
+        tracing::warn!("{note}");
+    }
+    let (sessions, withheld) = judged(listing.sessions, exclude, view);
+    let sessions = to_read(memory, sessions, terms).await;
+    Ok(PriorWork {
+        excerpts: excerpts(client, sessions, terms).await,
+        withheld,
+    })
+}
+
+/// The sessions prior work may quote, newest first, each with its judgement; and how many `view`
+/// withholds.
+fn judged(
+    sessions: Vec<Session>,
+    exclude: &[&str],
+    view: &TrustView,
+) -> (Vec<(Session, PriorUse)>, usize) {
     let mut withheld = 0;
-    let mut sessions: Vec<(Session, PriorUse)> = client
-        .list_sessions()
-        .await?
+    let mut out: Vec<(Session, PriorUse)> = sessions
         .into_iter()
         .filter(|s| !exclude.contains(&s.id.as_str()))
         .filter_map(|s| match view.judge(&s.id) {
@@ -84,11 +114,64 @@ pub async fn prior_work(
             judged => Some((s, judged)),
         })
         .collect();
-    sessions.sort_by_key(|(s, _)| std::cmp::Reverse(s.time.updated));
+    out.sort_by_key(|(s, _)| std::cmp::Reverse(s.time.updated));
+    (out, withheld)
+}
+
+/// Which sessions to read, newest first: those the database says mention a term, else the newest.
+async fn to_read(
+    memory: Option<&Path>,
+    mut sessions: Vec<(Session, PriorUse)>,
+    terms: &[String],
+) -> Vec<(Session, PriorUse)> {
+    let Some(db) = memory.map(Path::to_path_buf) else {
+        sessions.truncate(MAX_SESSIONS_SCANNED);
+        return sessions;
+    };
+    let ids: Vec<String> = sessions.iter().map(|(s, _)| s.id.clone()).collect();
+    let terms = terms.to_vec();
+    let scan = tokio::task::spawn_blocking(move || {
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        mentions::sessions_mentioning(&db, &ids, &terms, MAX_SESSIONS_SCANNED, MENTIONS_TIME)
+    })
+    .await;
+    let found = match scan {
+        Ok(Ok(scan)) => {
+            if let ScanEnd::OutOfTime { read } = scan.end {
+                tracing::warn!(
+                    "the prior-work search read {read} of {} sessions (the newest) in its {} s",
+                    sessions.len(),
+                    MENTIONS_TIME.as_secs()
+                );
+            }
+            scan.found
+        }
+        Ok(Err(e)) => return newest_after(&format!("{e}"), sessions),
+        Err(e) => return newest_after(&format!("{e}"), sessions),
+    };
+    sessions.retain(|(s, _)| found.contains(&s.id));
+    sessions
+}
+
+/// The newest sessions, when the database could not say which mention a term.
+fn newest_after(why: &str, mut sessions: Vec<(Session, PriorUse)>) -> Vec<(Session, PriorUse)> {
+    tracing::debug!(
+        "prior work reads the newest sessions: the database could not be searched: {why}"
+    );
+    sessions.truncate(MAX_SESSIONS_SCANNED);
+    sessions
+}
+
+/// Excerpts from `sessions`' messages, in order, until [`MAX_EXCERPTS`].
+async fn excerpts(
+    client: &Client,
+    sessions: Vec<(Session, PriorUse)>,
+    terms: &[String],
+) -> Vec<Excerpt> {
     let mut out = Vec::new();
     // A few sessions' messages in flight at once, taken in order (newest first); the rest are
     // dropped unread once the excerpts are found.
-    let mut fetched = futures_util::stream::iter(sessions.into_iter().take(MAX_SESSIONS_SCANNED))
+    let mut fetched = futures_util::stream::iter(sessions)
         .map(|(s, judged)| async move {
             let msgs = client.messages(&s.id, Some(200)).await;
             (s, judged, msgs)
@@ -101,7 +184,7 @@ pub async fn prior_work(
         let (trust, untrusted) = match judged {
             PriorUse::Trusted(t) => (t, false),
             PriorUse::Untrusted(t) => (t, true),
-            PriorUse::Withheld => continue, // filtered above
+            PriorUse::Withheld => continue, // filtered out by `judged`
         };
         let Ok(msgs) = msgs else {
             continue; // deleted meanwhile: not worth failing prep
@@ -120,10 +203,7 @@ pub async fn prior_work(
             });
         }
     }
-    Ok(PriorWork {
-        excerpts: out,
-        withheld,
-    })
+    out
 }
 
 /// Excerpts around case-insensitive matches of `terms` (earlier terms first), non-overlapping.

@@ -1,11 +1,34 @@
 //! Pruning: keep a root session updated within 30 days **or** among the newest `session-retention`
 //! roots; delete every other root together with its child sessions (recursively, children first).
+//! Every session is listed, not OpenCode's first 100, and the work is bounded
+//! (docs/persistence.md#every-thread-resumes): at most [`LISTING_CAP`] sessions are considered
+//! and deletions stop at [`Bounds::time`], the rest left to later runs.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
 
-use super::client::{ApiError, Client, Session};
+use super::client::{ApiError, Client, Extent, Session, LISTING_CAP};
 
 pub const MAX_AGE_MS: i64 = 30 * 24 * 60 * 60 * 1000;
+
+/// How much one prune may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Sessions listed at most (the newest).
+    pub listing: usize,
+    /// Time for the deletions; what is left when it runs out waits for a later run.
+    pub time: Duration,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Self {
+            listing: LISTING_CAP,
+            time: Duration::from_secs(20),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PrunePlan {
@@ -57,34 +80,99 @@ pub fn plan(sessions: &[Session], now_ms: i64, retention: usize, protect: &[&str
     out
 }
 
-#[derive(Debug, Clone, Default, PartialEq)]
+/// [`plan`] over every session `db` holds, read from the file (read-only): the memory guard checks
+/// a prune against the restored copy with it, which the agent could not touch
+/// (`memory::guard::put_back`).
+pub fn plan_in(
+    db: &Path,
+    now_ms: i64,
+    retention: usize,
+    protect: &[&str],
+) -> rusqlite::Result<PrunePlan> {
+    let conn = rusqlite::Connection::open_with_flags(
+        db,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    let mut stmt = conn.prepare("SELECT id, parent_id, time_updated FROM session")?;
+    let sessions = stmt
+        .query_map([], |r| {
+            Ok(Session {
+                id: r.get(0)?,
+                title: String::new(),
+                directory: String::new(),
+                project_id: String::new(),
+                parent_id: r.get(1)?,
+                time: super::client::SessionTime {
+                    created: 0,
+                    updated: r.get(2)?,
+                    compacting: None,
+                    archived: None,
+                },
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<Session>>>()?;
+    Ok(plan(&sessions, now_ms, retention, protect))
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct PruneReport {
     pub kept: usize,
     pub deleted: Vec<String>,
     /// Deletions that failed (the session stays; the next run tries again).
     pub failures: Vec<String>,
+    /// Whether every session was listed ([`Bounds::listing`]).
+    pub listing: Extent,
+    /// Deletions not attempted: [`Bounds::time`] ran out (a later run goes on).
+    pub left: usize,
 }
 
+impl PruneReport {
+    /// What the log says when a bound stopped the prune short of its whole plan.
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes: Vec<String> = self.listing.note("pruning").into_iter().collect();
+        if self.left > 0 {
+            notes.push(format!(
+                "pruning ran out of time: {} session(s) deleted, {} left for later runs",
+                self.deleted.len(),
+                self.left
+            ));
+        }
+        notes
+    }
+}
+
+/// Deletes what [`plan`] says over every session listed (the newest [`Bounds::listing`]), until
+/// [`Bounds::time`] runs out.
 pub async fn prune(
     client: &Client,
     now_ms: i64,
     retention: usize,
     protect: &[&str],
+    bounds: Bounds,
 ) -> Result<PruneReport, ApiError> {
-    let sessions = client.list_sessions().await?;
-    let plan = plan(&sessions, now_ms, retention, protect);
+    let listing = client.list_sessions_upto(bounds.listing).await?;
+    let plan = plan(&listing.sessions, now_ms, retention, protect);
     let mut report = PruneReport {
         kept: plan.keep.len(),
-        ..Default::default()
+        deleted: Vec::new(),
+        failures: Vec::new(),
+        listing: listing.extent,
+        left: 0,
     };
-    for id in plan.delete {
+    let deadline = tokio::time::Instant::now() + bounds.time;
+    let mut queue = plan.delete.into_iter();
+    for id in queue.by_ref() {
         match client.delete_session(&id).await {
             Ok(()) => report.deleted.push(id),
             // Already gone (deleted with its parent): the goal is met.
             Err(e) if e.is_not_found() => report.deleted.push(id),
             Err(e) => report.failures.push(format!("{id}: {e}")),
         }
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
     }
+    report.left = queue.count();
     Ok(report)
 }
 

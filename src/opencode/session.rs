@@ -1,7 +1,8 @@
 //! Which OpenCode session a run continues: the one fro-bot's session map records for the logical
-//! key (`memory::session_map`), or — for memory written before the map existed — the newest live
-//! root session of this workspace titled `fro-bot: {logical key}`; else a new one with that title
-//! (a title also saves OpenCode's extra title-generator LLM call).
+//! key (`memory::session_map`), fetched by its id however many sessions memory holds, or — for
+//! memory written before the map existed — the newest live root session of this workspace titled
+//! `fro-bot: {logical key}`; else a new one with that title (a title also saves OpenCode's extra
+//! title-generator LLM call).
 
 use super::client::{ApiError, Client, Session};
 
@@ -54,17 +55,15 @@ pub fn pick<'a>(sessions: &'a [Session], directory: &str, title: &str) -> Option
         })
 }
 
-/// The session fro-bot recorded for the conversation, if it is still live: in this workspace,
-/// a root session, not archived or compacting. Its title does not matter (and no other session
-/// with that title is considered).
-pub fn pick_owned<'a>(sessions: &'a [Session], directory: &str, id: &str) -> Option<&'a Session> {
-    sessions.iter().find(|s| {
-        s.id == id
-            && s.directory == directory
-            && s.time.archived.is_none()
-            && s.time.compacting.is_none()
-            && s.parent_id.is_none()
-    })
+/// Whether `s` is the session fro-bot recorded for the conversation (`id`) and still live: in
+/// this workspace, a root session, not archived or compacting. Its title does not matter (and no
+/// other session with that title is considered).
+pub fn is_live_owned(s: &Session, directory: &str, id: &str) -> bool {
+    s.id == id
+        && s.directory == directory
+        && s.time.archived.is_none()
+        && s.time.compacting.is_none()
+        && s.parent_id.is_none()
 }
 
 /// Resumes the conversation's session — the one fro-bot's map names, or for legacy memory the
@@ -75,15 +74,14 @@ pub async fn resolve(
     ownership: Ownership<'_>,
 ) -> Result<ResolvedSession, ApiError> {
     let title = title_for(logical_key);
-    let sessions = client.list_sessions().await?;
     let found = match ownership {
-        Ownership::Mapped(Some(id)) => pick_owned(&sessions, client.directory(), id),
+        Ownership::Mapped(Some(id)) => owned(client, id).await?,
         Ownership::Mapped(None) => None,
-        Ownership::ByTitle => pick(&sessions, client.directory(), &title),
+        Ownership::ByTitle => by_title(client, &title).await?,
     };
-    if let Some(s) = found {
+    if let Some(session) = found {
         return Ok(ResolvedSession {
-            session: s.clone(),
+            session,
             resolution: Resolution::Resumed,
         });
     }
@@ -92,6 +90,36 @@ pub async fn resolve(
         session,
         resolution: Resolution::Created,
     })
+}
+
+/// The session the map names, fetched by id (`GET /session/{id}`), never looked up in a listing:
+/// a listing holds only the newest sessions, and a thread must resume however many conversations
+/// were updated after it (docs/persistence.md#every-thread-resumes). `None` when it is gone
+/// (pruned, deleted, sanitized away: 404) or no longer live.
+async fn owned(client: &Client, id: &str) -> Result<Option<Session>, ApiError> {
+    // OpenCode's route takes only ids matching `^ses` (anything else is its 500): a map entry
+    // that is not one names no session.
+    if !id.starts_with("ses") {
+        tracing::debug!("the session map names {id:?}, which is no session id");
+        return Ok(None);
+    }
+    match client.get_session(id).await {
+        Ok(s) => Ok(is_live_owned(&s, client.directory(), id).then_some(s)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Legacy memory: the newest live root session with the title, among every session listed.
+async fn by_title(client: &Client, title: &str) -> Result<Option<Session>, ApiError> {
+    let listing = client.list_sessions().await?;
+    if let Some(note) = listing
+        .extent
+        .note("the search for this thread's session by title")
+    {
+        tracing::warn!("{note}");
+    }
+    Ok(pick(&listing.sessions, client.directory(), title).cloned())
 }
 
 #[cfg(test)]
@@ -142,22 +170,23 @@ mod tests {
     }
 
     #[test]
-    fn an_owned_session_is_found_by_id_alone_and_only_if_live() {
+    fn an_owned_session_is_resumed_by_id_alone_and_only_if_live() {
         let t = "fro-bot: issue-1";
+        let mine = s("ses_mine", "renamed", 100);
+        assert!(
+            is_live_owned(&mine, "/ws", "ses_mine"),
+            "its title does not matter"
+        );
+        assert!(!is_live_owned(&mine, "/other", "ses_mine"), "elsewhere");
+        assert!(!is_live_owned(&mine, "/ws", "ses_other"), "another id");
         let mut archived = s("ses_a", t, 900);
         archived.time.archived = Some(901);
-        let mut planted = s("ses_p", t, 9_999_999_999_999);
-        planted.time.created = 9_999_999_999_999;
-        let sessions = vec![archived, planted, s("ses_mine", "renamed", 100)];
-        assert_eq!(
-            pick_owned(&sessions, "/ws", "ses_mine").unwrap().id,
-            "ses_mine"
-        );
-        assert!(pick_owned(&sessions, "/ws", "ses_a").is_none(), "archived");
-        assert!(
-            pick_owned(&sessions, "/other", "ses_mine").is_none(),
-            "elsewhere"
-        );
-        assert!(pick_owned(&sessions, "/ws", "ses_gone").is_none());
+        assert!(!is_live_owned(&archived, "/ws", "ses_a"), "archived");
+        let mut compacting = s("ses_b", t, 900);
+        compacting.time.compacting = Some(901);
+        assert!(!is_live_owned(&compacting, "/ws", "ses_b"), "compacting");
+        let mut child = s("ses_c", t, 900);
+        child.parent_id = Some("ses_x".into());
+        assert!(!is_live_owned(&child, "/ws", "ses_c"), "a sub-agent's");
     }
 }

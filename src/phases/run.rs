@@ -230,7 +230,7 @@ async fn take_turn(
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
     crate::phases::turn::cut::repair(ctx, &mut run.ledger.report, &agent_run, &stopped).await;
     crate::phases::turn::agent_network::record(&ctx.settings.network, run);
-    leftovers::put_back(ctx, &mut run.ledger, guards, &agent_run);
+    leftovers::put_back(ctx, &mut run.ledger, guards, (&agent_run, &stopped.pruned));
     if !ctx.cancel.is_cancelled() {
         let report = &mut run.ledger.report;
         if let Some(usage) = deliver_outputs(ctx, report, &outputs, &agent_run).await {
@@ -599,6 +599,7 @@ async fn cleanup_and_save(
         agent_still_running,
         quiescent,
         strays_remained,
+        pruned: _,
     } = stopped;
     let save_key = ctx.keys.save_key();
     let restore_keys = ctx.keys.restore_prefixes();

@@ -1,18 +1,21 @@
 //! The session tools: `session_list`, `session_read`, `session_search` and `session_info` over
 //! the running OpenCode server's HTTP API. Every failure is a `session store unavailable: ...`
-//! result, never a crash.
+//! result, never a crash. They reach every session, not OpenCode's first 100
+//! (docs/persistence.md#every-thread-resumes): a listing asks for all of them, and a search says
+//! when its bounds left older sessions unread and how to reach them.
 //!
 //! Trust follows memory (docs/security.md#trust-follows-memory): results from a session below the
 //! run's trust are fenced and labelled as untrusted quotes, or, in runs that hold a token, left
 //! out as if the session did not exist.
 
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use super::args::{arg_str, arg_usize, required};
 use super::{answered, failed};
-use crate::opencode::client::{truncate, Client, Session};
+use crate::opencode::client::{truncate, Client, Extent, Session};
 use crate::opencode::prep::find_excerpts;
 use crate::runner::env::{
     FRO_BOT_OPENCODE_PASSWORD, FRO_BOT_OPENCODE_URL, FRO_BOT_SESSION_TRUST, FRO_BOT_WORKSPACE,
@@ -22,6 +25,10 @@ use crate::trust::{PriorUse, SessionTrust, TrustView};
 use crate::untrusted::{Fence, Label};
 
 pub const TRANSCRIPT_CAP: usize = 48_000;
+/// Sessions one `session_search` reads at most, newest first.
+const SEARCHED_SESSIONS: usize = 200;
+/// How long one `session_search` reads sessions.
+const SEARCH_TIME: Duration = Duration::from_secs(20);
 
 /// The tools' names, for the dispatcher.
 pub const NAMES: &[&str] = &[
@@ -117,10 +124,12 @@ pub fn definitions() -> Vec<Value> {
              "session_id": {"type": "string"},
              "limit": {"type": "integer", "description": "Only the newest N messages"}}}}),
         json!({"name": "session_search",
-         "description": "Search earlier sessions' messages for text; returns excerpts naming the session id.",
+         "description": "Search earlier sessions' messages for text (newest sessions first); returns excerpts naming the session id.",
          "inputSchema": {"type": "object", "required": ["query"], "properties": {
              "query": {"type": "string"},
              "session_id": {"type": "string", "description": "Search only this session"},
+             "from_date": {"type": "string", "description": "Only sessions updated on/after this date (YYYY-MM-DD or RFC 3339)"},
+             "to_date": {"type": "string", "description": "Only sessions updated on/before this date (YYYY-MM-DD or RFC 3339)"},
              "case_sensitive": {"type": "boolean"},
              "limit": {"type": "integer", "description": "Maximum excerpts (default 10)"}}}}),
         json!({"name": "session_info",
@@ -238,23 +247,48 @@ pub fn format_ms(ms: i64) -> String {
     )
 }
 
+/// The `from_date` / `to_date` arguments: the range of `time.updated` (epoch ms) asked for.
+#[derive(Debug, Clone, Copy)]
+struct Dates {
+    from: Option<i64>,
+    to: Option<i64>,
+}
+
+impl Dates {
+    fn of(args: &Value) -> Result<Self, String> {
+        let from = match arg_str(args, "from_date") {
+            Some(s) => Some(parse_date_ms(s, false).ok_or_else(|| format!("bad from_date {s:?}"))?),
+            None => None,
+        };
+        let to = match arg_str(args, "to_date") {
+            Some(s) => Some(parse_date_ms(s, true).ok_or_else(|| format!("bad to_date {s:?}"))?),
+            None => None,
+        };
+        Ok(Self { from, to })
+    }
+
+    fn hold(&self, s: &Session) -> bool {
+        self.from.is_none_or(|f| s.time.updated >= f) && self.to.is_none_or(|t| s.time.updated <= t)
+    }
+}
+
+/// Every session listed in `dates` that `trust` lets the agent see, newest first; and whether
+/// memory held more than a listing gives.
+async fn visible_sessions(
+    client: &Client,
+    trust: &TrustView,
+    dates: Dates,
+) -> Result<(Vec<Session>, Extent), String> {
+    let listing = client.list_sessions().await.map_err(|e| e.to_string())?;
+    let mut sessions = listing.sessions;
+    sessions.retain(|s| dates.hold(s) && trust.judge(&s.id) != PriorUse::Withheld);
+    sessions.sort_by_key(|s| std::cmp::Reverse(s.time.updated));
+    Ok((sessions, listing.extent))
+}
+
 async fn session_list(client: &Client, trust: &TrustView, args: &Value) -> Result<String, String> {
     let limit = arg_usize(args, "limit").unwrap_or(20).clamp(1, 200);
-    let from = match arg_str(args, "from_date") {
-        Some(s) => Some(parse_date_ms(s, false).ok_or_else(|| format!("bad from_date {s:?}"))?),
-        None => None,
-    };
-    let to = match arg_str(args, "to_date") {
-        Some(s) => Some(parse_date_ms(s, true).ok_or_else(|| format!("bad to_date {s:?}"))?),
-        None => None,
-    };
-    let mut sessions = client.list_sessions().await.map_err(|e| e.to_string())?;
-    sessions.retain(|s| {
-        from.is_none_or(|f| s.time.updated >= f)
-            && to.is_none_or(|t| s.time.updated <= t)
-            && trust.judge(&s.id) != PriorUse::Withheld
-    });
-    sessions.sort_by_key(|s| std::cmp::Reverse(s.time.updated));
+    let (sessions, extent) = visible_sessions(client, trust, Dates::of(args)?).await?;
     if sessions.is_empty() {
         return Ok("No sessions found.".into());
     }
@@ -269,6 +303,11 @@ async fn session_list(client: &Client, trust: &TrustView, args: &Value) -> Resul
         .collect();
     if total > limit {
         out.push(format!("({} more not shown)", total - limit));
+    }
+    if let Extent::Capped { cap } = extent {
+        out.push(format!(
+            "(memory holds more than {cap} sessions: only the newest {cap} can be listed)"
+        ));
     }
     Ok(out.join("\n"))
 }
@@ -365,46 +404,87 @@ async fn session_search(
     let query = required(args, "query")?;
     let limit = arg_usize(args, "limit").unwrap_or(10).clamp(1, 100);
     let case_sensitive = args["case_sensitive"].as_bool().unwrap_or(false);
-    let sessions: Vec<Session> = match arg_str(args, "session_id") {
+    let (sessions, extent) = match arg_str(args, "session_id") {
         Some(id) => {
             visible(trust, id)?;
-            vec![client.get_session(id).await.map_err(|e| e.to_string())?]
+            let one = client.get_session(id).await.map_err(|e| e.to_string())?;
+            (vec![one], Extent::Complete)
         }
-        None => {
-            let mut all = client.list_sessions().await.map_err(|e| e.to_string())?;
-            all.retain(|s| trust.judge(&s.id) != PriorUse::Withheld);
-            all.sort_by_key(|s| std::cmp::Reverse(s.time.updated));
-            all
-        }
+        None => visible_sessions(client, trust, Dates::of(args)?).await?,
     };
-    let mut hits = Vec::new();
-    for s in sessions.iter().take(200) {
-        if hits.len() >= limit {
-            break;
-        }
-        let judged = trust.judge(&s.id);
-        let Ok(msgs) = client.messages(&s.id, None).await else {
-            continue;
-        };
-        let text = msgs.iter().map(|m| m.text()).collect::<Vec<_>>().join("\n");
-        let excerpts = if case_sensitive {
-            find_exact(&text, query, limit - hits.len())
-        } else {
-            find_excerpts(&text, &[query.to_string()], limit - hits.len())
-        };
-        for e in excerpts {
-            hits.push(match &judged {
-                PriorUse::Untrusted(_) => {
-                    quote(&judged, &format!("excerpt of session {}", s.id), &e)
-                }
-                PriorUse::Trusted(_) | PriorUse::Withheld => format!("{} ({}): {e}", s.id, s.title),
-            });
-        }
+    let search = Search {
+        query,
+        limit,
+        case_sensitive,
+    };
+    let (hits, read) = search.run(client, trust, &sessions).await;
+    let mut out = match hits.is_empty() {
+        true => format!("No matches for {query:?}."),
+        false => hits.join("\n"),
+    };
+    if hits.len() < limit && read < sessions.len() {
+        out.push_str(&format!(
+            "\n(searched the newest {read} of {} sessions; give from_date/to_date or session_id \
+             to search older ones)",
+            sessions.len()
+        ));
     }
-    if hits.is_empty() {
-        return Ok(format!("No matches for {query:?}."));
+    if let Extent::Capped { cap } = extent {
+        out.push_str(&format!(
+            "\n(memory holds more than {cap} sessions: only the newest {cap} can be searched \
+             without session_id)"
+        ));
     }
-    Ok(hits.join("\n"))
+    Ok(out)
+}
+
+/// One `session_search`: what to look for and how many excerpts to return.
+struct Search<'a> {
+    query: &'a str,
+    limit: usize,
+    case_sensitive: bool,
+}
+
+impl Search<'_> {
+    /// Excerpts from `sessions` in order, until the limit, [`SEARCHED_SESSIONS`] or
+    /// [`SEARCH_TIME`]; and how many sessions were read.
+    async fn run(
+        &self,
+        client: &Client,
+        trust: &TrustView,
+        sessions: &[Session],
+    ) -> (Vec<String>, usize) {
+        let deadline = Instant::now() + SEARCH_TIME;
+        let mut hits = Vec::new();
+        let mut read = 0;
+        for s in sessions.iter().take(SEARCHED_SESSIONS) {
+            if hits.len() >= self.limit || Instant::now() >= deadline {
+                break;
+            }
+            read += 1;
+            let judged = trust.judge(&s.id);
+            let Ok(msgs) = client.messages(&s.id, None).await else {
+                continue;
+            };
+            let text = msgs.iter().map(|m| m.text()).collect::<Vec<_>>().join("\n");
+            let excerpts = if self.case_sensitive {
+                find_exact(&text, self.query, self.limit - hits.len())
+            } else {
+                find_excerpts(&text, &[self.query.to_string()], self.limit - hits.len())
+            };
+            for e in excerpts {
+                hits.push(match &judged {
+                    PriorUse::Untrusted(_) => {
+                        quote(&judged, &format!("excerpt of session {}", s.id), &e)
+                    }
+                    PriorUse::Trusted(_) | PriorUse::Withheld => {
+                        format!("{} ({}): {e}", s.id, s.title)
+                    }
+                });
+            }
+        }
+        (hits, read)
+    }
 }
 
 fn find_exact(text: &str, query: &str, max: usize) -> Vec<String> {

@@ -7,6 +7,7 @@ use crate::support::action::{comment_event, explain, Job, Launch, Running, StepR
 use crate::support::cache_server::CacheServer;
 
 mod hostile;
+mod many_sessions;
 
 /// The enterprise-network runs, listed with the scenarios below.
 pub(crate) use crate::network;

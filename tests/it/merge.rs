@@ -143,7 +143,7 @@ fn assert_sound(db: &Path) {
 /// The text of every message of the thread's session, as OpenCode serves it.
 async fn thread_text(agent: &Agent, thread: &str) -> String {
     let title = fro_bot::opencode::session::title_for(thread);
-    let sessions = agent.client().list_sessions().await.unwrap();
+    let sessions = agent.client().list_sessions().await.unwrap().sessions;
     let s = sessions
         .iter()
         .find(|s| s.title == title)

@@ -802,6 +802,7 @@ async fn pruning_keeps_exactly_the_right_sessions() {
         .list_sessions()
         .await
         .unwrap()
+        .sessions
         .into_iter()
         .map(|s| s.id)
         .collect();
@@ -954,4 +955,193 @@ async fn auth_json_reaches_the_provider_without_an_auth_file() {
     assert!(!env.contains("ghs_inputtoken") && !env.contains("runtime-token"));
     assert!(env.contains("OPENCODE_DISABLE_AUTOUPDATE=1"));
     assert!(env.contains(&format!("HOME={}", h.dirs.home.display())));
+}
+
+/// A text tool result of the session tools, called as the agent calls them (MCP `tools/call`).
+async fn tool_text(tools: &ToolsConfig, name: &str, args: Value) -> String {
+    let line = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                      "params": {"name": name, "arguments": args}})
+    .to_string();
+    let r = session_tools::handle_line(tools, &line).await.unwrap();
+    assert_eq!(r["result"]["isError"], false, "{name}: {r}");
+    r["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// What [`grow_past_the_first_page`] made.
+struct PastFirstPage {
+    /// A conversation older than every grown session, mentioning `OSPREY-9`.
+    deep: String,
+    deep_updated: i64,
+    total: usize,
+    now: i64,
+}
+
+/// 1200 sessions newer than the thread, without messages (the oldest 100 past the window), and one
+/// conversation older than all of them that mentions OSPREY-9; the thread older still (4 days).
+fn grow_past_the_first_page(db: &Path, thread: &str) -> PastFirstPage {
+    use crate::support::grow::{epoch_ms, grow, Growth};
+    const DAY: i64 = 86_400_000;
+    let now = epoch_ms();
+    let empty = Growth {
+        exchanges: 0,
+        ..Growth::many(1200, now - 2 * DAY, 60_000)
+    };
+    let empty = grow(db, thread, &empty);
+    let deep = grow(db, thread, &Growth::many(1, now - 3 * DAY, 0));
+    let c = rusqlite::Connection::open(db).unwrap();
+    let touch = |id: &str, at: i64| {
+        c.execute(
+            "UPDATE session SET time_updated = ?1 WHERE id = ?2",
+            rusqlite::params![at, id],
+        )
+        .unwrap()
+    };
+    touch(thread, now - 4 * DAY);
+    for (i, id) in empty.ids[..100].iter().enumerate() {
+        touch(id, now - 40 * DAY - i as i64 * 60_000);
+    }
+    c.execute(
+        "UPDATE part SET data = json_set(data, '$.text', 'the OSPREY-9 gasket') WHERE id = \
+         (SELECT id FROM part WHERE session_id = ?1 AND json_extract(data, '$.type') = 'text' \
+         LIMIT 1)",
+        [&deep.ids[0]],
+    )
+    .unwrap();
+    PastFirstPage {
+        deep: deep.ids[0].clone(),
+        // One exchange: updated a minute after it started.
+        deep_updated: now - 3 * DAY + 60_000,
+        total: 1200 + 1 + 1,
+        now,
+    }
+}
+
+/// Memory holding more than OpenCode's first page of 100 sessions
+/// (docs/persistence.md#every-thread-resumes): the mapped thread resumes by id, the session tools
+/// list, search and read past the first 100 (a search bounded to the newest 200 says how to reach
+/// older ones), and a listing past its cap and a prune past its time say what they left.
+#[tokio::test]
+async fn every_session_is_reached_however_many_memory_holds() {
+    let h = Harness::new().await;
+    h.llm.push(Reply::text("The heron valve sticks when cold."));
+    let mut agent = h.start().await;
+    let thread = agent.resolve_session("issue-1").await.unwrap().session;
+    let r = agent
+        .run_turn(
+            thread.clone(),
+            "Why does the valve stick?",
+            &opts(None),
+            &Cancellation::new(),
+        )
+        .await;
+    assert_eq!(r.outcome, TurnOutcome::Completed);
+    agent.shutdown(Duration::from_secs(5)).await;
+    let grown = grow_past_the_first_page(&h.db(), &thread.id);
+    let mut agent = h.start().await;
+
+    // The thread is older than every other session: resumed by id all the same.
+    let resumed = agent
+        .resolve_owned_session(
+            "issue-1",
+            fro_bot::opencode::session::Ownership::Mapped(Some(&thread.id)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (resumed.resolution, resumed.session.id.as_str()),
+        (Resolution::Resumed, thread.id.as_str())
+    );
+    session_tools_reach(&h, &agent, &grown, &thread.id).await;
+    listing_and_pruning_say_what_they_left(&agent, &grown, &thread.id).await;
+    agent.shutdown(Duration::from_secs(5)).await;
+}
+
+/// The session tools list, search and read past OpenCode's first 100.
+async fn session_tools_reach(h: &Harness, agent: &Agent, grown: &PastFirstPage, thread: &str) {
+    let tools = ToolsConfig {
+        sessions: fro_bot::tools::sessions::SessionTools {
+            url: Some(agent.server().url().into()),
+            password: Some(agent.server().password().into()),
+            workspace: h.workspace.clone(),
+            trust: fro_bot::tools::sessions::TrustSource::Fixed(
+                fro_bot::trust::TrustView::unknown(),
+            ),
+        },
+        proposals: None,
+        review: None,
+    };
+    let total = grown.total;
+    let listed = tool_text(&tools, "session_list", json!({"limit": 5})).await;
+    assert!(
+        listed.contains(&format!("({} more not shown)", total - 5)),
+        "{listed}"
+    );
+    let unbounded = tool_text(&tools, "session_search", json!({"query": "OSPREY-9"})).await;
+    assert!(
+        unbounded.starts_with("No matches")
+            && unbounded.contains(&format!("searched the newest 200 of {total} sessions")),
+        "{unbounded}"
+    );
+    let to_date = fro_bot::tools::sessions::format_ms(grown.deep_updated + 30_000);
+    let args = json!({"query": "OSPREY-9", "to_date": to_date});
+    let found = tool_text(&tools, "session_search", args).await;
+    assert!(
+        found.contains(&grown.deep) && found.contains("OSPREY-9 gasket"),
+        "{found}"
+    );
+    let info = tool_text(&tools, "session_info", json!({"session_id": thread})).await;
+    assert!(info.contains("\"title\":\"fro-bot: issue-1\""), "{info}");
+}
+
+/// A listing past its cap says so and holds the newest; pruning past its listing cap sees none of
+/// the old sessions, past its time stops after one deletion and says how many are left, and
+/// unbounded deletes the 100.
+async fn listing_and_pruning_say_what_they_left(
+    agent: &Agent,
+    grown: &PastFirstPage,
+    thread: &str,
+) {
+    use fro_bot::opencode::client::Extent;
+    use fro_bot::opencode::prune::{self, Bounds};
+    let client = agent.client();
+    let capped = client.list_sessions_upto(500).await.unwrap();
+    assert_eq!(capped.extent, Extent::Capped { cap: 500 });
+    assert_eq!(capped.sessions.len(), 500);
+    assert!(capped
+        .sessions
+        .windows(2)
+        .all(|w| w[0].time.updated >= w[1].time.updated));
+    let all = client.list_sessions().await.unwrap();
+    assert_eq!(
+        (all.sessions.len(), all.extent),
+        (grown.total, Extent::Complete)
+    );
+
+    let protect = [thread];
+    let short = Bounds {
+        listing: 500,
+        ..Bounds::default()
+    };
+    let r = prune::prune(client, grown.now, 10, &protect, short)
+        .await
+        .unwrap();
+    assert!(r.deleted.is_empty(), "{r:?}");
+    assert!(r.notes()[0].contains("more than 500 sessions"), "{r:?}");
+    let hurried = Bounds {
+        time: Duration::ZERO,
+        ..Bounds::default()
+    };
+    let r = prune::prune(client, grown.now, 10, &protect, hurried)
+        .await
+        .unwrap();
+    assert_eq!((r.deleted.len(), r.left), (1, 99), "{r:?}");
+    assert!(r.notes()[0].contains("99 left for later runs"), "{r:?}");
+    let r = prune::prune(client, grown.now, 10, &protect, Bounds::default())
+        .await
+        .unwrap();
+    assert_eq!((r.deleted.len(), r.left), (99, 0), "{r:?}");
+    assert!(r.notes().is_empty() && r.failures.is_empty(), "{r:?}");
 }

@@ -10,6 +10,7 @@ use crate::confine::AgentUser;
 use crate::egress::AgentReach;
 use crate::github::{self, RunPlan};
 use crate::memory::report::RestoreReport;
+use crate::opencode::config::ProposalTools;
 use crate::opencode::progress::ProgressSink;
 use crate::opencode::{
     self, prep, Agent, AgentOptions, Isolation, TurnOptions, TurnOutcome, TurnReport,
@@ -17,7 +18,6 @@ use crate::opencode::{
 use crate::phases::run_context::{Admitted, Mode, RunLedger};
 use crate::runner::env;
 use crate::runner::{log, Cancellation, Env};
-use crate::opencode::config::ProposalTools;
 use crate::trust::{SessionTrust, TrustView};
 
 /// What the agent part of the run produced.

@@ -17,8 +17,8 @@ const STRAY_BUDGET: Duration = Duration::from_secs(2);
 /// How long the work this run started gets to stop after an abort, before the gate looks.
 const ABORT_GRACE: Duration = Duration::from_secs(2);
 
-/// What cleanup saw, for the safety gate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What cleanup saw, for the safety gate; and what it pruned, for the memory guard.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Stopped {
     /// This run's session was still busy after an abort and a grace period.
     pub(crate) agent_still_running: bool,
@@ -26,6 +26,8 @@ pub(crate) struct Stopped {
     pub(crate) quiescent: bool,
     /// Processes of the agent's user survived the kill: something may still write the database.
     pub(crate) strays_remained: bool,
+    /// The sessions pruning deleted (`memory::guard::put_back` keeps their deletion).
+    pub(crate) pruned: Vec<String>,
 }
 
 /// Stops the agent, whatever state it is in. Under a signal pruning is skipped: it is a nicety.
@@ -39,11 +41,17 @@ pub(crate) async fn stop_agent(
         agent_still_running: false,
         quiescent: true,
         strays_remained: false,
+        pruned: Vec::new(),
     };
     if let Some(mut a) = agent {
         if !cancel.is_cancelled() {
-            if let Err(e) = a.prune(retention, &agent_run.protect()).await {
-                tracing::warn!("pruning old sessions failed: {e}");
+            match a.prune(retention, &agent_run.protect()).await {
+                // A bound that stopped it short is said (docs/persistence.md#every-thread-resumes).
+                Ok(report) => {
+                    report.notes().iter().for_each(|n| log::warning(n));
+                    stopped.pruned = report.deleted;
+                }
+                Err(e) => tracing::warn!("pruning old sessions failed: {e}"),
             }
         }
         stopped.agent_still_running = stop_agent_work(&a, agent_run.session_id.as_deref()).await;

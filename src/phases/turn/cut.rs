@@ -4,8 +4,8 @@
 //! each call it cut is an error whose outcome is unknown. Only this run's own session trees.
 
 use crate::memory::repair::{self, Interruption};
-use crate::opencode::TurnOutcome;
 use crate::memory::report::PersistenceReport;
+use crate::opencode::TurnOutcome;
 use crate::phases::run_context::Admitted;
 use crate::phases::turn::agent::AgentRun;
 use crate::phases::turn::cleanup::Stopped;

@@ -37,8 +37,13 @@ pub(crate) fn take(ctx: &Admitted) -> Leftovers {
 }
 
 /// After the turn, once the agent's processes are gone: `.git` put back, the home given back, and
-/// memory limited to this run's own conversation.
-pub(crate) fn put_back(ctx: &Admitted, ledger: &mut Ledger, held: Leftovers, agent_run: &AgentRun) {
+/// memory limited to this run's own conversation and what cleanup `pruned`.
+pub(crate) fn put_back(
+    ctx: &Admitted,
+    ledger: &mut Ledger,
+    held: Leftovers,
+    (agent_run, pruned): (&AgentRun, &[String]),
+) {
     guards::put_back_git(ctx, &mut ledger.report, held.git);
     guards::give_back_home(ctx, held.home.as_ref());
     let own: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
@@ -50,7 +55,8 @@ pub(crate) fn put_back(ctx: &Admitted, ledger: &mut Ledger, held: Leftovers, age
         .clone()
         .map(|id| (ctx.plan.logical_key.as_str().to_string(), id));
     let at = (&ctx.paths, &ctx.files);
-    memory_guard::put_back(ledger, at, held.memory, &own, thread);
+    let pruning = (pruned, ctx.settings.session_retention as usize);
+    memory_guard::put_back(ledger, at, held.memory, &own, thread, pruning);
 }
 
 /// Post: gives back what a killed main took from the runner's user for the turn besides its home

@@ -10,6 +10,7 @@ pub mod fake_github;
 pub mod fake_llm;
 pub mod fake_review;
 pub mod fake_runner_proxy;
+pub mod grow;
 pub mod hostile;
 pub mod s3;
 pub mod services;
