@@ -337,6 +337,52 @@ fn layer_of(module: &str) -> Option<(usize, &'static str)> {
         .map(|i| (i, LAYERS[i].0))
 }
 
+/// The layers as docs/architecture.md draws them (its first code block after `## Layers`, top
+/// first: a layer's name, then its rooms separated by commas).
+fn drawn_layers(page: &str) -> Vec<(String, Vec<String>)> {
+    let after = page
+        .split("## Layers")
+        .nth(1)
+        .expect("docs/architecture.md has ## Layers");
+    let block = after
+        .split("```")
+        .nth(1)
+        .expect("a code block under ## Layers");
+    let mut layers: Vec<(String, Vec<String>)> = block
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let mut fields = line.split("  ").map(str::trim).filter(|f| !f.is_empty());
+            let name = fields.next().unwrap_or_default().to_string();
+            let rooms = fields.next().unwrap_or_default();
+            let rooms = rooms.split(',').map(|r| r.trim().to_string()).collect();
+            (name, rooms)
+        })
+        .collect();
+    layers.reverse();
+    layers
+}
+
+#[test]
+fn the_architecture_page_draws_the_layers_this_test_holds() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/architecture.md")).unwrap();
+    let held: Vec<(String, Vec<String>)> = LAYERS
+        .iter()
+        .map(|(name, rooms)| {
+            (
+                name.to_string(),
+                rooms.iter().map(|r| r.to_string()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        drawn_layers(&page),
+        held,
+        "docs/architecture.md ## Layers, bottom last"
+    );
+}
+
 #[test]
 fn no_room_imports_a_room_of_a_layer_above_it() {
     let edges = import_edges();
