@@ -103,7 +103,8 @@ mod tests {
             ..Default::default()
         });
         let start = prompt.find("## The previous turn was cut short").unwrap();
-        let section = &prompt[start..prompt.find("## Task").unwrap()];
+        // The real Task heading: a line of its own (memory's text may say the words mid-line).
+        let section = &prompt[start..prompt.find("\n## Task\n").unwrap()];
         let lines: Vec<&str> = section.lines().collect();
         assert!(lines[1].starts_with(OPEN), "{section}");
         assert_eq!(lines[3], CLOSE, "one line inside the fence: {section}");
@@ -115,7 +116,8 @@ mod tests {
             "{paragraph}"
         );
         assert!(paragraph.contains("bash… `echo ok…`"), "{paragraph}");
-        assert_eq!(prompt.matches("## Task").count(), 1, "{prompt}");
+        let headings = prompt.lines().filter(|l| l.starts_with("## Task"));
+        assert_eq!(headings.count(), 1, "{prompt}");
         assert!(lines[4].contains("Check the work tree"), "{section}");
     }
 }
