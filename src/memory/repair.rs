@@ -5,12 +5,15 @@
 //! 1.18.33 reads them back: the answer completed with an error naming the interruption, each such
 //! call an error whose outcome is unknown and that was not run again, its input kept; streamed text
 //! is kept; nothing is run. It returns what it repaired (`RepairReport`), and `read_back` finds the
-//! same in a database an earlier run repaired. Restored rows are hostile input: only bound
-//! parameters, only rows found by their own columns, triggers off, bounded work.
+//! same in a database an earlier run repaired; `unanswered` finds the turns cut short that the
+//! next run on a thread is told of (docs/persistence.md#the-next-run-knows). Restored rows are
+//! hostile input: only bound parameters, only rows found by their own columns, triggers off,
+//! bounded work.
 
 mod read_back;
 mod rows;
 mod text;
+mod unanswered;
 mod write;
 
 #[cfg(test)]
@@ -23,7 +26,8 @@ use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 pub use read_back::{read_back, read_back_path};
-pub use text::{call_error, message_error, SUMMARY_CHARS};
+pub use text::{call_error, kept_note, message_error, SUMMARY_CHARS};
+pub use unanswered::{on_thread, unanswered, unanswered_path, Unanswered, MAX_UNANSWERED};
 
 /// At most this many answers are repaired in one pass; the rest wait for the next
 /// (`RepairReport::limited`).
@@ -70,14 +74,39 @@ pub enum Scope<'a> {
     Trees(&'a [&'a str]),
 }
 
+/// The workflow run a turn was cut in, as the repair that ran in that run records it beside the
+/// answer (`error.data.froBotRepair`); a turn found cut in restored memory names none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRef {
+    /// `GITHUB_RUN_ID`: 1 to 20 ASCII digits.
+    pub id: String,
+    /// `GITHUB_RUN_ATTEMPT`: 1 to 6 ASCII digits, when known.
+    pub attempt: Option<String>,
+}
+
+impl RunRef {
+    /// `None` unless `id` is a run id (digits); an attempt that is not digits is left out. What
+    /// is read back from memory goes through here too, so a forged marker says nothing else.
+    pub fn new(id: &str, attempt: Option<&str>) -> Option<RunRef> {
+        let digits = |s: &str, max: usize| {
+            (!s.is_empty() && s.len() <= max && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.to_string())
+        };
+        Some(RunRef {
+            id: digits(id, 20)?,
+            attempt: attempt.and_then(|a| digits(a, 6)),
+        })
+    }
+}
+
 /// One call whose outcome is unknown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownCall {
     pub part_id: String,
     pub call_id: Option<String>,
     pub tool: String,
-    /// The command, or the input's JSON; at most [`SUMMARY_CHARS`] characters, no control
-    /// characters.
+    /// The command's first line, or the input's JSON; at most [`SUMMARY_CHARS`] characters (and
+    /// `…` when something was left out), no control characters.
     pub input: String,
     pub left: LeftAs,
 }
@@ -133,11 +162,21 @@ pub fn repair_path(
     scope: Scope<'_>,
     reason: Interruption,
 ) -> Result<RepairReport, RepairError> {
+    repair_path_in(db, scope, reason, None)
+}
+
+/// [`repair_path`], recording `run` (the run the turn was cut in) beside each repaired answer.
+fn repair_path_in(
+    db: &Path,
+    scope: Scope<'_>,
+    reason: Interruption,
+    run: Option<&RunRef>,
+) -> Result<RepairReport, RepairError> {
     if !db.is_file() {
         return Ok(RepairReport::default());
     }
     let mut conn = open(db, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
-    repair(&mut conn, scope, reason)
+    repair_in(&mut conn, scope, reason, run)
 }
 
 /// Repairs every answer in `scope` that a cut turn left: without `time.completed`, or aborted
@@ -148,6 +187,16 @@ pub fn repair(
     scope: Scope<'_>,
     reason: Interruption,
 ) -> Result<RepairReport, RepairError> {
+    repair_in(conn, scope, reason, None)
+}
+
+/// [`repair`] by the run the turn was cut in (`run`), which each repaired answer records.
+pub fn repair_in(
+    conn: &mut Connection,
+    scope: Scope<'_>,
+    reason: Interruption,
+    run: Option<&RunRef>,
+) -> Result<RepairReport, RepairError> {
     harden(conn).map_err(RepairError::Open)?;
     rows::check_schema(conn)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -157,7 +206,7 @@ pub fn repair(
     for message in found {
         let (parts, more) = rows::tool_parts(&tx, &message)?;
         limited |= more;
-        let cut = write::repair_message(&tx, &message, &parts, reason)?;
+        let cut = write::repair_message(&tx, &message, &parts, (reason, run))?;
         report.turns.extend(cut);
     }
     tx.commit()?;
@@ -174,11 +223,17 @@ pub async fn after_restore(db: PathBuf) -> RepairOutcome {
     outcome(task.await)
 }
 
-/// After fro-bot stopped a turn and OpenCode: the run's own session trees, off the runtime.
-pub async fn after_turn(db: PathBuf, sessions: Vec<String>, reason: Interruption) -> RepairOutcome {
+/// After fro-bot stopped a turn and OpenCode: the run's own session trees, off the runtime; `run`
+/// (this run) is recorded beside each answer, for the next run's notice.
+pub async fn after_turn(
+    db: PathBuf,
+    sessions: Vec<String>,
+    reason: Interruption,
+    run: Option<RunRef>,
+) -> RepairOutcome {
     let task = tokio::task::spawn_blocking(move || {
         let ids: Vec<&str> = sessions.iter().map(String::as_str).collect();
-        repair_path(&db, Scope::Trees(&ids), reason)
+        repair_path_in(&db, Scope::Trees(&ids), reason, run.as_ref())
     });
     outcome(task.await)
 }
@@ -220,7 +275,7 @@ pub fn summary_line(outcomes: &[RepairOutcome]) -> Option<String> {
     (!lines.is_empty()).then(|| lines.join("; "))
 }
 
-/// "repaired a turn cut short (why): 1 call with unknown outcome".
+/// "repaired a turn cut short (why): the turn was kept; its last command's outcome is unknown".
 fn describe(report: &RepairReport) -> String {
     let turns = match report.turns.len() {
         1 => "a turn cut short".to_string(),
@@ -228,17 +283,16 @@ fn describe(report: &RepairReport) -> String {
     };
     let mut reasons: Vec<&str> = report.turns.iter().map(|t| t.reason.describe()).collect();
     reasons.dedup();
-    let calls = match report.calls() {
-        0 => "no call was under way".to_string(),
-        1 => "1 call with unknown outcome".to_string(),
-        n => format!("{n} calls with unknown outcomes"),
-    };
     let more = if report.limited {
         " (more are left for the next run)"
     } else {
         ""
     };
-    format!("repaired {turns} ({}): {calls}{more}", reasons.join(", "))
+    format!(
+        "repaired {turns} ({}): {}{more}",
+        reasons.join(", "),
+        text::kept(report)
+    )
 }
 
 pub(super) fn open(db: &Path, flags: OpenFlags) -> Result<Connection, RepairError> {

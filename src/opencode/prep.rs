@@ -1,6 +1,9 @@
 //! Session prep: "Relevant prior work" found in earlier sessions — any of them, however many
-//! memory holds — and the prompt the agent gets. `PromptInput` is plain data so the GitHub module
-//! can fill it without this module knowing GitHub.
+//! memory holds — and the prompt the agent gets, with the notice of a turn cut short
+//! (`cut_short`). `PromptInput` is plain data so the GitHub module and memory can fill it without
+//! this module knowing them.
+
+mod cut_short;
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,6 +14,8 @@ use super::client::{ApiError, Client, Session};
 use super::mentions::{self, ScanEnd};
 use crate::trust::{PriorUse, SessionTrust, TrustView};
 use crate::untrusted::{strip_hidden, Fence, Label};
+
+pub use cut_short::{CutCall, CutReason, CutTurnNotice};
 
 pub const MAX_EXCERPTS: usize = 5;
 /// Characters of context on each side of a match.
@@ -328,6 +333,9 @@ pub struct PromptInput {
     pub changes_delivered: bool,
     /// The pull request the agent may review, and how (a response rule).
     pub review: Option<String>,
+    /// The previous turn(s) on this thread, cut short and not answered since (memory's record,
+    /// oldest first; docs/persistence.md#the-next-run-knows).
+    pub cut_short: Vec<CutTurnNotice>,
     /// Characters; 0 = [`DEFAULT_PROMPT_BUDGET`].
     pub budget: usize,
     /// Fences everything not written by the triggering directive (random per run).
@@ -348,7 +356,9 @@ pub fn build_prompt(input: &PromptInput) -> String {
     if let Some(review) = &input.review {
         rules.push_str(&format!("- {review}\n"));
     }
-    let fixed = env.len() + task.len() + rules.len();
+    // Bounded (`cut_short`), and never cut: the agent must not redo a cut call blind.
+    let cut_turn = cut_short::section(&input.cut_short, &input.fence);
+    let fixed = env.len() + cut_turn.len() + task.len() + rules.len();
     let mut prior = input.prior_work.clone();
     let mut ctx = input.context.clone();
     let mut body_cap = usize::MAX;
@@ -358,13 +368,13 @@ pub fn build_prompt(input: &PromptInput) -> String {
             .map(|c| context_section(c, body_cap, &input.fence))
             .unwrap_or_default();
         let p = prior_section(&prior, input.withheld_prior, &input.fence);
-        let quoted = if c.is_empty() && p.is_empty() {
+        let quoted = if c.is_empty() && p.is_empty() && cut_turn.is_empty() {
             String::new()
         } else {
             format!("## Quoted material\n{}", input.fence.preamble())
         };
         if fixed + quoted.len() + c.len() + p.len() <= budget {
-            return [env, quoted, c, p, task, rules]
+            return [env, quoted, c, p, cut_turn, task, rules]
                 .into_iter()
                 .filter(|s| !s.is_empty())
                 .collect::<Vec<_>>()
@@ -384,7 +394,11 @@ pub fn build_prompt(input: &PromptInput) -> String {
         } else if ctx.is_some() {
             ctx = None;
         } else {
-            return [env, task, rules].join("\n");
+            return [env, quoted, cut_turn, task, rules]
+                .into_iter()
+                .filter(|s| !s.is_empty())
+                .collect::<Vec<_>>()
+                .join("\n");
         }
     }
 }
@@ -654,6 +668,7 @@ mod tests {
             rules: ResponseRules::HarnessPosts,
             changes_delivered: true,
             review: None,
+            cut_short: vec![],
             budget: 0,
             fence: Fence::new([0xab; 16]),
         }

@@ -83,9 +83,22 @@ pub(crate) fn cancelled_body(
     let footer = run_footer(env, plan, agent_run, restored, started);
     let text = match (&agent_run.outcome, &agent_run.answer) {
         (Some(TurnOutcome::Completed), Some(answer)) => agent_words(answer),
-        _ => CANCELLED.to_string(),
+        _ => with_kept(CANCELLED.to_string(), agent_run),
     };
     github::response::render(&text, &footer, plan.author.as_deref())
+}
+
+/// `stopped`, and — for a turn handed to OpenCode that did not complete — what memory kept of it,
+/// as the repair of the turn knows it before the save (`memory::repair::kept_note`).
+fn with_kept(stopped: String, agent_run: &AgentRun) -> String {
+    let cut = agent_run.prompted && agent_run.outcome != Some(TurnOutcome::Completed);
+    match cut
+        .then(|| crate::memory::repair::kept_note(agent_run.cut.as_ref()))
+        .flatten()
+    {
+        Some(kept) => format!("{stopped}\n\n{kept}"),
+        None => stopped,
+    }
 }
 
 /// The agent's answer with its links checked (`outbound::links`, after the redactor: an inert
@@ -111,6 +124,7 @@ fn final_text(agent_run: &AgentRun) -> Option<String> {
         "I could not finish this one: the agent {}. The run log has the details; mention me again to retry.",
         agent_run.outcome_text()
     );
+    let stopped = with_kept(stopped, agent_run);
     Some(match &answer {
         Some(partial) => format!("{partial}\n\n---\n\n{stopped}"),
         None => stopped,

@@ -228,7 +228,7 @@ async fn take_turn(
     // The agent is stopped (and everything it left running killed) before .git is put back and
     // its change read.
     let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
-    crate::phases::turn::cut::repair(ctx, &mut run.ledger.report, &agent_run, &stopped).await;
+    crate::phases::turn::cut::repair(ctx, &mut run.ledger.report, &mut agent_run, &stopped).await;
     crate::phases::turn::agent_network::record(&ctx.settings.network, run);
     leftovers::put_back(ctx, &mut run.ledger, guards, (&agent_run, &stopped.pruned));
     if !ctx.cancel.is_cancelled() {
@@ -447,6 +447,7 @@ async fn run_agent(
             progress,
             changes_delivered: outputs.delivers_changes(),
             review: outputs.review.brief(),
+            memory: ctx.paths.db(),
         };
         drive_agent(&mut agent, &inputs, &mut agent_run).await;
         let prep = agent_run.prep_time;

@@ -303,9 +303,13 @@ impl Tracker {
     }
 }
 
-/// What post says in a tracking comment main left "working" (main was killed).
+/// What post says in a tracking comment main left "working" (main was killed). Said before post's
+/// save: what the turn did is not known to be kept; if it is saved, the next run's restore repairs
+/// it and that run is told (docs/persistence.md#the-next-run-knows).
 pub(crate) const KILLED: &str =
-    "I was stopped before I could finish: the job ended before I could answer. Mention me again to retry.";
+    "I was stopped before I could finish: the job ended before I could answer. What I did so far \
+     is not known to be kept in memory; if it was saved, my next run on this thread is told that \
+     this turn was cut short. Mention me again to retry.";
 /// Post's edit of such a comment, at most.
 const LEFT_BEHIND_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -10,7 +10,7 @@ use rusqlite::{params, Connection, OpenFlags};
 
 use super::rows::{self, text, ID_LIMIT};
 use super::text::{summary, ABORTED_ERROR, MARKER, MESSAGE_PREFIX};
-use super::{CutTurn, Interruption, LeftAs, RepairError, Scope, UnknownCall, MAX_PARTS};
+use super::{CutTurn, Interruption, LeftAs, RepairError, RunRef, Scope, UnknownCall, MAX_PARTS};
 
 /// At most this many repaired answers are read back (the newest).
 pub const MAX_READ: usize = 100;
@@ -27,6 +27,23 @@ pub fn read_back_path(db: &Path, scope: Scope<'_>) -> Result<Vec<CutTurn>, Repai
 
 /// The repaired answers in `scope`, oldest first (the newest [`MAX_READ`]).
 pub fn read_back(conn: &Connection, scope: Scope<'_>) -> Result<Vec<CutTurn>, RepairError> {
+    Ok(repaired(conn, scope)?.into_iter().map(|r| r.turn).collect())
+}
+
+/// A repaired answer as read back, with what places it.
+pub(super) struct Repaired {
+    pub(super) turn: CutTurn,
+    /// Its row's `time_created`, when it is a number.
+    pub(super) created: Option<i64>,
+    /// The run it was cut in, when the repair recorded one that reads as a run.
+    pub(super) run: Option<RunRef>,
+}
+
+/// An answer's row as read: id, session, `time_created`, error message, the run recorded.
+type AnswerRow = (String, String, Value, Option<String>, Option<RunRef>);
+
+/// [`read_back`], with each answer's time and run.
+pub(super) fn repaired(conn: &Connection, scope: Scope<'_>) -> Result<Vec<Repaired>, RepairError> {
     rows::check_schema(conn)?;
     let sessions = rows::sessions(conn, scope)?;
     let within = match sessions {
@@ -35,7 +52,9 @@ pub fn read_back(conn: &Connection, scope: Scope<'_>) -> Result<Vec<CutTurn>, Re
     };
     let sql = format!(
         "SELECT id, session_id, time_created, \
-           substr(json_extract(data, '$.error.data.message'), 1, 400) \
+           substr(json_extract(data, '$.error.data.message'), 1, 400), \
+           substr(json_extract(data, '$.error.data.' || ?6 || '.run'), 1, 32), \
+           substr(json_extract(data, '$.error.data.' || ?6 || '.attempt'), 1, 32) \
          FROM message WHERE {within} length(id) <= ?5 AND length(session_id) <= ?5 AND \
          CASE WHEN typeof(data) = 'text' AND json_valid(data) THEN \
            json_extract(data, '$.role') = 'assistant' AND json_extract(data, '$.error.name') = ?2 \
@@ -44,20 +63,23 @@ pub fn read_back(conn: &Connection, scope: Scope<'_>) -> Result<Vec<CutTurn>, Re
          ORDER BY time_created DESC, id DESC LIMIT ?4"
     );
     let mut st = conn.prepare(&sql)?;
-    let found: Vec<(String, String, Value, Option<String>)> = st
-        .query_map(
-            params![
-                sessions,
-                ABORTED_ERROR,
-                MESSAGE_PREFIX,
-                MAX_READ as i64,
-                ID_LIMIT
-            ],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, text(r.get(3)?))),
-        )?
+    let bound = params![
+        sessions,
+        ABORTED_ERROR,
+        MESSAGE_PREFIX,
+        MAX_READ as i64,
+        ID_LIMIT,
+        MARKER
+    ];
+    let found: Vec<AnswerRow> = st
+        .query_map(bound, |r| {
+            let attempt = text(r.get(5)?);
+            let run = text(r.get(4)?).and_then(|id| RunRef::new(&id, attempt.as_deref()));
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, text(r.get(3)?), run))
+        })?
         .collect::<rusqlite::Result<_>>()?;
-    let mut turns = Vec::new();
-    for (message_id, session_id, created, error) in found.into_iter().rev() {
+    let mut out = Vec::new();
+    for (message_id, session_id, created, error, run) in found.into_iter().rev() {
         let Some(reason) = error.as_deref().and_then(Interruption::from_message) else {
             continue;
         };
@@ -68,15 +90,17 @@ pub fn read_back(conn: &Connection, scope: Scope<'_>) -> Result<Vec<CutTurn>, Re
             params![session_id, created, message_id],
             |r| r.get(0),
         )?;
-        turns.push(CutTurn {
+        let turn = CutTurn {
             session_id,
             message_id,
             reason,
             calls,
             superseded,
-        });
+        };
+        let created = rows::integer(created);
+        out.push(Repaired { turn, created, run });
     }
-    Ok(turns)
+    Ok(out)
 }
 
 /// The answer's calls the repair rewrote (its marker in their metadata), in id order.

@@ -2,7 +2,7 @@
 //! error of a call whose outcome is unknown, the error that completes a cut answer, and the marker
 //! (`froBotRepair` in the call's metadata) a later run reads back (docs/persistence.md#a-turn-cut-short).
 
-use super::{Interruption, LeftAs};
+use super::{Interruption, LeftAs, RepairOutcome, RepairReport, RunRef};
 
 /// Starts every repaired answer's error message: how `read_back` tells the repair's own rows.
 pub(super) const MESSAGE_PREFIX: &str = "Turn cut short: ";
@@ -110,15 +110,65 @@ pub(super) fn marker(reason: Interruption, left: LeftAs) -> String {
     serde_json::json!({"reason": reason.as_str(), "was": left.as_str()}).to_string()
 }
 
-/// A call's input as a short line: a command as it is, anything else as its JSON; control
-/// characters become spaces, and at most [`SUMMARY_CHARS`] characters are kept.
+/// What the repair records beside the answer's error (`error.data`, beside `message`: OpenCode
+/// reads only `message`), when it knows the run the turn was cut in.
+pub(super) fn message_marker(reason: Interruption, run: &RunRef) -> serde_json::Value {
+    serde_json::json!({"reason": reason.as_str(), "run": run.id, "attempt": run.attempt})
+}
+
+/// What a repair kept: "the turn was kept; its last command's outcome is unknown".
+pub(super) fn kept(report: &RepairReport) -> String {
+    let kept = match report.turns.len() {
+        1 => "the turn was kept",
+        _ => "they were kept",
+    };
+    let last_is_command = report
+        .turns
+        .last()
+        .and_then(|t| t.calls.last())
+        .is_some_and(|c| c.tool == "bash");
+    let calls = match (report.calls(), last_is_command) {
+        (0, _) => "no call was under way".to_string(),
+        (1, true) => "its last command's outcome is unknown".to_string(),
+        (1, false) => "its last call's outcome is unknown".to_string(),
+        (n, _) => format!("{n} calls have unknown outcomes"),
+    };
+    format!("{kept}; {calls}")
+}
+
+/// What the cut run tells the thread (its tracking comment) of what memory kept, from the repair
+/// of its own turn (`None`: that repair did not run). It is said before the save, so it says
+/// what the repair knows, and leaves whether memory was saved to the run's summary. `None`:
+/// nothing to say (nothing of the turn was left open).
+pub fn kept_note(repair: Option<&RepairOutcome>) -> Option<String> {
+    match repair {
+        Some(RepairOutcome::Repaired(r)) if r.turns.is_empty() => None,
+        Some(RepairOutcome::Repaired(r)) => Some(format!(
+            "This run's memory holds what I did so far: {}. Once that memory is saved (the run's \
+             summary says whether it was), my next run on this thread is told that this turn was \
+             cut short.",
+            kept(r)
+        )),
+        Some(RepairOutcome::Failed { .. }) | None => Some(
+            "What I did so far is not known to be kept in memory (the run's summary says what was \
+             saved)."
+                .to_string(),
+        ),
+    }
+}
+
+/// A call's input as a short line: a command's first line, anything else as its JSON (one line
+/// already); other control characters become spaces, at most [`SUMMARY_CHARS`] characters are
+/// kept, and `…` says that something was left out.
 pub(super) fn summary(raw: &str) -> String {
+    let raw = raw.trim_end_matches(['\n', '\r']);
+    let line = raw.split(['\n', '\r']).next().unwrap_or_default();
     let mut out = String::new();
-    let mut chars = raw.chars().map(|c| if c.is_control() { ' ' } else { c });
+    let mut chars = line.chars().map(|c| if c.is_control() { ' ' } else { c });
     for c in chars.by_ref().take(SUMMARY_CHARS) {
         out.push(c);
     }
-    if chars.next().is_some() {
+    if chars.next().is_some() || line.len() < raw.len() {
         out.push('…');
     }
     out

@@ -9,14 +9,15 @@ use serde_json::json;
 
 use super::rows::{left_as, CutMessage, ErrorNow, ToolPart};
 use super::text::{self, ABORTED_ERROR};
-use super::{CutTurn, Interruption, LeftAs, UnknownCall};
+use super::{CutTurn, Interruption, LeftAs, RunRef, UnknownCall};
 
-/// Repairs one answer and its cut calls; `None` when the row is gone.
+/// Repairs one answer and its cut calls, recording the run it was cut in when known; `None` when
+/// the row is gone.
 pub(super) fn repair_message(
     conn: &Connection,
     m: &CutMessage,
     parts: &[ToolPart],
-    reason: Interruption,
+    (reason, run): (Interruption, Option<&RunRef>),
 ) -> rusqlite::Result<Option<CutTurn>> {
     let completed = completion(m);
     let mut calls = Vec::new();
@@ -37,7 +38,7 @@ pub(super) fn repair_message(
             });
         }
     }
-    if !write_message(conn, m, reason, completed)? {
+    if !write_message(conn, m, (reason, run), completed)? {
         return Ok(None);
     }
     Ok(Some(CutTurn {
@@ -56,11 +57,12 @@ fn completion(m: &CutMessage) -> i64 {
 }
 
 /// The answer's `time.completed` (when missing) and its error (unless it holds one other than
-/// OpenCode's abort, which is kept: OpenCode then shows the model nothing of it, as before).
+/// OpenCode's abort, which is kept: OpenCode then shows the model nothing of it, as before), with
+/// the run it was cut in beside the error's message when known.
 fn write_message(
     conn: &Connection,
     m: &CutMessage,
-    reason: Interruption,
+    (reason, run): (Interruption, Option<&RunRef>),
     completed: i64,
 ) -> rusqlite::Result<bool> {
     let mut written = false;
@@ -76,8 +78,11 @@ fn write_message(
         )? == 1;
     }
     if matches!(m.error, ErrorNow::None | ErrorNow::Aborted) {
-        let error =
+        let mut error =
             json!({"name": ABORTED_ERROR, "data": {"message": text::message_error(reason)}});
+        if let Some(run) = run {
+            error["data"][text::MARKER] = text::message_marker(reason, run);
+        }
         written |= conn.execute(
             "UPDATE message SET data = json_set(data, '$.error', json(?3)) \
              WHERE id = ?1 AND session_id = ?2",

@@ -42,6 +42,8 @@ pub(crate) struct AgentRun {
     /// The turn was handed to OpenCode: only then can the run have changed memory
     /// (`phases::run::memory_changed`).
     pub(crate) prompted: bool,
+    /// What the repair of this run's own turn did (`phases::turn::cut`); `None`: it did not run.
+    pub(crate) cut: Option<crate::memory::repair::RepairOutcome>,
 }
 
 impl AgentRun {
@@ -269,6 +271,8 @@ pub(crate) struct AgentInputs<'a> {
     pub(crate) changes_delivered: bool,
     /// What the prompt says of the review (`ReviewPrep::brief`), and an automatic review's task.
     pub(crate) review: Option<(String, Option<String>)>,
+    /// Memory (OpenCode's database), where the thread's turns cut short are read.
+    pub(crate) memory: PathBuf,
 }
 
 /// The thread's context for the prompt. With `context-authors: trusted` comments of authors without
@@ -490,6 +494,7 @@ async fn prepare_prompt(
             prep::PriorWork::default()
         }
     };
+    let found = crate::memory::repair::on_thread(inputs.memory.clone(), session_id.into()).await;
     let entity = context.map(|c| entity_context(c, settings.context_authors, own_login.as_deref()));
     let trust = session_trust(plan, entity.as_ref(), &prior, own_login.as_deref());
     let prompt = prep::build_prompt(&prep::PromptInput {
@@ -509,6 +514,7 @@ async fn prepare_prompt(
             _ => plan.directive.clone(),
         },
         review: inputs.review.as_ref().map(|(brief, _)| brief.clone()),
+        cut_short: crate::phases::turn::cut_notice::notice(found),
         prompt: settings.prompt.clone(),
         prompt_replaces_directive: schedule_like,
         rules: response_rules(settings.response_mode, plan),

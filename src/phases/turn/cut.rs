@@ -1,9 +1,11 @@
-//! A turn fro-bot itself stopped (its timeout, a signal) is repaired in the database once OpenCode
-//! has stopped, before the memory guard limits memory to this run's conversation and before the
-//! save (docs/persistence.md#a-turn-cut-short): the answer is completed with an error naming why,
-//! each call it cut is an error whose outcome is unknown. Only this run's own session trees.
+//! A turn cut short. One fro-bot itself stopped (its timeout, a signal) is repaired in the
+//! database once OpenCode has stopped, before the memory guard limits memory to this run's
+//! conversation and before the save (docs/persistence.md#a-turn-cut-short): the answer is
+//! completed with an error naming why, each call it cut is an error whose outcome is unknown.
+//! Only this run's own session trees. The next run on the thread is told of it
+//! (`phases::turn::cut_notice`).
 
-use crate::memory::repair::{self, Interruption};
+use crate::memory::repair::{self, Interruption, RunRef};
 use crate::memory::report::PersistenceReport;
 use crate::opencode::TurnOutcome;
 use crate::phases::run_context::Admitted;
@@ -14,12 +16,13 @@ use crate::phases::turn::cleanup::Stopped;
 /// first, and what is saved unrepaired the next run's restore repairs (as an earlier run's).
 const SAVE_RESERVE: std::time::Duration = std::time::Duration::from_millis(1500);
 
-/// Repairs what the turn left, when OpenCode is known to have stopped writing; the outcome goes
-/// to the summary.
+/// Repairs what the turn left, when OpenCode is known to have stopped writing, recording this run
+/// beside each repaired answer (the next run's notice names it); the outcome goes to the summary
+/// and to the turn's record (`AgentRun::cut`, what the tracking comment says was kept).
 pub(crate) async fn repair(
     ctx: &Admitted,
     report: &mut PersistenceReport,
-    agent_run: &AgentRun,
+    agent_run: &mut AgentRun,
     stopped: &Stopped,
 ) {
     if !agent_run.prompted {
@@ -50,7 +53,10 @@ pub(crate) async fn repair(
         return;
     }
     let reason = reason(agent_run.outcome.as_ref());
-    let outcome = repair::after_turn(ctx.paths.db(), sessions, reason).await;
+    let attempt = ctx.env.get(crate::runner::env::GITHUB_RUN_ATTEMPT);
+    let run = RunRef::new(&ctx.run_id, attempt);
+    let outcome = repair::after_turn(ctx.paths.db(), sessions, reason, run).await;
+    agent_run.cut = Some(outcome.clone());
     report.cut_turns.push(outcome);
 }
 
