@@ -295,6 +295,18 @@ impl Provenance {
             | MarkerCheck::Unreadable { .. } => Provenance::Unknown,
         }
     }
+
+    /// What the save's scrub reads: only the trees this run wrote when memory was rebuilt from
+    /// scrubbed memory with just those (docs/security.md#scrubbed-memory), else everything. Main's
+    /// save and post's finish of a killed main both ask this.
+    pub fn scrub_scope(self, written: &[String]) -> crate::memory::scrub::Scope {
+        match self {
+            Provenance::RebuiltFromScrubbed => crate::memory::scrub::Scope::Changed {
+                sessions: written.iter().cloned().collect(),
+            },
+            Provenance::Scrubbed | Provenance::Unknown => crate::memory::scrub::Scope::Whole,
+        }
+    }
 }
 
 pub(crate) fn sha256_file(path: &Path) -> std::io::Result<[u8; 32]> {
@@ -308,6 +320,21 @@ mod tests {
 
     fn read(path: &Path) -> Vec<(String, String)> {
         file_command::parse(&std::fs::read_to_string(path).unwrap_or_default()).unwrap()
+    }
+
+    #[test]
+    fn only_memory_rebuilt_from_scrubbed_memory_is_scrubbed_by_its_changed_trees() {
+        use crate::memory::scrub::Scope;
+        let written = ["ses_1".to_string(), "ses_2".to_string()];
+        assert_eq!(
+            Provenance::RebuiltFromScrubbed.scrub_scope(&written),
+            Scope::Changed {
+                sessions: written.iter().cloned().collect()
+            }
+        );
+        // Scrubbed memory the turn was not limited to its own trees in: anything may hold one.
+        assert_eq!(Provenance::Scrubbed.scrub_scope(&written), Scope::Whole);
+        assert_eq!(Provenance::Unknown.scrub_scope(&written), Scope::Whole);
     }
 
     #[test]

@@ -5,13 +5,15 @@
 //! behind, the agent, the cleanup) with the `delivery` sub-room around it (the outputs prepared
 //! before; the change, the threat check and the pull request review after), `finalize` answers and
 //! writes the summary, and memory is saved (`memory::save`). Beside them: the `tracking_comment`
-//! and the dedup `sentinels`. The other entries: `post` (the post step) and `inspect`.
+//! and the dedup `sentinels`. The other entries: `post` (the post step; `post_memory` finishes the memory
+//! guard of a main step killed mid-turn) and `inspect`.
 
 pub mod admit;
 pub mod delivery;
 pub mod finalize;
 pub mod inspect;
 pub mod post;
+pub(crate) mod post_memory;
 pub mod run;
 pub mod run_context;
 pub mod sentinels;

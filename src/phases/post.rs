@@ -1,6 +1,7 @@
 //! The post step (docs/design.md#the-post-decision): decide from main's `cacheSaved` state; retry
-//! only a save that did not persist, Actions cache only, with the same keys and path list as main;
-//! release a lease main left behind. Time-boxed; never fails the job.
+//! only a save that did not persist, Actions cache only, with the same keys and path list as main,
+//! after finishing the memory guard of a main step killed mid-turn (`phases::post_memory`); release
+//! a lease main left behind. Time-boxed; never fails the job.
 
 use std::future::Future;
 use std::time::Duration;
@@ -16,6 +17,7 @@ use crate::memory::save_result::{
 };
 use crate::memory::state_paths::StatePaths;
 use crate::object_store::{ObjectStore, StoreSettings};
+use crate::phases::post_memory::GuardEnd;
 use crate::runner::env::state;
 use crate::runner::{log, Env, FileCommands};
 
@@ -34,8 +36,15 @@ pub enum PostOutcome {
         detail: String,
         /// What scrubbing the database did (`None`: the save did not get that far).
         scrubbed: Option<String>,
+        /// What post did to finish a killed main's memory guard first (`phases::post_memory`).
+        finished: Option<String>,
     },
     CouldNotRetry {
+        why: String,
+    },
+    /// Main was killed before it limited memory to its own conversation, and post could not do
+    /// it either: nothing is saved.
+    GuardNotFinished {
         why: String,
     },
     TimedOut,
@@ -68,7 +77,17 @@ where
         Ok(outcome) => outcome,
         Err(_) => PostOutcome::TimedOut,
     };
-    let summary = match &outcome {
+    // Whatever was decided: the memory guard's copy must not outlive this step.
+    crate::phases::post_memory::discard(env);
+    if let Err(e) = files.append_summary(&summary(&outcome)) {
+        tracing::warn!("{e}");
+    }
+    outcome
+}
+
+/// Post's summary section, with the same said in the log.
+fn summary(outcome: &PostOutcome) -> String {
+    match outcome {
         PostOutcome::NothingToDo { why } => {
             tracing::info!("post: nothing to do: {why}");
             format!("### Session Persistence (post)\n\nNothing to do: {why}.\n\n")
@@ -84,40 +103,45 @@ where
             state,
             detail,
             scrubbed,
+            finished,
         } => {
+            if let Some(text) = finished {
+                tracing::info!("post: {text}");
+            }
             match state {
                 StateValue::Durable => tracing::info!("post: memory saved on retry: {detail}"),
                 _ => log::warning(&format!(
                     "post: memory not saved on retry ({state}): {detail}"
                 )),
             }
+            let finished = finished
+                .as_ref()
+                .map_or_else(String::new, |t| format!("{t}\n\n"));
             let scrubbed = scrubbed
                 .as_ref()
                 .map_or_else(String::new, |s| format!("Secrets scrubbed: {s}.\n\n"));
-            format!("### Session Persistence (post)\n\nRetried the Actions cache save: **{state}** — {detail}.\n\n{scrubbed}")
+            format!("### Session Persistence (post)\n\n{finished}Retried the Actions cache save: **{state}** — {detail}.\n\n{scrubbed}")
         }
         PostOutcome::CouldNotRetry { why } => {
             log::warning(&format!("post: cannot retry the save: {why}"));
             format!("### Session Persistence (post)\n\nCould not retry the save: {why}.\n\n")
         }
+        PostOutcome::GuardNotFinished { why } => {
+            let text = format!(
+                "the main step was killed before it limited the agent's changes to memory to its \
+                 own conversation, and post could not do it: {why}; what the agent left is not saved"
+            );
+            log::warning(&format!("post: {text}"));
+            format!("### Session Persistence (post)\n\nNot saved: {text}.\n\n")
+        }
         PostOutcome::TimedOut => {
             log::warning("post: gave up after its 4-minute time box");
             "### Session Persistence (post)\n\nGave up after the 4-minute time box.\n\n".into()
         }
-    };
-    if let Err(e) = files.append_summary(&summary) {
-        tracing::warn!("{e}");
     }
-    outcome
 }
 
 async fn decide_and_retry(env: &Env) -> PostOutcome {
-    if env.state(state::MEMORY_GUARD) == Some("pending") {
-        // What the agent may have done to other threads' memory was never undone.
-        return PostOutcome::NothingToDo {
-            why: "the main step was stopped before it limited the agent's changes to memory to its own conversation, so what the agent left is not saved",
-        };
-    }
     match post_decision(StateValue::parse(env.state(state::CACHE_SAVED))) {
         PostDecision::NothingToDo { why } => PostOutcome::NothingToDo { why },
         PostDecision::Declined => PostOutcome::Declined,
@@ -150,41 +174,60 @@ async fn retry(env: &Env) -> PostOutcome {
     };
     let backend = cache::Backend::from_env(env);
     let save_key = keys.save_key();
-    if let Some(b) = &backend {
-        // Main may have committed its entry and died right after: then there is nothing to retry.
-        match b.has_entry(&save_key, paths.cache_paths()).await {
-            Ok(true) => {
-                return PostOutcome::Retried {
-                    state: StateValue::Durable,
-                    detail: format!("the main step's entry `{save_key}` is already in the cache"),
-                    scrubbed: None,
-                }
-            }
-            Ok(false) => {}
-            Err(e) => tracing::debug!("cannot look up main's entry: {e}"),
-        }
+    if let Some(saved) = already_saved(backend.as_ref(), &save_key, &paths).await {
+        return saved;
     }
-    let mut report = save_with_key(env, &paths, workspace, backend.as_ref(), &save_key).await;
+    // A main step killed mid-turn: memory is limited to its own conversation first, or not saved.
+    let (scope, finished) = match crate::phases::post_memory::finish(env, &paths).await {
+        GuardEnd::NotPending => (None, None),
+        GuardEnd::Finished { scope, text } => (Some(scope), Some(text)),
+        GuardEnd::NotSaved { why } => return PostOutcome::GuardNotFinished { why },
+    };
+    let at = (&paths, workspace, backend.as_ref());
+    let mut report = save_with_key(env, at, &save_key, scope.as_ref()).await;
     if report.key_taken {
         // Main reserved this key and died before committing it: the reservation blocks the key,
         // so the retry goes under a key of its own (still matched by the restore prefixes).
         // Same derivation, one suffix; still within the service's 512-unit key limit.
         let post_key = format!("{}-post", crate::github::keys::shorten(&save_key, 512 - 5));
-        report = save_with_key(env, &paths, workspace, backend.as_ref(), &post_key).await;
+        report = save_with_key(env, at, &post_key, scope.as_ref()).await;
     }
     PostOutcome::Retried {
         state: report.result.state_value(),
         detail: report.result.detail,
         scrubbed: report.scrub.as_ref().map(|s| s.describe()),
+        finished,
     }
 }
 
-async fn save_with_key(
-    env: &Env,
-    paths: &StatePaths,
-    workspace: &str,
+/// Main may have committed its entry and died right after: then there is nothing to retry.
+async fn already_saved(
     backend: Option<&cache::Backend>,
     save_key: &str,
+    paths: &StatePaths,
+) -> Option<PostOutcome> {
+    match backend?.has_entry(save_key, paths.cache_paths()).await {
+        Ok(true) => Some(PostOutcome::Retried {
+            state: StateValue::Durable,
+            detail: format!("the main step's entry `{save_key}` is already in the cache"),
+            scrubbed: None,
+            finished: None,
+        }),
+        Ok(false) => None,
+        Err(e) => {
+            tracing::debug!("cannot look up main's entry: {e}");
+            None
+        }
+    }
+}
+
+/// The save under `save_key`; `scope`: what post's finish of main's memory guard says the scrub
+/// reads (else main's state, else the whole database).
+async fn save_with_key(
+    env: &Env,
+    (paths, workspace, backend): (&StatePaths, &str, Option<&cache::Backend>),
+    save_key: &str,
+    scope: Option<&crate::memory::scrub::Scope>,
 ) -> crate::memory::save::SaveReport {
     let run_id = env
         .get(crate::runner::env::GITHUB_RUN_ID)
@@ -200,10 +243,11 @@ async fn save_with_key(
         .and_then(|json| serde_json::from_str(json).ok())
         .unwrap_or_default();
     // Main's scope holds only once it limited memory to its own conversation; without it, whole.
-    let scrub_scope: crate::memory::scrub::Scope = env
-        .state(state::SCRUB_SCOPE)
-        .and_then(|json| serde_json::from_str(json).ok())
-        .unwrap_or(crate::memory::scrub::Scope::Whole);
+    let scrub_scope: crate::memory::scrub::Scope = scope.cloned().unwrap_or_else(|| {
+        env.state(state::SCRUB_SCOPE)
+            .and_then(|json| serde_json::from_str(json).ok())
+            .unwrap_or(crate::memory::scrub::Scope::Whole)
+    });
     save(
         SaveInputs {
             paths,

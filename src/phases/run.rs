@@ -216,7 +216,7 @@ async fn take_turn(
         return (agent_run, stopped);
     }
     let outputs = prepare::prepare(ctx).await;
-    let guards = leftovers::take(ctx);
+    let guards = leftovers::take(ctx, run.ledger.provenance);
     let private_home = guards.private_home().map(std::path::Path::to_path_buf);
     let (agent, mut agent_run) = run_agent(
         ctx,
@@ -448,6 +448,7 @@ async fn run_agent(
             changes_delivered: outputs.delivers_changes(),
             review: outputs.review.brief(),
             memory: ctx.paths.db(),
+            record: &|out: &AgentRun| record_for_post(ctx, restored, out),
         };
         drive_agent(&mut agent, &inputs, &mut agent_run).await;
         let prep = agent_run.prep_time;
@@ -665,26 +666,9 @@ fn beside_memory(
     agent_run: &AgentRun,
     restored: &RestoreReport,
 ) -> BesideMemory {
-    let sessions = restored.sessions.after_run(
-        &ctx.paths.db(),
-        &ctx.workspace,
-        ctx.plan.logical_key.as_str(),
-        agent_run.session_id.as_deref(),
-    );
-    if let Ok(json) = serde_json::to_string(&sessions) {
-        // Post records the same map if it has to retry the save.
-        ctx.files.save_state_or_warn(state::SESSION_MAP, &json);
-    }
-    // A session the turn replaced (context overflow) got the same prompt: lowered the same way.
-    let written: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
-        .into_iter()
-        .filter_map(|s| s.as_deref())
-        .collect();
-    let trust = restored.trust_after_run(&written, agent_run.trust.as_ref());
-    if let Ok(json) = serde_json::to_string(&trust) {
-        ctx.files.save_state_or_warn(state::SESSION_TRUST, &json);
-    }
-    let scrub_scope = scrub_scope(provenance, &written);
+    let (sessions, trust) = sessions_and_trust(ctx, agent_run, restored);
+    // A session the turn replaced (context overflow) got the same prompt: scrubbed the same way.
+    let scrub_scope = provenance.scrub_scope(&agent_run.own_sessions());
     if let Ok(json) = serde_json::to_string(&scrub_scope) {
         // Post's retry scrubs what main would have.
         ctx.files.save_state_or_warn(state::SCRUB_SCOPE, &json);
@@ -694,6 +678,40 @@ fn beside_memory(
         trust,
         scrub_scope,
     }
+}
+
+/// The session map and the sessions' trust after this run's turn, also in main's state (post
+/// records the same if it has to save).
+fn sessions_and_trust(
+    ctx: &Admitted,
+    agent_run: &AgentRun,
+    restored: &RestoreReport,
+) -> (session_map::Map, TrustMap) {
+    let sessions = restored.sessions.after_run(
+        &ctx.paths.db(),
+        &ctx.workspace,
+        ctx.plan.logical_key.as_str(),
+        agent_run.session_id.as_deref(),
+    );
+    if let Ok(json) = serde_json::to_string(&sessions) {
+        ctx.files.save_state_or_warn(state::SESSION_MAP, &json);
+    }
+    // A session the turn replaced (context overflow) got the same prompt: lowered the same way.
+    let own = agent_run.own_sessions();
+    let written: Vec<&str> = own.iter().map(String::as_str).collect();
+    let trust = restored.trust_after_run(&written, agent_run.trust.as_ref());
+    if let Ok(json) = serde_json::to_string(&trust) {
+        ctx.files.save_state_or_warn(state::SESSION_TRUST, &json);
+    }
+    (sessions, trust)
+}
+
+/// What main's state tells post as soon as main knows it (before the prompt is sent, and when the
+/// turn returns), for a post step that finishes a killed main's turn: this run's own sessions
+/// (`memory::guard::record_own`), the session map and the sessions' trust.
+fn record_for_post(ctx: &Admitted, restored: &RestoreReport, agent_run: &AgentRun) {
+    crate::memory::guard::record_own(&ctx.files, &agent_run.own_sessions());
+    sessions_and_trust(ctx, agent_run, restored);
 }
 
 /// The save's publish to the store (`memory::publish`), when there is one.
@@ -725,17 +743,6 @@ async fn publish_to_store(
         lease_wait: LEASE_WAIT,
     })
     .await
-}
-
-/// What the save's scrub reads: only the trees this run wrote when memory was rebuilt from
-/// scrubbed memory with just those (docs/security.md#scrubbed-memory), else everything.
-fn scrub_scope(provenance: Provenance, written: &[&str]) -> Scope {
-    match provenance {
-        Provenance::RebuiltFromScrubbed => Scope::Changed {
-            sessions: written.iter().map(|s| s.to_string()).collect(),
-        },
-        Provenance::Scrubbed | Provenance::Unknown => Scope::Whole,
-    }
 }
 
 /// The save's result into state (post's decision), outputs, the log and the report.
@@ -882,23 +889,4 @@ fn skipped(files: &FileCommands, cache_saved: &CacheSaved, reason: &str) -> RunE
     }
     cache_saved.report(StateValue::Skipped);
     RunExit::status(ExitStatus::Skipped)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_memory_rebuilt_from_scrubbed_memory_is_scrubbed_by_its_changed_trees() {
-        let written = ["ses_1", "ses_2"];
-        assert_eq!(
-            scrub_scope(Provenance::RebuiltFromScrubbed, &written),
-            Scope::Changed {
-                sessions: ["ses_1".to_string(), "ses_2".to_string()].into()
-            }
-        );
-        // Scrubbed memory the turn was not limited to its own trees in: anything may hold one.
-        assert_eq!(scrub_scope(Provenance::Scrubbed, &written), Scope::Whole);
-        assert_eq!(scrub_scope(Provenance::Unknown, &written), Scope::Whole);
-    }
 }

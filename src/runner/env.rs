@@ -179,8 +179,14 @@ pub mod state {
     /// empty once main restored it).
     pub const GIT_SNAPSHOT: &str = "gitSnapshot";
     /// `pending` while the agent's changes to memory are not yet limited to its own conversation
-    /// (`memory::guard`): post then does not save what the agent left.
+    /// (`memory::guard`): post then saves only what it can limit itself (`MEMORY_HANDOFF`).
     pub const MEMORY_GUARD: &str = "memoryGuard";
+    /// Where the memory guard's copy is kept for post, and its SHA-256 (JSON
+    /// `memory::guard::Handoff`); empty when it is out of post's reach or main put memory back.
+    pub const MEMORY_HANDOFF: &str = "memoryHandoff";
+    /// This run's own sessions (JSON list, `memory::guard::own_sessions`), written before the
+    /// prompt is sent and when the turn returns: what post limits memory to.
+    pub const MEMORY_OWN: &str = "memoryOwn";
     /// What main took from the agent's uid in the runner's home for the turn (JSON), which post
     /// gives back when main could not; empty once given back.
     pub const HOME_TAKEN: &str = "homeTaken";

@@ -51,6 +51,12 @@ impl AgentRun {
         self.session_id.iter().map(String::as_str).collect()
     }
 
+    /// This run's own sessions (`memory::guard::own_sessions`): its thread's, and one a context
+    /// overflow replaced.
+    pub(crate) fn own_sessions(&self) -> Vec<String> {
+        crate::memory::guard::own_sessions(self.session_id.as_deref(), self.replaced.as_deref())
+    }
+
     pub(crate) fn outcome_text(&self) -> String {
         match &self.outcome {
             None => "not run".into(),
@@ -273,6 +279,10 @@ pub(crate) struct AgentInputs<'a> {
     pub(crate) review: Option<(String, Option<String>)>,
     /// Memory (OpenCode's database), where the thread's turns cut short are read.
     pub(crate) memory: PathBuf,
+    /// Records what the run knows of its own sessions for post (main's state), before the prompt
+    /// is sent and again when the turn returns: a main step killed in between leaves post what
+    /// it needs to finish the turn (`phases::post_memory`).
+    pub(crate) record: &'a (dyn Fn(&AgentRun) + Sync),
 }
 
 /// The thread's context for the prompt. With `context-authors: trusted` comments of authors without
@@ -348,9 +358,11 @@ pub(crate) async fn drive_agent(agent: &mut Agent, inputs: &AgentInputs<'_>, out
         progress: Some(inputs.progress.clone()),
         ..TurnOptions::default()
     };
+    (inputs.record)(out);
     out.prompted = true;
     let report = agent.run_turn(session, &prompt, &opts, cancel).await;
     record_turn(&report, out);
+    (inputs.record)(out);
     if !cancel.is_cancelled() {
         writeback(agent, inputs, report, &out.errors).await;
     }

@@ -34,11 +34,7 @@ pub(crate) async fn repair(
         tracing::debug!("the turn is not repaired: OpenCode was not confirmed stopped");
         return;
     }
-    let sessions: Vec<String> = [&agent_run.session_id, &agent_run.replaced]
-        .into_iter()
-        .flatten()
-        .cloned()
-        .collect();
+    let sessions = agent_run.own_sessions();
     if sessions.is_empty() {
         return;
     }

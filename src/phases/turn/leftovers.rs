@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::confine::handover::{self, TakenOver};
 use crate::memory::guard::{self as memory_guard, Before};
-use crate::memory::ledger::Ledger;
+use crate::memory::ledger::{Ledger, Provenance};
 use crate::phases::run_context::Admitted;
 use crate::phases::turn::agent::AgentRun;
 use crate::phases::turn::guards::{self, GitGuard, HomeGuard};
@@ -27,12 +27,14 @@ impl Leftovers {
     }
 }
 
-/// Before the turn.
-pub(crate) fn take(ctx: &Admitted) -> Leftovers {
+/// Before the turn. The memory guard's copy goes where post can reach it (`RUNNER_TEMP`), with
+/// where restored memory came from (`provenance`), so post can finish it as main would.
+pub(crate) fn take(ctx: &Admitted, provenance: Provenance) -> Leftovers {
+    let runner_temp = ctx.env.runner_temp();
     Leftovers {
         git: guards::take_git(ctx),
         home: guards::take_home(ctx),
-        memory: memory_guard::take(&ctx.paths, &ctx.files),
+        memory: memory_guard::take(&ctx.paths, &ctx.files, (runner_temp.as_deref(), provenance)),
     }
 }
 
@@ -46,10 +48,7 @@ pub(crate) fn put_back(
 ) {
     guards::put_back_git(ctx, &mut ledger.report, held.git);
     guards::give_back_home(ctx, held.home.as_ref());
-    let own: Vec<&str> = [&agent_run.session_id, &agent_run.replaced]
-        .into_iter()
-        .filter_map(|s| s.as_deref())
-        .collect();
+    let own = agent_run.own_sessions();
     let thread = agent_run
         .session_id
         .clone()
