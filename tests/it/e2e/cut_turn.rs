@@ -1,9 +1,12 @@
 //! A turn cut short, through the built binary (docs/persistence.md#a-turn-cut-short): the cut
-//! run's own cleanup repairs a turn fro-bot stopped, and the next run's restore repairs a turn a
-//! killed run left; either way the follow-up shows the model the cut call as interrupted with an
-//! unknown outcome, and the command ran once. The cut run says what was kept; the follow-up's
-//! prompt tells the agent, in one fenced paragraph, that the previous turn was cut short
-//! (docs/persistence.md#the-next-run-knows), and a run after an answered turn says nothing of it.
+//! run's own cleanup repairs a turn fro-bot stopped, the next run's restore repairs a turn a
+//! killed run left on new memory, and post finishes the turn of a main step killed on a thread
+//! with memory (from the memory guard's copy main handed over, which it believes only as main
+//! recorded it); either way the follow-up shows the model the cut call as interrupted with an
+//! unknown outcome, the command ran once, and other threads' memory is as it was. The cut run says
+//! what was kept; the follow-up's prompt tells the agent, in one fenced paragraph, that the
+//! previous turn was cut short (docs/persistence.md#the-next-run-knows), and a run after an
+//! answered turn says nothing of it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -237,4 +240,337 @@ async fn sigkill_during_a_command_on_new_memory_is_repaired_by_the_next_runs_res
             "why it ended is not recorded",
         ],
     );
+}
+
+/// Every column of a session's row, its messages and its parts, in order: what another thread's
+/// memory is, compared before and after.
+fn tree_rows(db: &Path, session: &str) -> Vec<String> {
+    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .unwrap();
+    let mut out = Vec::new();
+    for (table, key) in [
+        ("session", "id"),
+        ("message", "session_id"),
+        ("part", "session_id"),
+    ] {
+        let mut stmt = c
+            .prepare(&format!(
+                "SELECT * FROM {table} WHERE {key} = ?1 ORDER BY id"
+            ))
+            .unwrap();
+        let columns = stmt.column_count();
+        let rows = stmt
+            .query_map([session], |r| {
+                let values: Vec<rusqlite::types::Value> =
+                    (0..columns).map(|i| r.get(i)).collect::<Result<_, _>>()?;
+                Ok(format!("{table}: {values:?}"))
+            })
+            .unwrap();
+        out.extend(rows.map(Result::unwrap));
+    }
+    assert!(out.len() >= 3, "a session with an exchange: {out:?}");
+    out
+}
+
+/// What a cut turn must never leave: a call still `running`/`pending`, an answer not completed.
+fn open_rows(db: &Path) -> (i64, i64) {
+    let c = rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .unwrap();
+    let count = |sql: &str| c.query_row(sql, [], |r| r.get::<_, i64>(0)).unwrap();
+    (
+        count(
+            "SELECT count(*) FROM part WHERE json_extract(data, '$.state.status') \
+             IN ('running', 'pending')",
+        ),
+        count(
+            "SELECT count(*) FROM message WHERE json_extract(data, '$.role') = 'assistant' \
+             AND json_extract(data, '$.time.completed') IS NULL",
+        ),
+    )
+}
+
+/// The memory guard's directories left in the job's `RUNNER_TEMP`.
+fn guard_dirs(job: &Job) -> Vec<String> {
+    std::fs::read_dir(job.root.path().join("runner_temp"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("fro-bot-memory-"))
+        .collect()
+}
+
+/// Run 1 on issue 5 and run 2 on issue 6, each answered and saved: thread A (issue 5) has memory
+/// to resume, and thread B (issue 6) is another thread's memory. The job is ready for run 3; the
+/// ids of A's and B's sessions, and B's rows.
+async fn two_threads_with_memory(
+    world: &World,
+    mut job: Job,
+    run_id: u64,
+) -> (Job, String, String, Vec<String>) {
+    world.github.seed_issue(5, "Migrate", "Please migrate.");
+    world.github.seed_issue(6, "Other", "Something else.");
+    job.event(
+        "issue_comment",
+        &comment_event(5, 1, "@fro-bot what will the migration change?"),
+    );
+    world.llm.push(Reply::text("It renames the zebra column."));
+    let (job, first) = main_step(job).await;
+    assert_eq!(first.code, 0, "{}", explain(&first));
+    let thread_a = first.output("session-id").to_string();
+    let (mut job, _) = post_step(job, first).await;
+    job.next_run(run_id + 1);
+    job.event(
+        "issue_comment",
+        &comment_event(6, 4, "@fro-bot hello there"),
+    );
+    world.llm.push(Reply::text("Hello from issue six."));
+    let (job, second) = main_step(job).await;
+    assert_eq!(second.code, 0, "{}", explain(&second));
+    let thread_b = second.output("session-id").to_string();
+    assert_ne!(thread_a, thread_b);
+    let rows_b = tree_rows(&job.data_dir().join("opencode.db"), &thread_b);
+    let (mut job, _) = post_step(job, second).await;
+    job.next_run(run_id + 2);
+    (job, thread_a, thread_b, rows_b)
+}
+
+/// The database as post left it, kept aside (the next run starts from an empty home).
+fn keep_db(job: &Job, into: &Path) -> std::path::PathBuf {
+    let kept = into.join("opencode.db");
+    for suffix in ["", "-wal"] {
+        let from = job.data_dir().join(format!("opencode.db{suffix}"));
+        if from.exists() {
+            std::fs::copy(&from, into.join(format!("opencode.db{suffix}"))).unwrap();
+        }
+    }
+    kept
+}
+
+/// The usual case (docs/persistence.md#a-turn-cut-short): a thread with memory, its follow-up's
+/// main step SIGKILLed while the agent's command runs. Post finishes what the memory guard started
+/// from the copy main handed over: the turn is kept, its call repaired as killed; the next run
+/// resumes it with the call shown as interrupted, the command run once, thread B untouched.
+async fn a_killed_main_on_a_thread_with_memory_is_finished_by_post(run_id: u64, store: bool) {
+    let world = World::start().await;
+    let mut job = world.job(run_id);
+    job.owned_by_runner_user(RUNNER_UID);
+    if store {
+        super::scenarios::with_s3(&mut job, &crate::support::s3::unique_prefix("e2e-killed"));
+    }
+    let (mut job, thread_a, thread_b, rows_b) = two_threads_with_memory(&world, job, run_id).await;
+    job.event(
+        "issue_comment",
+        &comment_event(5, 3, "@fro-bot run the migration"),
+    );
+    let (job, killed) = signalled_during_the_command(&world, job, libc::SIGKILL).await;
+    end_command(&job.workspace());
+    assert_eq!(killed.code, 128 + libc::SIGKILL, "{}", explain(&killed));
+    let left = crate::support::action::until_nothing_runs_in(&job.workspace()).await;
+    assert!(left.is_empty(), "left running after the SIGKILL: {left:?}");
+    assert_eq!(killed.state["memoryGuard"], "pending", "{:?}", killed.state);
+    assert_eq!(killed.state["memoryOwn"], format!("[\"{thread_a}\"]"));
+    let (job, post) = post_step(job, killed).await;
+    assert_eq!(post.code, 0, "{}", explain(&post));
+    let aside = tempfile::tempdir().unwrap();
+    let db = keep_db(&job, aside.path());
+    let (job, next, prompt) = follow_up(&world, job, run_id + 3, Interruption::Killed).await;
+    assert_notice(
+        &prompt,
+        &[format!(
+            "The previous turn on this thread was cut short, in run {} (attempt 1), started 20",
+            run_id + 2
+        )
+        .as_str(), ": the workflow run was killed; the call whose outcome is unknown (it was not run \
+            again): "],
+    );
+    // Run 3 was told run 1's exchange, and (`follow_up`) run 2's question and its cut call.
+    let sent = format!("{:#?}", world.llm.requests().last().unwrap()["messages"]);
+    assert!(
+        sent.contains("what will the migration change?")
+            && sent.contains("It renames the zebra column."),
+        "{sent}"
+    );
+    assert_eq!(next.output("session-id"), thread_a, "{}", explain(&next));
+    assert!(
+        post.summary.contains(&format!(
+            "post did it from the copy the main step kept: memory is as restored plus this run's \
+             conversation (`{thread_a}`); repaired a turn cut short (the workflow run was killed): \
+             1 call with unknown outcome."
+        )) && post.summary.contains("**durable**"),
+        "{}",
+        explain(&post)
+    );
+    // Post repaired it: the follow-up's restore found nothing left to repair.
+    assert!(!next.summary.contains("Turn cut short"), "{}", next.summary);
+    assert_eq!(open_rows(&db), (0, 0), "nothing left running or incomplete");
+    assert_eq!(
+        tree_rows(&db, &thread_b),
+        rows_b,
+        "thread B as it was, after post"
+    );
+    let saved = job.data_dir().join("opencode.db");
+    assert_eq!(
+        tree_rows(&saved, &thread_b),
+        rows_b,
+        "thread B as it was, after the follow-up"
+    );
+}
+
+#[tokio::test]
+async fn sigkill_during_a_command_on_a_thread_with_memory_is_finished_by_post_and_resumed() {
+    a_killed_main_on_a_thread_with_memory_is_finished_by_post(2120, false).await;
+}
+
+#[tokio::test]
+async fn sigkill_during_a_command_on_a_thread_with_memory_is_finished_by_post_with_the_store() {
+    a_killed_main_on_a_thread_with_memory_is_finished_by_post(2130, true).await;
+}
+
+/// Main killed between the guard's copy and its put-back (its kill point after OpenCode stopped),
+/// with another thread's rows rewritten meanwhile, as the agent could have (through OpenCode's
+/// file tools, docs/security.md#what-it-leaves-behind): post's rebuild keeps this run's exchange
+/// and puts thread B back as restored, then saves.
+#[tokio::test]
+async fn a_kill_between_the_guards_copy_and_its_put_back_is_finished_by_post_and_other_threads_put_back(
+) {
+    let world = World::start().await;
+    let mut job = world.job(2140);
+    job.owned_by_runner_user(RUNNER_UID);
+    let (mut job, thread_a, thread_b, rows_b) = two_threads_with_memory(&world, job, 2140).await;
+    job.event(
+        "issue_comment",
+        &comment_event(5, 3, "@fro-bot and the second step?"),
+    );
+    world
+        .llm
+        .push(Reply::text("The second step drops the old table."));
+    job.set("FRO_BOT_FAILPOINT", "run:after-shutdown");
+    let (mut job, killed) = main_step(job).await;
+    job.env.remove("FRO_BOT_FAILPOINT");
+    assert_eq!(killed.code, 128 + libc::SIGKILL, "{}", explain(&killed));
+    let db = job.data_dir().join("opencode.db");
+    let c = rusqlite::Connection::open(&db).unwrap();
+    let changed = c
+        .execute(
+            "UPDATE part SET data = json_set(data, '$.text', 'EVIL rewritten') \
+             WHERE session_id = ?1 AND json_extract(data, '$.type') = 'text'",
+            [&thread_b],
+        )
+        .unwrap();
+    c.execute(
+        "UPDATE session SET title = 'EVIL title' WHERE id = ?1",
+        [&thread_b],
+    )
+    .unwrap();
+    drop(c);
+    assert!(changed > 0);
+    assert_ne!(tree_rows(&db, &thread_b), rows_b);
+    let before = world.cache.entries().len();
+    let (job, post) = post_step(job, killed).await;
+    assert_eq!(post.code, 0, "{}", explain(&post));
+    assert!(
+        post.summary.contains(&format!(
+            "the agent changed 1 conversation(s) other than this run's (`{thread_b}`): put back \
+             as restored."
+        )) && post.summary.contains("**durable**"),
+        "{}",
+        explain(&post)
+    );
+    assert_eq!(world.cache.entries().len(), before + 1, "post saved");
+    assert_eq!(tree_rows(&db, &thread_b), rows_b, "thread B as restored");
+    let a = tree_rows(&db, &thread_a).join("\n");
+    assert!(
+        a.contains("and the second step?") && a.contains("The second step drops the old table."),
+        "this run's exchange is kept: {a}"
+    );
+    assert!(guard_dirs(&job).is_empty(), "{:?}", guard_dirs(&job));
+}
+
+/// Main killed before its put-back; the copy it handed over is then tampered with where the
+/// agent's uid can reach it (`RUNNER_TEMP`): its directory swapped for a link to one the agent
+/// made, then the copy itself changed. Post believes neither, says why, and saves nothing.
+#[tokio::test]
+async fn post_refuses_a_memory_guard_copy_that_is_not_the_one_main_recorded() {
+    let world = World::start().await;
+    world.github.seed_issue(5, "Migrate", "Please migrate.");
+    let mut job = world.job(2150);
+    job.owned_by_runner_user(RUNNER_UID);
+    job.event(
+        "issue_comment",
+        &comment_event(5, 1, "@fro-bot what changes?"),
+    );
+    world.llm.push(Reply::text("It renames the zebra column."));
+    let (job, first) = main_step(job).await;
+    assert_eq!(first.code, 0, "{}", explain(&first));
+    let (mut job, _) = post_step(job, first).await;
+    job.next_run(2151);
+    job.event("issue_comment", &comment_event(5, 2, "@fro-bot and then?"));
+    world.llm.push(Reply::text("Then it drops the old table."));
+    job.set("FRO_BOT_FAILPOINT", "run:after-shutdown");
+    let (mut job, killed) = main_step(job).await;
+    job.env.remove("FRO_BOT_FAILPOINT");
+    assert_eq!(killed.code, 128 + libc::SIGKILL, "{}", explain(&killed));
+    let handoff: Value = serde_json::from_str(&killed.state["memoryHandoff"]).unwrap();
+    let dir = std::path::PathBuf::from(handoff["dir"].as_str().unwrap());
+    assert!(
+        dir.starts_with(job.root.path().join("runner_temp")),
+        "{dir:?}"
+    );
+    let before = world.cache.entries().len();
+    // The agent's move: main's directory renamed, its own (with a forged copy) linked in its place.
+    let moved = dir.with_extension("moved");
+    let forged = job.root.path().join("runner_temp/forged");
+    std::fs::rename(&dir, &moved).unwrap();
+    std::fs::create_dir(&forged).unwrap();
+    std::fs::copy(
+        job.data_dir().join("opencode.db"),
+        forged.join("opencode.db"),
+    )
+    .unwrap();
+    crate::support::action::chown_r(&forged, RUNNER_UID);
+    std::os::unix::fs::symlink(&forged, &dir).unwrap();
+    let (job, killed, post) = post_again(job, killed).await;
+    assert!(
+        post.summary.contains(&format!(
+            "Not saved: the main step was killed before it limited the agent's changes to memory \
+             to its own conversation, and post could not do it: `{}` is a link, not the directory \
+             the main step made; what the agent left is not saved.",
+            dir.display()
+        )),
+        "{}",
+        explain(&post)
+    );
+    assert!(moved.join("opencode.db").exists() && forged.join("opencode.db").exists());
+    // Main's directory back in place, but the copy in it changed.
+    std::fs::remove_file(&dir).unwrap();
+    std::fs::rename(&moved, &dir).unwrap();
+    let mut copy = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.join("opencode.db"))
+        .unwrap();
+    std::io::Write::write_all(&mut copy, b"x").unwrap();
+    let (_job, _killed, post) = post_again(job, killed).await;
+    assert!(
+        post.summary.contains(&format!(
+            "and post could not do it: `{}` does not match the SHA-256 the main step recorded; \
+             what the agent left is not saved.",
+            dir.join("opencode.db").display()
+        )),
+        "{}",
+        explain(&post)
+    );
+    assert_eq!(world.cache.entries().len(), before, "nothing saved");
+    assert!(
+        !dir.exists(),
+        "post's own directory is removed once it is done"
+    );
+}
+
+/// Post, on the same main state again.
+async fn post_again(job: Job, main: StepResult) -> (Job, StepResult, StepResult) {
+    tokio::task::spawn_blocking(move || {
+        let r = job.post_step(&main);
+        (job, main, r)
+    })
+    .await
+    .unwrap()
 }
