@@ -178,11 +178,16 @@ async fn retry(env: &Env) -> PostOutcome {
         return saved;
     }
     // A main step killed mid-turn: memory is limited to its own conversation first, or not saved.
-    let (scope, finished) = match crate::phases::post_memory::finish(env, &paths).await {
-        GuardEnd::NotPending => (None, None),
-        GuardEnd::Finished { scope, text } => (Some(scope), Some(text)),
-        GuardEnd::NotSaved { why } => return PostOutcome::GuardNotFinished { why },
-    };
+    let (scope, finished) =
+        match crate::phases::post_memory::finish(env, &paths).await {
+            GuardEnd::NotPending => (None, None),
+            GuardEnd::Finished { scope, text } => (Some(scope), Some(text)),
+            GuardEnd::BeforeTheTurn => return PostOutcome::NothingToDo {
+                why: "the main step was killed before the agent's turn was sent, so memory is as \
+                      restored and the cache and the store keep it",
+            },
+            GuardEnd::NotSaved { why } => return PostOutcome::GuardNotFinished { why },
+        };
     let at = (&paths, workspace, backend.as_ref());
     let mut report = save_with_key(env, at, &save_key, scope.as_ref()).await;
     if report.key_taken {

@@ -21,6 +21,9 @@ pub(crate) enum GuardEnd {
     /// Memory is the restored copy plus this run's own trees, as main would have left it: the save
     /// scrubs `scope`; `text` is for post's summary.
     Finished { scope: Scope, text: String },
+    /// Main was killed before the agent's turn was sent: memory is as restored, which the cache
+    /// and the store already keep, so there is nothing to save.
+    BeforeTheTurn,
     /// Nothing may be saved, for this reason.
     NotSaved { why: String },
 }
@@ -35,11 +38,7 @@ pub(crate) async fn finish(env: &Env, paths: &StatePaths) -> GuardEnd {
     let own = guard::recorded_own(env.state(state::MEMORY_OWN)).filter(|o| !o.is_empty());
     let end = match own {
         Some(own) => finish_from(paths, &handoff, own).await,
-        None => GuardEnd::NotSaved {
-            why: "the main step was stopped before the agent's turn was sent, so memory is as \
-                  restored and the cache and the store keep it"
-                .into(),
-        },
+        None => GuardEnd::BeforeTheTurn,
     };
     handoff.discard();
     end

@@ -41,6 +41,7 @@ macro_rules! launched_scenarios {
             leftovers::after_a_sigkill_of_main_post_puts_git_back,
             leftovers::the_agents_home_is_private_and_the_runners_home_and_payload_are_not_its_to_write,
             leftovers::after_a_sigkill_mid_turn_post_gives_back_what_main_took,
+            cut_turn::sigkill_during_a_command_on_a_thread_with_memory_is_finished_by_post_and_resumed,
             leftovers::the_agent_cannot_read_or_rewrite_another_threads_memory,
             leftovers::opencodes_tools_never_reach_memory_or_env_files_and_never_wait_for_an_answer,
             network::a_private_ca_in_node_extra_ca_certs_is_trusted_by_fro_bot_and_opencode,
@@ -1857,7 +1858,7 @@ pub(crate) mod threat;
 pub(crate) mod enterprise;
 
 pub(crate) mod cancel;
-mod cut_turn;
+pub(crate) mod cut_turn;
 pub(crate) mod egress;
 pub(crate) mod leftovers;
 pub(crate) mod links;

@@ -15,7 +15,7 @@ use fro_bot::memory::repair::{call_error, Interruption};
 use serde_json::{json, Value};
 
 use super::scenarios::{main_step, post_step, World};
-use crate::support::action::{comment_event, explain, Job, StepResult};
+use crate::support::action::{comment_event, explain, Job, Launch, StepResult};
 use crate::support::fake_llm::{request_text, Reply};
 
 /// The runner's user, who owns the checkout (as on a hosted runner): the agent can write it.
@@ -349,8 +349,12 @@ fn keep_db(job: &Job, into: &Path) -> std::path::PathBuf {
 /// main step SIGKILLed while the agent's command runs. Post finishes what the memory guard started
 /// from the copy main handed over: the turn is kept, its call repaired as killed; the next run
 /// resumes it with the call shown as interrupted, the command run once, thread B untouched.
-async fn a_killed_main_on_a_thread_with_memory_is_finished_by_post(run_id: u64, store: bool) {
-    let world = World::start().await;
+async fn a_killed_main_on_a_thread_with_memory_is_finished_by_post(
+    launch: Launch,
+    run_id: u64,
+    store: bool,
+) {
+    let world = World::start_with(launch).await;
     let mut job = world.job(run_id);
     job.owned_by_runner_user(RUNNER_UID);
     if store {
@@ -415,14 +419,19 @@ async fn a_killed_main_on_a_thread_with_memory_is_finished_by_post(run_id: u64, 
     );
 }
 
-#[tokio::test]
-async fn sigkill_during_a_command_on_a_thread_with_memory_is_finished_by_post_and_resumed() {
-    a_killed_main_on_a_thread_with_memory_is_finished_by_post(2120, false).await;
+/// With the Actions cache alone; as the binary and from the action's image (`launched_scenarios`),
+/// where main and post are separate containers that share only `RUNNER_TEMP` and the state.
+pub(crate) async fn sigkill_during_a_command_on_a_thread_with_memory_is_finished_by_post_and_resumed(
+    launch: Launch,
+) {
+    a_killed_main_on_a_thread_with_memory_is_finished_by_post(launch, 2120, false).await;
 }
 
+/// With the object store: post saves to the cache only, and the follow-up merges that newer entry
+/// into the store's copy before the turn.
 #[tokio::test]
 async fn sigkill_during_a_command_on_a_thread_with_memory_is_finished_by_post_with_the_store() {
-    a_killed_main_on_a_thread_with_memory_is_finished_by_post(2130, true).await;
+    a_killed_main_on_a_thread_with_memory_is_finished_by_post(Launch::Binary, 2130, true).await;
 }
 
 /// Main killed between the guard's copy and its put-back (its kill point after OpenCode stopped),
@@ -573,4 +582,47 @@ async fn post_again(job: Job, main: StepResult) -> (Job, StepResult, StepResult)
     })
     .await
     .unwrap()
+}
+
+/// Main killed after the guard's copy but before the prompt was sent (OpenCode just started): the
+/// agent had no turn, memory is as restored, and post has nothing to save; the copy is removed.
+#[tokio::test]
+async fn a_main_killed_before_the_prompt_leaves_post_nothing_to_save() {
+    let world = World::start().await;
+    world.github.seed_issue(5, "Migrate", "Please migrate.");
+    let mut job = world.job(2160);
+    job.owned_by_runner_user(RUNNER_UID);
+    job.event(
+        "issue_comment",
+        &comment_event(5, 1, "@fro-bot what changes?"),
+    );
+    world.llm.push(Reply::text("It renames the zebra column."));
+    let (job, first) = main_step(job).await;
+    assert_eq!(first.code, 0, "{}", explain(&first));
+    let (mut job, _) = post_step(job, first).await;
+    job.next_run(2161);
+    job.event("issue_comment", &comment_event(5, 2, "@fro-bot and then?"));
+    job.set("FRO_BOT_FAILPOINT", "agent:started");
+    let (mut job, killed) = main_step(job).await;
+    job.env.remove("FRO_BOT_FAILPOINT");
+    assert_eq!(killed.code, 128 + libc::SIGKILL, "{}", explain(&killed));
+    assert_eq!(killed.state["memoryGuard"], "pending", "{:?}", killed.state);
+    assert!(
+        !killed.state.contains_key("memoryOwn"),
+        "{:?}",
+        killed.state
+    );
+    assert_eq!(guard_dirs(&job).len(), 1, "the copy, in post's reach");
+    let before = world.cache.entries().len();
+    let (job, post) = post_step(job, killed).await;
+    assert!(
+        post.summary.contains(
+            "Nothing to do: the main step was killed before the agent's turn was sent, so memory \
+             is as restored and the cache and the store keep it."
+        ),
+        "{}",
+        explain(&post)
+    );
+    assert_eq!(world.cache.entries().len(), before, "nothing saved");
+    assert!(guard_dirs(&job).is_empty(), "{:?}", guard_dirs(&job));
 }
