@@ -7,10 +7,10 @@
 //! would (`Provenance::scrub_scope`). Where that cannot be done it says why, and nothing is saved.
 
 use crate::memory::guard::{self, Handoff, Rebuilt};
-use crate::memory::repair::{self, Interruption, RepairOutcome};
+use crate::memory::repair::{self, Interruption, RepairOutcome, RunRef};
 use crate::memory::scrub::Scope;
 use crate::memory::state_paths::StatePaths;
-use crate::runner::env::state;
+use crate::runner::env::{self, state};
 use crate::runner::Env;
 
 /// What post made of main's memory guard.
@@ -37,7 +37,7 @@ pub(crate) async fn finish(env: &Env, paths: &StatePaths) -> GuardEnd {
     };
     let own = guard::recorded_own(env.state(state::MEMORY_OWN)).filter(|o| !o.is_empty());
     let end = match own {
-        Some(own) => finish_from(paths, &handoff, own).await,
+        Some(own) => finish_from(env, paths, &handoff, own).await,
         None => GuardEnd::BeforeTheTurn,
     };
     handoff.discard();
@@ -60,14 +60,24 @@ fn handoff(env: &Env) -> Option<Result<Handoff, guard::HandoffError>> {
 }
 
 /// The copy believed, the cut turn repaired, memory limited to `own` trees as main would.
-async fn finish_from(paths: &StatePaths, handoff: &Handoff, own: Vec<String>) -> GuardEnd {
+async fn finish_from(
+    env: &Env,
+    paths: &StatePaths,
+    handoff: &Handoff,
+    own: Vec<String>,
+) -> GuardEnd {
     let kept = match guard::from_handoff(handoff) {
         Ok(kept) => kept,
         Err(e) => return GuardEnd::NotSaved { why: e.to_string() },
     };
     let db = paths.db();
     // As main does it: the repair first (only this run's trees), then the rebuild.
-    let repaired = repair::after_turn(db.clone(), own.clone(), Interruption::Killed).await;
+    // The run is post's own (one run, main and post): the next run's notice names it.
+    let run = RunRef::new(
+        env.get(env::GITHUB_RUN_ID).unwrap_or_default(),
+        env.get(env::GITHUB_RUN_ATTEMPT),
+    );
+    let repaired = repair::after_turn(db.clone(), own.clone(), Interruption::Killed, run).await;
     // What main's cleanup may have pruned is not known here: those trees go back as restored (the
     // safe side; a later run prunes them).
     let pruned: &[String] = &[];

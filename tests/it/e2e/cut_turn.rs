@@ -379,12 +379,15 @@ async fn a_killed_main_on_a_thread_with_memory_is_finished_by_post(
     let (job, next, prompt) = follow_up(&world, job, run_id + 3, Interruption::Killed).await;
     assert_notice(
         &prompt,
-        &[format!(
-            "The previous turn on this thread was cut short, in run {} (attempt 1), started 20",
-            run_id + 2
-        )
-        .as_str(), ": the workflow run was killed; the call whose outcome is unknown (it was not run \
-            again): "],
+        &[
+            format!(
+                "The previous turn on this thread was cut short, in run {} (attempt 1), started 20",
+                run_id + 2
+            )
+            .as_str(),
+            ": the workflow run was killed; the call whose outcome is unknown (it was not run \
+            again): ",
+        ],
     );
     // Run 3 was told run 1's exchange, and (`follow_up`) run 2's question and its cut call.
     let sent = format!("{:#?}", world.llm.requests().last().unwrap()["messages"]);
