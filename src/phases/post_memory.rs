@@ -142,7 +142,10 @@ mod tests {
         );
         assert!(text.contains("this run's conversation (`ses_a`)"), "{text}");
         assert!(
-            text.contains("repaired a turn cut short (the workflow run was killed): 1 call with unknown outcome"),
+            text.contains(
+                "repaired a turn cut short (the workflow run was killed): the turn was kept; its \
+                 last command's outcome is unknown"
+            ),
             "{text}"
         );
         assert!(text.contains("(`ses_b`): put back as restored."), "{text}");

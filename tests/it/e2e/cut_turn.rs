@@ -401,7 +401,7 @@ async fn a_killed_main_on_a_thread_with_memory_is_finished_by_post(
         post.summary.contains(&format!(
             "post did it from the copy the main step kept: memory is as restored plus this run's \
              conversation (`{thread_a}`); repaired a turn cut short (the workflow run was killed): \
-             1 call with unknown outcome."
+             the turn was kept; its last command's outcome is unknown."
         )) && post.summary.contains("**durable**"),
         "{}",
         explain(&post)
