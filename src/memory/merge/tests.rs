@@ -1506,24 +1506,27 @@ fn started(
     (db, ids)
 }
 
-/// Merges `ours` into `base` as the cache merge does, this run's thread session `mine` and the
-/// base's `theirs`; the result and the thread's session in it.
+/// Merges `ours` into `base` as the cache merge does: this run's thread session `mine`, its own
+/// messages `own` (the turn's), and the base's session of the thread `theirs`; the result and the
+/// thread's session in it.
 fn fold_step(
     d: &Dir,
     name: &str,
-    base: &Path,
-    ours: &Path,
-    mine: &str,
-    theirs: &str,
+    (base, ours): (&Path, &Path),
+    (mine, theirs): (&str, &str),
+    own: &std::collections::BTreeSet<String>,
 ) -> (PathBuf, String) {
     let out = d.path(name);
     let options = MergeOptions {
-        verify: Verify::Full,
         same_thread: (mine != theirs).then_some((mine, theirs)),
-        ..Default::default()
+        ..with_own(own)
     };
     let report = merge_with(base, ours, &Snapshot::empty(), &out, options).unwrap();
     assert!(report.conflicts.is_empty(), "{name}: {report:?}");
+    assert!(
+        report.reissued.is_empty(),
+        "{name}: nothing moves: {report:?}"
+    );
     let thread = report
         .folded
         .iter()
@@ -1549,31 +1552,35 @@ fn three_runs_that_each_started_the_thread_converge_on_one_session_holding_each_
     let d = Dir::new();
     let empty = d.db("empty.db");
     project(&open(&empty), PROJECT);
-    let (a, _) = started(&d, &empty, "a.db", "ses_a", 1000, "alpha");
-    let (b, _) = started(&d, &empty, "b.db", "ses_b", 1200, "bravo");
-    let (c, _) = started(&d, &empty, "c.db", "ses_c", 1400, "charlie");
+    let (a, alpha) = started(&d, &empty, "a.db", "ses_a", 1000, "alpha");
+    let (b, bravo) = started(&d, &empty, "b.db", "ses_b", 1200, "bravo");
+    let (c, charlie) = started(&d, &empty, "c.db", "ses_c", 1400, "charlie");
+    let (alpha, bravo, charlie) = (own(&[alpha]), own(&[bravo]), own(&[charlie]));
     // The first two saved at once, so each then merged the other's entry (A folds into B's
     // session, B into A's): two entries holding both exchanges, the thread in different sessions.
-    let (a2, at) = fold_step(&d, "a2.db", &b, &a, "ses_a", "ses_b");
-    let (b2, bt) = fold_step(&d, "b2.db", &a, &b, "ses_b", "ses_a");
+    let (a2, at) = fold_step(&d, "a2.db", (&b, &a), ("ses_a", "ses_b"), &alpha);
+    let (b2, bt) = fold_step(&d, "b2.db", (&a, &b), ("ses_b", "ses_a"), &bravo);
     assert_eq!((at.as_str(), bt.as_str()), ("ses_b", "ses_a"));
     for (db, session) in [(&a2, "ses_b"), (&b2, "ses_a")] {
         assert_eq!(thread_history(db, session), THREE[..4]);
     }
     // The third merges every entry, oldest first: the thread's session changes at each fold,
     // and what it folds already holds exchanges of the others, some of them twice over.
-    let (c1, t) = fold_step(&d, "c1.db", &a, &c, "ses_c", "ses_a");
-    let (c2, t) = fold_step(&d, "c2.db", &b, &c1, &t, "ses_b");
-    let (c3, t) = fold_step(&d, "c3.db", &a2, &c2, &t, "ses_b");
-    let (c4, t) = fold_step(&d, "c4.db", &b2, &c3, &t, "ses_a");
+    let (c1, t) = fold_step(&d, "c1.db", (&a, &c), ("ses_c", "ses_a"), &charlie);
+    let (c2, t) = fold_step(&d, "c2.db", (&b, &c1), (&t, "ses_b"), &charlie);
+    let (c3, t) = fold_step(&d, "c3.db", (&a2, &c2), (&t, "ses_b"), &charlie);
+    let (c4, t) = fold_step(&d, "c4.db", (&b2, &c3), (&t, "ses_a"), &charlie);
     assert_eq!(t, "ses_a");
     assert_eq!(sessions(&c4), ["ses_a"]);
     assert_eq!(thread_history(&c4, "ses_a"), THREE);
     // Every exchange once: the copies' rows are the same rows in whichever session.
     assert_eq!(messages(&c4, "ses_a"), 6);
     // And the first two, merging the third's entry, hold the same.
-    for (name, base, ours, mine) in [("a3.db", &c4, &a2, "ses_b"), ("b3.db", &c4, &b2, "ses_a")] {
-        let (out, t) = fold_step(&d, name, base, ours, mine, "ses_a");
+    for (name, ours, mine, own) in [
+        ("a3.db", &a2, "ses_b", &alpha),
+        ("b3.db", &b2, "ses_a", &bravo),
+    ] {
+        let (out, t) = fold_step(&d, name, (&c4, ours), (mine, "ses_a"), own);
         assert_eq!(t, "ses_a");
         assert_eq!(thread_history(&out, "ses_a"), THREE, "{name}");
         assert_eq!(sessions(&out), ["ses_a"], "{name}");

@@ -65,7 +65,8 @@ fn answered_and_saved(i: u64, r: &StepResult) {
 }
 
 /// Three mentions on a new issue, every run restoring before any saves (each starts the thread's
-/// own first session). Mentions 0 and 1 save at the same moment: each lists the entries before
+/// own first session), each turn a command and an answer, all answered after the last asked (the
+/// turns interleave in time). Mentions 0 and 1 save at the same moment: each lists the entries before
 /// the other's is committed, and each commits before the other looks again, so each sees the
 /// other's entry only after its own save. Mention 2 saves after both have finished, merging every
 /// entry they left. Each is answered once, and a follow-up sees all three exchanges.
@@ -75,8 +76,16 @@ async fn three_new_thread_runs_two_saving_at_once_keep_every_exchange() {
     world
         .github
         .seed_issue(CODEWORD_ISSUE, "Codewords", "Remember what I say.");
-    world.llm.set_default(Reply::Echo {
-        containing: "-narwhal".into(),
+    // Each turn runs a command, then answers: its second step is created after the others asked,
+    // so in OpenCode's order the three turns interleave.
+    world.llm.set_default(Reply::Stepwise {
+        first: Box::new(Reply::tool(
+            "bash",
+            serde_json::json!({"command": "true", "description": "look around"}),
+        )),
+        then: Box::new(Reply::Echo {
+            containing: "-narwhal".into(),
+        }),
     });
     let two_done = Arc::new(AtomicBool::new(false));
     let done = two_done.clone();

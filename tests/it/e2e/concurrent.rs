@@ -750,11 +750,16 @@ pub(super) async fn follow_up_remembers_every_codeword(world: &World, prefix: Op
             times, 1,
             "mention {i} is in the follow-up's request once: {first:#}"
         );
-        let next = &history[at + 1..];
-        let answer = next.iter().find(|m| m["role"] != "tool");
+        // Its answer (after any tool steps) comes before the next question.
+        let answered = history[at + 1..]
+            .iter()
+            .take_while(|m| m["role"] != "user")
+            .any(|m| {
+                m["role"] == "assistant"
+                    && m.to_string().contains(&format!("Noted {}.", codeword(i)))
+            });
         assert!(
-            answer.is_some_and(|m| m["role"] == "assistant"
-                && m.to_string().contains(&format!("Noted {}.", codeword(i)))),
+            answered,
             "mention {i} is followed by its own answer: {first:#}"
         );
     }
