@@ -74,7 +74,7 @@ struct Merged {
     from_them: BTreeSet<String>,
     joined: BTreeMap<String, Option<SessionTrust>>,
     folded: Vec<(String, String)>,
-    /// It held a session, or a version of one, that this run's database lacked.
+    /// It brought in a message, or a session, that this run's database lacked (`gained`).
     new_to_us: bool,
 }
 
@@ -179,6 +179,9 @@ impl CacheMergeReport {
             );
         }
         notes.extend(self.skipped.iter().cloned());
+        // Each entry of a burst joins the same thread again: one line says it.
+        let mut seen = BTreeSet::new();
+        notes.retain(|note| seen.insert(note.clone()));
         notes
     }
 }
@@ -336,6 +339,7 @@ async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, S
         theirs,
         mine,
         merged,
+        gained,
     } = versions;
     let joined: BTreeMap<String, Option<SessionTrust>> = report
         .kept_both
@@ -349,10 +353,6 @@ async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, S
         .filter(|(id, v)| theirs.sessions.get(*id) == Some(v) && mine.sessions.get(*id) != Some(v))
         .map(|(id, _)| id.clone())
         .collect();
-    let new_to_us = theirs
-        .sessions
-        .iter()
-        .any(|(id, v)| mine.sessions.get(id) != Some(v));
     Ok(Merged {
         folded: report.folded.clone(),
         report,
@@ -361,7 +361,7 @@ async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, S
         trust: session_map::trust_after_merge(&records, &theirs, &theirs, &merged),
         from_them,
         joined,
-        new_to_us,
+        new_to_us: gained,
     })
 }
 
@@ -371,18 +371,20 @@ struct Own {
     same_thread: Option<(String, String)>,
 }
 
-/// The merge's report and the session versions of each side and of the result.
+/// The merge's report, the session versions of each side and of the result, and whether the
+/// result holds anything this run's database lacked ([`gained`]).
 struct Versions {
     report: MergeReport,
     theirs: Snapshot,
     mine: Snapshot,
     merged: Snapshot,
+    gained: bool,
 }
 
 /// After this run's entry was saved: entries other runs committed during the save (not in the
 /// listing taken before it) may lack this run's sessions, and the newest of them is what the next
-/// run restores. They are merged in; whether anything of theirs was new to this run's database
-/// (then the caller saves again, under a key of its own).
+/// run restores. They are merged in; whether any brought a message or a session this run's
+/// database lacked (then the caller saves again, under a key of its own).
 pub async fn merge_saved_meanwhile(
     inputs: &CacheMergeInputs<'_>,
     report: &mut CacheMergeReport,
@@ -448,12 +450,39 @@ fn check_and_merge(
     let report = merge::merge_with(base, ours, &Snapshot::empty(), out, options)
         .map_err(|e| e.to_string())?;
     let merged = Snapshot::capture(out).map_err(|e| e.to_string())?;
+    let gained = gained(ours, out, &mine, &merged, &report)?;
     Ok(Versions {
         report,
         theirs,
         mine,
         merged,
+        gained,
     })
+}
+
+/// Whether the merged result `out` holds something this run's database `ours` lacked: a message,
+/// or a session other than the one its thread session was folded into. The same exchanges under
+/// another session of the thread are nothing new: saving again for them would only change which
+/// of the thread's sessions the entry names, and two runs that each folded into the other's would
+/// go on swapping.
+fn gained(
+    ours: &Path,
+    out: &Path,
+    mine: &Snapshot,
+    merged: &Snapshot,
+    report: &MergeReport,
+) -> Result<bool, String> {
+    let into: BTreeSet<&String> = report.folded.iter().map(|(_, into)| into).collect();
+    let new_session = merged
+        .sessions
+        .keys()
+        .any(|id| !mine.sessions.contains_key(id) && !into.contains(id));
+    if new_session {
+        return Ok(true);
+    }
+    merge::messages_added(Some(ours), out)
+        .map(|added| !added.is_empty())
+        .map_err(|e| e.to_string())
 }
 
 fn replace(merged: &Path, db: &Path) -> Result<(), String> {

@@ -1845,6 +1845,8 @@ mod local {
     }
 }
 
+/// Same-thread bursts on a brand-new thread (issue #41 item 4).
+mod burst;
 pub(crate) mod concurrent;
 /// Untrusted text in, nothing secret out (docs/security.md).
 mod untrusted;

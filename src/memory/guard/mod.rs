@@ -279,7 +279,8 @@ fn pruned_in_copy(
 
 /// The messages `db` holds now and did not before the turn (`before`: its copy; `None`: there was
 /// none), and the thread's session. Unreadable: no messages (nothing of this run's then moves in a
-/// merge).
+/// merge). Before anything of the turn is saved, each of its answers takes its question's creation
+/// time, so its exchanges never interleave with another run's (`merge::keep_together`).
 fn own_rows(db: &Path, before: Option<&Path>, thread: Option<(String, String)>) -> OwnRows {
     let messages = match db.is_file().then(|| merge::messages_added(before, db)) {
         Some(Ok(ids)) => ids,
@@ -289,6 +290,9 @@ fn own_rows(db: &Path, before: Option<&Path>, thread: Option<(String, String)>) 
         }
         None => Default::default(),
     };
+    if let Err(e) = merge::keep_together(db, &messages) {
+        tracing::warn!("this turn's answers keep their own times (a merge may move them): {e}");
+    }
     OwnRows::new(messages, thread)
 }
 

@@ -21,6 +21,7 @@ mod reissue;
 mod rows;
 mod schema;
 mod snapshot;
+mod together;
 mod write;
 
 use std::fmt;
@@ -34,6 +35,7 @@ pub use exchanges::Refusal;
 pub use plan::{Change, Decision, Side};
 pub use schema::{ACTIVITY_COLUMN, MIGRATION_TABLES, SESSION_TABLE};
 pub use snapshot::{messages_added, SessionVersion, Snapshot};
+pub use together::keep_together;
 
 /// Which database an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

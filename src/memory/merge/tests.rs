@@ -1432,7 +1432,8 @@ fn two_runs_that_each_started_the_thread_are_folded_into_one_session() {
     );
     assert_sound(&out);
 
-    // A session not wholly this run's own is never folded: both stay, as before.
+    // A session whose exchange interleaves with the other's and may not move (not this run's
+    // own: another copy may hold it) is not folded: both stay, as before.
     let out2 = d.path("out2.db");
     let options = MergeOptions {
         same_thread: Some(("ses_mine", "ses_theirs")),
@@ -1483,4 +1484,159 @@ fn many_interleaved_exchanges_each_land_after_the_one_under_way() {
     assert_eq!(questions, expected);
     events_sound(&out);
     assert_sound(&out);
+}
+
+/// A run's new thread session: its first exchange at `at`, answered at `answered` (after the other
+/// runs asked), kept together as the guard keeps a turn's (`keep_together`); the exchange's ids.
+fn started(
+    d: &Dir,
+    empty: &Path,
+    name: &str,
+    id: &str,
+    at: i64,
+    word: &str,
+) -> (PathBuf, Vec<String>) {
+    let db = d.copy(empty, name);
+    let c = open(&db);
+    fresh(&c, id, at - 10);
+    let ids = exchange(&c, id, at, &[5000 + at], word);
+    drop(c);
+    let moved = keep_together(&db, &own(std::slice::from_ref(&ids))).unwrap();
+    assert_eq!(moved, 1, "the answer takes its question's time");
+    (db, ids)
+}
+
+/// Merges `ours` into `base` as the cache merge does: this run's thread session `mine`, its own
+/// messages `own` (the turn's), and the base's session of the thread `theirs`; the result and the
+/// thread's session in it.
+fn fold_step(
+    d: &Dir,
+    name: &str,
+    (base, ours): (&Path, &Path),
+    (mine, theirs): (&str, &str),
+    own: &std::collections::BTreeSet<String>,
+) -> (PathBuf, String) {
+    let out = d.path(name);
+    let options = MergeOptions {
+        same_thread: (mine != theirs).then_some((mine, theirs)),
+        ..with_own(own)
+    };
+    let report = merge_with(base, ours, &Snapshot::empty(), &out, options).unwrap();
+    assert!(report.conflicts.is_empty(), "{name}: {report:?}");
+    assert!(
+        report.reissued.is_empty(),
+        "{name}: nothing moves: {report:?}"
+    );
+    let thread = report
+        .folded
+        .iter()
+        .find(|(from, _)| from == mine)
+        .map_or(mine.to_string(), |(_, into)| into.clone());
+    assert_sound(&out);
+    (out, thread)
+}
+
+const THREE: [&str; 6] = [
+    "question alpha",
+    "answer alpha step 0",
+    "question bravo",
+    "answer bravo step 0",
+    "question charlie",
+    "answer charlie step 0",
+];
+
+#[test]
+fn three_runs_that_each_started_the_thread_converge_on_one_session_holding_each_exchange_once() {
+    // A new issue mentioned three times: each run started the thread's session, and all three
+    // answered after the last asked (the turns overlapped).
+    let d = Dir::new();
+    let empty = d.db("empty.db");
+    project(&open(&empty), PROJECT);
+    let (a, alpha) = started(&d, &empty, "a.db", "ses_a", 1000, "alpha");
+    let (b, bravo) = started(&d, &empty, "b.db", "ses_b", 1200, "bravo");
+    let (c, charlie) = started(&d, &empty, "c.db", "ses_c", 1400, "charlie");
+    let (alpha, bravo, charlie) = (own(&[alpha]), own(&[bravo]), own(&[charlie]));
+    // The first two saved at once, so each then merged the other's entry (A folds into B's
+    // session, B into A's): two entries holding both exchanges, the thread in different sessions.
+    let (a2, at) = fold_step(&d, "a2.db", (&b, &a), ("ses_a", "ses_b"), &alpha);
+    let (b2, bt) = fold_step(&d, "b2.db", (&a, &b), ("ses_b", "ses_a"), &bravo);
+    assert_eq!((at.as_str(), bt.as_str()), ("ses_b", "ses_a"));
+    for (db, session) in [(&a2, "ses_b"), (&b2, "ses_a")] {
+        assert_eq!(thread_history(db, session), THREE[..4]);
+    }
+    // The third merges every entry, oldest first: the thread's session changes at each fold,
+    // and what it folds already holds exchanges of the others, some of them twice over.
+    let (c1, t) = fold_step(&d, "c1.db", (&a, &c), ("ses_c", "ses_a"), &charlie);
+    let (c2, t) = fold_step(&d, "c2.db", (&b, &c1), (&t, "ses_b"), &charlie);
+    let (c3, t) = fold_step(&d, "c3.db", (&a2, &c2), (&t, "ses_b"), &charlie);
+    let (c4, t) = fold_step(&d, "c4.db", (&b2, &c3), (&t, "ses_a"), &charlie);
+    assert_eq!(t, "ses_a");
+    assert_eq!(sessions(&c4), ["ses_a"]);
+    assert_eq!(thread_history(&c4, "ses_a"), THREE);
+    // Every exchange once: the copies' rows are the same rows in whichever session.
+    assert_eq!(messages(&c4, "ses_a"), 6);
+    // And the first two, merging the third's entry, hold the same.
+    for (name, ours, mine, own) in [
+        ("a3.db", &a2, "ses_b", &alpha),
+        ("b3.db", &b2, "ses_a", &bravo),
+    ] {
+        let (out, t) = fold_step(&d, name, (&c4, ours), (mine, "ses_a"), own);
+        assert_eq!(t, "ses_a");
+        assert_eq!(thread_history(&out, "ses_a"), THREE, "{name}");
+        assert_eq!(sessions(&out), ["ses_a"], "{name}");
+    }
+}
+
+#[test]
+fn a_turns_answers_take_their_questions_time_and_others_rows_are_left_alone() {
+    let (d, restored, _) = thread();
+    let db = d.copy(&restored, "db.db");
+    let c = open(&db);
+    let before: Vec<(String, i64, String)> = {
+        let mut s = c
+            .prepare("SELECT id, time_created, data FROM message ORDER BY id")
+            .unwrap();
+        s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    };
+    let ids = exchange(&c, "ses_t", 2000, &[2500, 2600], "bravo");
+    drop(c);
+    let moved = keep_together(&db, &own(std::slice::from_ref(&ids))).unwrap();
+    assert_eq!(moved, 2);
+    let c = open(&db);
+    for id in &ids {
+        let (at, created): (i64, i64) = c
+            .query_row(
+                "SELECT time_created, json_extract(data, '$.time.created') FROM message WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((at, created), (2000, 2000), "{id}");
+    }
+    // The restored exchange (not this turn's) is untouched; so is a database without the turn.
+    for (id, at, data) in &before {
+        let now: (i64, String) = c
+            .query_row(
+                "SELECT time_created, data FROM message WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(&now, &(*at, data.clone()));
+    }
+    assert_eq!(
+        contiguous(&db),
+        [
+            "question zero",
+            "answer zero step 0",
+            "question bravo",
+            "answer bravo step 0",
+            "answer bravo step 1"
+        ]
+    );
+    assert_eq!(keep_together(&db, &own(&[ids])).unwrap(), 0, "once only");
+    assert_sound(&db);
 }

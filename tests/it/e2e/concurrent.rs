@@ -631,14 +631,14 @@ async fn a_save_that_reached_only_the_cache_is_not_shadowed_by_the_stores_older_
     }
 }
 
-const CODEWORD_ISSUE: u64 = 50;
+pub(super) const CODEWORD_ISSUE: u64 = 50;
 
-fn codeword(i: u64) -> String {
+pub(super) fn codeword(i: u64) -> String {
     format!("walrus-{i}-narwhal")
 }
 
 /// Mention `i` on the codeword thread: run `6000 + i`, comment `800 + i`.
-fn codeword_job(world: &World, i: u64, body: &str, prefix: Option<&str>) -> Job {
+pub(super) fn codeword_job(world: &World, i: u64, body: &str, prefix: Option<&str>) -> Job {
     let mut job = world.job(6000 + i);
     job.at_fixed_root();
     if let Some(prefix) = prefix {
@@ -719,9 +719,9 @@ pub async fn three_mentions_on_one_thread_are_all_answered_and_remembered(
     follow_up_remembers_every_codeword(&world, prefix).await;
 }
 
-/// The next mention resumes the thread, and its first request holds each earlier question
+/// The next mention resumes the thread, and its first request holds each earlier question once,
 /// immediately followed by its own answer.
-async fn follow_up_remembers_every_codeword(world: &World, prefix: Option<&str>) {
+pub(super) async fn follow_up_remembers_every_codeword(world: &World, prefix: Option<&str>) {
     let question = "@fro-bot what were the codewords?";
     let (_, r) = main_step(codeword_job(world, 3, question, prefix)).await;
     assert_eq!(r.code, 0, "{}", explain(&r));
@@ -742,11 +742,24 @@ async fn follow_up_remembers_every_codeword(world: &World, prefix: Option<&str>)
             .iter()
             .position(|m| m["role"] == "user" && m.to_string().contains(&asked))
             .unwrap_or_else(|| panic!("mention {i} is not in the follow-up's request: {first:#}"));
-        let next = &history[at + 1..];
-        let answer = next.iter().find(|m| m["role"] != "tool");
+        let times = history
+            .iter()
+            .filter(|m| m["role"] == "user" && m.to_string().contains(&asked))
+            .count();
+        assert_eq!(
+            times, 1,
+            "mention {i} is in the follow-up's request once: {first:#}"
+        );
+        // Its answer (after any tool steps) comes before the next question.
+        let answered = history[at + 1..]
+            .iter()
+            .take_while(|m| m["role"] != "user")
+            .any(|m| {
+                m["role"] == "assistant"
+                    && m.to_string().contains(&format!("Noted {}.", codeword(i)))
+            });
         assert!(
-            answer.is_some_and(|m| m["role"] == "assistant"
-                && m.to_string().contains(&format!("Noted {}.", codeword(i)))),
+            answered,
             "mention {i} is followed by its own answer: {first:#}"
         );
     }

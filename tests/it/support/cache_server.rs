@@ -144,7 +144,31 @@ pub(super) struct StateInner {
     blocks: HashMap<String, HashMap<String, PathBuf>>,
     /// Where clients reach the server, when not at its own address (a name or a TLS front).
     origin: Option<String>,
+    /// Calls held until a condition is met ([`CacheServer::hold_while`]).
+    holds: Vec<Hold>,
 }
+
+/// When a held call waits: before the service acts on it, or after (its effect is there, its
+/// answer is not yet sent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    Before,
+    After,
+}
+
+/// Whether a call (`op`, its JSON body) must still wait, given every entry now.
+type HoldFn = Arc<dyn Fn(&Value, &[Entry]) -> bool + Send + Sync>;
+
+#[derive(Clone)]
+struct Hold {
+    op: String,
+    when: Held,
+    wait: HoldFn,
+}
+
+/// The longest a call is held: a condition that never comes (a run that failed) does not hang
+/// the others; the test then fails on what the condition was for.
+const HOLD_LIMIT: std::time::Duration = std::time::Duration::from_secs(90);
 
 pub(super) struct Shared {
     inner: Mutex<StateInner>,
@@ -216,6 +240,24 @@ impl Shared {
                 .map(|e| (e.key.clone(), e.blob.clone()))
         })
     }
+    /// Waits while a hold of `op` at `when` says so for this call (checked every 50 ms).
+    pub(super) async fn hold(&self, op: &str, when: Held, body: Option<&Value>) {
+        let body = body.cloned().unwrap_or(Value::Null);
+        let deadline = std::time::Instant::now() + HOLD_LIMIT;
+        loop {
+            let waiting = {
+                let st = self.lock();
+                st.holds
+                    .iter()
+                    .any(|h| h.op == op && h.when == when && (h.wait)(&body, &st.entries))
+            };
+            if !waiting || std::time::Instant::now() > deadline {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     /// Never answers, if this call of `op` is to stall (a transfer hung in the network).
     pub(super) async fn maybe_stall(&self, op: &str) {
         {
@@ -349,6 +391,22 @@ impl CacheServer {
             .or_default()
             .extend(faults);
     }
+    /// From now on each call of the RPC `op` waits, `when` (before the service acts on it or
+    /// after), while `wait(its JSON body, every entry)` holds: checked every 50 ms, for at most
+    /// 90 s. A test orders runs' saves by what the cache holds instead of by sleeps.
+    pub fn hold_while(
+        &self,
+        op: &str,
+        when: Held,
+        wait: impl Fn(&Value, &[Entry]) -> bool + Send + Sync + 'static,
+    ) {
+        self.shared.lock().holds.push(Hold {
+            op: op.to_string(),
+            when,
+            wait: Arc::new(wait),
+        });
+    }
+
     /// The next `n` calls of `op` (an RPC name or a blob op) never get an answer.
     pub fn stall(&self, op: &str, n: usize) {
         *self.shared.lock().stalls.entry(op.to_string()).or_default() += n;
@@ -507,7 +565,9 @@ async fn twirp(
 ) -> Response {
     s.maybe_stall(&rpc).await;
     let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+    s.hold(&rpc, Held::Before, parsed.as_ref()).await;
     let response = twirp_inner(&s, &rpc, &headers, parsed.as_ref());
+    s.hold(&rpc, Held::After, parsed.as_ref()).await;
     s.log(Call {
         op: rpc,
         status: response.status().as_u16(),

@@ -45,6 +45,10 @@ pub enum Reply {
     /// Concurrent runs pop replies in the order they reach the model, so a reply that must answer
     /// its own question is made from the question.
     Echo { containing: String },
+    /// `first` for a turn's first step (the newest message is the user's), `then` for each later
+    /// one (after a tool result): concurrent runs each get their own steps, whatever order their
+    /// requests come in.
+    Stepwise { first: Box<Reply>, then: Box<Reply> },
 }
 
 impl Reply {
@@ -347,11 +351,25 @@ async fn chat(
         }
     }
     let reply = match reply {
+        Some(Reply::Stepwise { first, then }) => {
+            Some(*if first_step(&body) { first } else { then })
+        }
+        other => other,
+    };
+    let reply = match reply {
         Some(Reply::Echo { containing }) => Reply::Text(echo(&body, &containing)),
         Some(reply) => reply,
         None => Reply::text("Fake session title"),
     };
     respond(reply, true).await
+}
+
+/// Whether `body` asks for a turn's first step: its newest message is the user's.
+fn first_step(body: &Value) -> bool {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .is_some_and(|m| m["role"] == "user")
 }
 
 /// The answer of [`Reply::Echo`] to `body`.
@@ -434,6 +452,7 @@ async fn respond(mut reply: Reply, stream: bool) -> Response<Body> {
             }
             // Resolved from the request in `chat`.
             Reply::Echo { .. } => return sse(vec![chunk(json!({}), Some("stop"))], false),
+            Reply::Stepwise { first, .. } => reply = *first,
             Reply::Stall => {
                 let chunks = vec![chunk(
                     json!({"role": "assistant", "content": "Thinking"}),

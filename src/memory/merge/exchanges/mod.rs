@@ -1,8 +1,8 @@
 //! Both runs continued the same session tree from the same memory (docs/persistence.md
 //! #session-level-merge): instead of keeping only the later turn, the merge keeps both runs' new
-//! messages and parts, the session row of the later activity, and every sub-agent session. Two
-//! runs that each started a thread's first session (a new issue mentioned twice) are joined the
-//! same way: this run's new session is folded into the other run's.
+//! messages and parts, the session row of the later activity, and every sub-agent session. Runs
+//! that each started a thread's first session (a new issue mentioned at once) are joined the same
+//! way: this run's session is folded into the other run's, a union of the rows both hold.
 //!
 //! This module only decides: it reads both sides (the output, a copy of the base, as `main`; this
 //! run's database as `ours`) and says how to join each session, or why it cannot ([`Refusal`]:
@@ -267,8 +267,14 @@ pub fn plan(sides: &Sides<'_>, tree: &TreePlan, later: Side) -> Result<Joining, 
     })
 }
 
-/// How to fold `tree`, a thread's session this run started, into `into`, the session the other
-/// run started for the same thread; `None` when it is not that (then it is added beside it).
+/// How to fold `tree`, this run's session of a thread, into `into`, the base's session of the
+/// same thread; `None` when it is not that (then it is added beside it).
+///
+/// The fold is a union: this run's session may hold exchanges other runs wrote (an entry merged
+/// before, itself the fold of two others), and the base may hold some of them already, in `into`
+/// (another copy folded them there). Those rows are the same rows whichever session holds them
+/// (`rewritten` compares them but for `session_id`), so each is written once, and every
+/// copy that folds the thread's sessions, in any order, ends up holding each exchange once.
 pub fn plan_fold(
     sides: &Sides<'_>,
     tree: &TreePlan,
@@ -276,8 +282,7 @@ pub fn plan_fold(
 ) -> Result<Option<Joining>, MergeError> {
     let root = tree.root.as_str();
     let theirs = sides.base.get(into);
-    // Only a thread's root session, wholly this run's own (so no other copy of memory holds any
-    // of it), into one only the base holds.
+    // Only a thread's root session the base lacks, into one only the base holds.
     let eligible = root != into
         && theirs.is_some_and(|v| v.parent.is_none())
         && !sides.ours.contains_key(into)
@@ -289,9 +294,6 @@ pub fn plan_fold(
     }
     if let Some(refusal) = missing_column(sides.schema) {
         return Ok(Some(Joining::Refused(refusal)));
-    }
-    if !wholly_own(sides, root)? {
-        return Ok(None);
     }
     let pair = Pair {
         ours: root,
@@ -318,24 +320,6 @@ pub fn plan_fold(
         }
         Err(refusal) => Joining::Refused(refusal),
     }))
-}
-
-/// Whether every message of this run's `session` is one its turn wrote.
-fn wholly_own(sides: &Sides<'_>, session: &str) -> Result<bool, MergeError> {
-    let sql = format!(
-        "SELECT id FROM {OURS}.{} WHERE session_id = ?1",
-        quote(MESSAGE_TABLE)
-    );
-    step("reading this run's messages", || {
-        let mut stmt = sides.conn.prepare(&sql)?;
-        let mut rows = stmt.query([session])?;
-        while let Some(row) = rows.next()? {
-            if !text(row.get_ref(0)?).is_some_and(|id| sides.movable.contains(&id)) {
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    })
 }
 
 fn plan_tree(sides: &Sides<'_>, tree: &TreePlan, later: Side) -> Checked<TreeJoin> {
@@ -491,13 +475,16 @@ fn session_rows(sides: &Sides<'_>, pair: Pair<'_>) -> Checked<Option<String>> {
 }
 
 /// Whether a row of `table` (keyed `id`, tied by `session_id`) of one side's session that the
-/// other side holds differs there (for a fold: is there at all).
+/// other side holds differs there: in any column, or by lying elsewhere than in the other side's
+/// session of the pair (for a fold, a row both hold is the same row in either session).
 fn rewritten(sides: &Sides<'_>, table: &str, pair: Pair<'_>) -> Result<bool, MergeError> {
     let t = quote(table);
     let same: Vec<String> = sides.schema.tables[table]
         .columns
         .iter()
+        .filter(|c| *c != "session_id")
         .map(|c| format!("o.{c} IS m.{c}", c = quote(c)))
+        .chain(std::iter::once("o.session_id = ?2".to_string()))
         .collect();
     for (x, y) in [(OURS, "main"), ("main", OURS)] {
         let sql = format!(
@@ -507,7 +494,9 @@ fn rewritten(sides: &Sides<'_>, table: &str, pair: Pair<'_>) -> Result<bool, Mer
             same = same.join(" AND ")
         );
         let differs: bool = step(&format!("comparing {table}"), || {
-            sides.conn.query_row(&sql, [pair.on(x)], |r| r.get(0))
+            sides
+                .conn
+                .query_row(&sql, params![pair.on(x), pair.on(y)], |r| r.get(0))
         })?;
         if differs {
             return Ok(true);
