@@ -386,6 +386,21 @@ mod tests {
 
     const SECRET: &str = "guard-rebuild-secret-8086";
 
+    /// OpenCode 1.18.33's schema at `db` with one project, after `pragma` (e.g. WAL mode).
+    fn memory_db(db: &Path, pragma: &str) -> Connection {
+        let c = Connection::open(db).unwrap();
+        c.execute_batch(include_str!(
+            "../../../tests/it/fixtures/opencode-1.18.33-schema.sql"
+        ))
+        .unwrap();
+        c.execute_batch(&format!(
+            "{pragma} INSERT INTO project (id, worktree, time_created, time_updated, sandboxes) \
+             VALUES ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', '/ws', 1, 1, '[]');"
+        ))
+        .unwrap();
+        c
+    }
+
     fn session(c: &Connection, id: &str, text: &str) {
         c.execute(
             "INSERT INTO session (id, project_id, slug, directory, title, version, time_created, \
@@ -458,17 +473,7 @@ mod tests {
         let runner_temp = tempfile::tempdir().unwrap();
         let db = dir.path().join("opencode.db");
         {
-            let c = Connection::open(&db).unwrap();
-            c.execute_batch(include_str!(
-                "../../../tests/it/fixtures/opencode-1.18.33-schema.sql"
-            ))
-            .unwrap();
-            c.execute_batch(
-                "PRAGMA journal_mode=WAL; INSERT INTO project (id, worktree, time_created, \
-                 time_updated, sandboxes) VALUES ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', \
-                 '/ws', 1, 1, '[]');",
-            )
-            .unwrap();
+            let c = memory_db(&db, "PRAGMA journal_mode=WAL;");
             for id in ["ses_mine", "ses_other"] {
                 session(&c, id, "{\"text\":\"as restored\"}");
             }
@@ -527,17 +532,7 @@ mod tests {
     fn restored_then_turn(dir: &Path) -> (MemoryGuard, PathBuf) {
         let db = dir.join("opencode.db");
         {
-            let c = Connection::open(&db).unwrap();
-            c.execute_batch(include_str!(
-                "../../../tests/it/fixtures/opencode-1.18.33-schema.sql"
-            ))
-            .unwrap();
-            c.execute_batch(
-                "PRAGMA journal_mode=WAL; INSERT INTO project (id, worktree, time_created, \
-                 time_updated, sandboxes) VALUES ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', \
-                 '/ws', 1, 1, '[]');",
-            )
-            .unwrap();
+            let c = memory_db(&db, "PRAGMA journal_mode=WAL;");
             for i in 0..50 {
                 session(&c, &format!("ses_old{i}"), &"earlier turn ".repeat(100));
             }
@@ -624,16 +619,7 @@ mod tests {
         let db = dir.path().join("opencode.db");
         let now = crate::opencode::system_now_ms();
         {
-            let c = Connection::open(&db).unwrap();
-            c.execute_batch(include_str!(
-                "../../../tests/it/fixtures/opencode-1.18.33-schema.sql"
-            ))
-            .unwrap();
-            c.execute_batch(
-                "INSERT INTO project (id, worktree, time_created, time_updated, sandboxes) \
-                 VALUES ('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', '/ws', 1, 1, '[]');",
-            )
-            .unwrap();
+            let c = memory_db(&db, "");
             for (id, age) in [
                 ("ses_old", 40),
                 ("ses_child", 1),

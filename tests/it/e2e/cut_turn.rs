@@ -298,26 +298,50 @@ fn guard_dirs(job: &Job) -> Vec<String> {
         .collect()
 }
 
+/// Run `run_id` on issue 5 asks `question` and is answered and saved: the thread has memory to
+/// resume. The job is ready for the next run; the thread's session id.
+async fn thread_with_memory(
+    world: &World,
+    mut job: Job,
+    run_id: u64,
+    question: &str,
+) -> (Job, String) {
+    world.github.seed_issue(5, "Migrate", "Please migrate.");
+    job.event("issue_comment", &comment_event(5, 1, question));
+    world.llm.push(Reply::text("It renames the zebra column."));
+    let (job, first) = main_step(job).await;
+    assert_eq!(first.code, 0, "{}", explain(&first));
+    let thread = first.output("session-id").to_string();
+    let (mut job, _) = post_step(job, first).await;
+    job.next_run(run_id + 1);
+    (job, thread)
+}
+
+/// The main step, SIGKILLed at its kill point `point` (`runner::failpoint`).
+async fn killed_at(mut job: Job, point: &str) -> (Job, StepResult) {
+    job.set("FRO_BOT_FAILPOINT", point);
+    let (mut job, killed) = main_step(job).await;
+    job.env.remove("FRO_BOT_FAILPOINT");
+    assert_eq!(killed.code, 128 + libc::SIGKILL, "{}", explain(&killed));
+    (job, killed)
+}
+
 /// Run 1 on issue 5 and run 2 on issue 6, each answered and saved: thread A (issue 5) has memory
 /// to resume, and thread B (issue 6) is another thread's memory. The job is ready for run 3; the
 /// ids of A's and B's sessions, and B's rows.
 async fn two_threads_with_memory(
     world: &World,
-    mut job: Job,
+    job: Job,
     run_id: u64,
 ) -> (Job, String, String, Vec<String>) {
-    world.github.seed_issue(5, "Migrate", "Please migrate.");
     world.github.seed_issue(6, "Other", "Something else.");
-    job.event(
-        "issue_comment",
-        &comment_event(5, 1, "@fro-bot what will the migration change?"),
-    );
-    world.llm.push(Reply::text("It renames the zebra column."));
-    let (job, first) = main_step(job).await;
-    assert_eq!(first.code, 0, "{}", explain(&first));
-    let thread_a = first.output("session-id").to_string();
-    let (mut job, _) = post_step(job, first).await;
-    job.next_run(run_id + 1);
+    let (mut job, thread_a) = thread_with_memory(
+        world,
+        job,
+        run_id,
+        "@fro-bot what will the migration change?",
+    )
+    .await;
     job.event(
         "issue_comment",
         &comment_event(6, 4, "@fro-bot hello there"),
@@ -455,10 +479,7 @@ async fn a_kill_between_the_guards_copy_and_its_put_back_is_finished_by_post_and
     world
         .llm
         .push(Reply::text("The second step drops the old table."));
-    job.set("FRO_BOT_FAILPOINT", "run:after-shutdown");
-    let (mut job, killed) = main_step(job).await;
-    job.env.remove("FRO_BOT_FAILPOINT");
-    assert_eq!(killed.code, 128 + libc::SIGKILL, "{}", explain(&killed));
+    let (job, killed) = killed_at(job, "run:after-shutdown").await;
     let db = job.data_dir().join("opencode.db");
     let c = rusqlite::Connection::open(&db).unwrap();
     let changed = c
@@ -503,24 +524,12 @@ async fn a_kill_between_the_guards_copy_and_its_put_back_is_finished_by_post_and
 #[tokio::test]
 async fn post_refuses_a_memory_guard_copy_that_is_not_the_one_main_recorded() {
     let world = World::start().await;
-    world.github.seed_issue(5, "Migrate", "Please migrate.");
     let mut job = world.job(2150);
     job.owned_by_runner_user(RUNNER_UID);
-    job.event(
-        "issue_comment",
-        &comment_event(5, 1, "@fro-bot what changes?"),
-    );
-    world.llm.push(Reply::text("It renames the zebra column."));
-    let (job, first) = main_step(job).await;
-    assert_eq!(first.code, 0, "{}", explain(&first));
-    let (mut job, _) = post_step(job, first).await;
-    job.next_run(2151);
+    let (mut job, _) = thread_with_memory(&world, job, 2150, "@fro-bot what changes?").await;
     job.event("issue_comment", &comment_event(5, 2, "@fro-bot and then?"));
     world.llm.push(Reply::text("Then it drops the old table."));
-    job.set("FRO_BOT_FAILPOINT", "run:after-shutdown");
-    let (mut job, killed) = main_step(job).await;
-    job.env.remove("FRO_BOT_FAILPOINT");
-    assert_eq!(killed.code, 128 + libc::SIGKILL, "{}", explain(&killed));
+    let (job, killed) = killed_at(job, "run:after-shutdown").await;
     let handoff: Value = serde_json::from_str(&killed.state["memoryHandoff"]).unwrap();
     let dir = std::path::PathBuf::from(handoff["dir"].as_str().unwrap());
     assert!(
@@ -592,23 +601,11 @@ async fn post_again(job: Job, main: StepResult) -> (Job, StepResult, StepResult)
 #[tokio::test]
 async fn a_main_killed_before_the_prompt_leaves_post_nothing_to_save() {
     let world = World::start().await;
-    world.github.seed_issue(5, "Migrate", "Please migrate.");
     let mut job = world.job(2160);
     job.owned_by_runner_user(RUNNER_UID);
-    job.event(
-        "issue_comment",
-        &comment_event(5, 1, "@fro-bot what changes?"),
-    );
-    world.llm.push(Reply::text("It renames the zebra column."));
-    let (job, first) = main_step(job).await;
-    assert_eq!(first.code, 0, "{}", explain(&first));
-    let (mut job, _) = post_step(job, first).await;
-    job.next_run(2161);
+    let (mut job, _) = thread_with_memory(&world, job, 2160, "@fro-bot what changes?").await;
     job.event("issue_comment", &comment_event(5, 2, "@fro-bot and then?"));
-    job.set("FRO_BOT_FAILPOINT", "agent:started");
-    let (mut job, killed) = main_step(job).await;
-    job.env.remove("FRO_BOT_FAILPOINT");
-    assert_eq!(killed.code, 128 + libc::SIGKILL, "{}", explain(&killed));
+    let (job, killed) = killed_at(job, "agent:started").await;
     assert_eq!(killed.state["memoryGuard"], "pending", "{:?}", killed.state);
     assert!(
         !killed.state.contains_key("memoryOwn"),
