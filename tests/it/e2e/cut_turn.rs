@@ -81,13 +81,13 @@ fn this_runs_prompt(world: &World, before: usize) -> String {
 }
 
 /// The follow-up run on the thread: the model is told the cut call's outcome is unknown, in the
-/// words of the repair that `reason` names; the command ran once. Returns its result and the
+/// words of the repair for one of `reasons`; the command ran once. Returns its result and the
 /// prompt it gave.
 async fn follow_up(
     world: &World,
     mut job: Job,
     run_id: u64,
-    reason: Interruption,
+    reasons: &[Interruption],
 ) -> (Job, StepResult, String) {
     job.next_run(run_id);
     job.event(
@@ -110,7 +110,12 @@ async fn follow_up(
     let shown = format!("{messages:#?}");
     let tool: Vec<&&Value> = messages.iter().filter(|m| m["role"] == "tool").collect();
     assert_eq!(tool.len(), 1, "{shown}");
-    assert_eq!(tool[0]["content"], call_error(reason), "{shown}");
+    assert!(
+        reasons
+            .iter()
+            .any(|reason| tool[0]["content"] == call_error(*reason)),
+        "the call is shown as interrupted ({reasons:?}): {shown}"
+    );
     let text = shown;
     assert!(
         text.contains("run the migration"),
@@ -181,7 +186,7 @@ async fn sigint_during_a_command_keeps_the_turn_with_its_call_as_unknown() {
             ),
         "{told}"
     );
-    let (job, next, prompt) = follow_up(&world, job, 2101, Interruption::Cancelled).await;
+    let (job, next, prompt) = follow_up(&world, job, 2101, &[Interruption::Cancelled]).await;
     assert!(!next.summary.contains("Turn cut short"), "{}", next.summary);
     assert_notice(
         &prompt,
@@ -192,12 +197,52 @@ async fn sigint_during_a_command_keeps_the_turn_with_its_call_as_unknown() {
         ],
     );
     // The follow-up answered: the run after it is told nothing of the cut turn.
-    let (_, _, prompt) = follow_up(&world, job, 2102, Interruption::Cancelled).await;
+    let (_, _, prompt) = follow_up(&world, job, 2102, &[Interruption::Cancelled]).await;
     // (The thread's own comments, quoted as context, still say it was.)
     assert!(
         !prompt.contains("## The previous turn was cut short")
             && !prompt.contains("what memory records of the previous turn"),
         "{prompt}"
+    );
+}
+
+/// The runner's cancel (SIGTERM) while the agent's command runs, on a thread that already has
+/// memory: OpenCode records the aborted call as a completed `User aborted the command`; fro-bot's
+/// repair makes it an unknown outcome, the turn is saved beside the earlier exchange, and the
+/// follow-up is shown the call as interrupted by the cancel, never as the user's abort.
+#[tokio::test]
+async fn sigterm_during_a_command_on_a_thread_with_memory_keeps_both_turns_with_the_call_as_unknown(
+) {
+    let world = World::start().await;
+    let mut job = world.job(2170);
+    job.owned_by_runner_user(RUNNER_UID);
+    let (mut job, thread) = thread_with_memory(&world, job, 2170, "@fro-bot what changes?").await;
+    job.event(
+        "issue_comment",
+        &comment_event(5, 2, "@fro-bot run the migration"),
+    );
+    let (job, cut) = signalled_during_the_command(&world, job, libc::SIGTERM).await;
+    end_command(&job.workspace());
+    assert_eq!(cut.output("session-id"), thread, "{}", explain(&cut));
+    assert_eq!(
+        cut.state.get("cacheSaved").map(String::as_str),
+        Some("durable"),
+        "{}",
+        explain(&cut)
+    );
+    // The runner's 2.5 s budget after SIGTERM: when the save needs what is left, the cut run
+    // saves the turn unrepaired and the follow-up's restore repairs it (`cut::SAVE_RESERVE`).
+    let (_, _, _) = follow_up(
+        &world,
+        job,
+        2172,
+        &[Interruption::Cancelled, Interruption::EarlierRun],
+    )
+    .await;
+    let sent = world.llm.requests().last().cloned().unwrap().to_string();
+    assert!(
+        sent.contains("what changes?") && sent.contains("It renames the zebra column."),
+        "the earlier exchange is kept beside the cut turn: {sent}"
     );
 }
 
@@ -223,7 +268,7 @@ async fn sigkill_during_a_command_on_new_memory_is_repaired_by_the_next_runs_res
         told.contains("What I did so far is not known to be kept in memory"),
         "{told}"
     );
-    let (_, next, prompt) = follow_up(&world, job, 2111, Interruption::EarlierRun).await;
+    let (_, next, prompt) = follow_up(&world, job, 2111, &[Interruption::EarlierRun]).await;
     assert!(
         next.summary.contains(
             "| Turn cut short | repaired a turn cut short (an earlier workflow run was stopped): \
@@ -400,7 +445,7 @@ async fn a_killed_main_on_a_thread_with_memory_is_finished_by_post(
     assert_eq!(post.code, 0, "{}", explain(&post));
     let aside = tempfile::tempdir().unwrap();
     let db = keep_db(&job, aside.path());
-    let (job, next, prompt) = follow_up(&world, job, run_id + 3, Interruption::Killed).await;
+    let (job, next, prompt) = follow_up(&world, job, run_id + 3, &[Interruption::Killed]).await;
     assert_notice(
         &prompt,
         &[
