@@ -671,3 +671,71 @@ async fn a_main_killed_before_the_prompt_leaves_post_nothing_to_save() {
     assert_eq!(world.cache.entries().len(), before, "nothing saved");
     assert!(guard_dirs(&job).is_empty(), "{:?}", guard_dirs(&job));
 }
+
+/// A thread with memory, its follow-up's main step SIGKILLed while the model streams its answer
+/// (no call yet). Post keeps the turn: the question and an answer completed by the repair as
+/// killed, beside the earlier exchange; the next run is told, resumes the thread and is answered.
+#[tokio::test]
+async fn sigkill_while_the_model_streams_on_a_thread_with_memory_keeps_the_question() {
+    let world = World::start().await;
+    let mut job = world.job(2180);
+    job.owned_by_runner_user(RUNNER_UID);
+    let (mut job, thread) = thread_with_memory(&world, job, 2180, "@fro-bot what changes?").await;
+    job.event(
+        "issue_comment",
+        &comment_event(5, 2, "@fro-bot summarise the plan"),
+    );
+    world.llm.push(Reply::Stall);
+    let mut running = job.spawn(&["run"], &[]);
+    let until = Instant::now() + Duration::from_secs(120);
+    let streaming = || {
+        world
+            .llm
+            .requests()
+            .iter()
+            .any(|r| r.to_string().contains("summarise the plan"))
+    };
+    while !streaming() {
+        assert!(
+            Instant::now() < until && !running.exited(),
+            "the answer never started"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    running.signal(libc::SIGKILL);
+    let (job, killed) = tokio::task::spawn_blocking(move || {
+        let r = job.finish(running);
+        (job, r)
+    })
+    .await
+    .unwrap();
+    assert_eq!(killed.code, 128 + libc::SIGKILL, "{}", explain(&killed));
+    let (mut job, post) = post_step(job, killed).await;
+    assert!(post.summary.contains("**durable**"), "{}", explain(&post));
+    let aside = tempfile::tempdir().unwrap();
+    assert_eq!(open_rows(&keep_db(&job, aside.path())), (0, 0));
+    job.next_run(2182);
+    job.event(
+        "issue_comment",
+        &comment_event(5, 3, "@fro-bot are you done?"),
+    );
+    world
+        .llm
+        .push(Reply::text("Not yet; the plan has two steps."));
+    let before = world.llm.requests().len();
+    let (_, next) = main_step(job).await;
+    assert_eq!(next.code, 0, "{}", explain(&next));
+    assert_eq!(next.output("session-id"), thread, "{}", explain(&next));
+    let prompt = this_runs_prompt(&world, before);
+    assert!(
+        prompt.contains("cut short, in run 2181 (attempt 1)")
+            && prompt.contains("the workflow run was killed"),
+        "{prompt}"
+    );
+    let sent = format!("{:#?}", world.llm.requests().last().unwrap()["messages"]);
+    assert!(
+        sent.contains("It renames the zebra column.") && sent.contains("summarise the plan"),
+        "the earlier exchange and the cut question are kept: {sent}"
+    );
+}
