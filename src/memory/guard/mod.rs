@@ -401,6 +401,18 @@ mod tests {
         c
     }
 
+    /// The guard's copy of `db`, as `take` keeps it.
+    fn kept_copy(db: &Path) -> MemoryGuard {
+        let kept = tempfile::tempdir().unwrap();
+        let copy = kept.path().join("opencode.db");
+        copy_db(db, &copy).unwrap();
+        MemoryGuard {
+            snapshot: Snapshot::capture(&copy).unwrap(),
+            _dir: Some(kept),
+            copy,
+        }
+    }
+
     fn session(c: &Connection, id: &str, text: &str) {
         c.execute(
             "INSERT INTO session (id, project_id, slug, directory, title, version, time_created, \
@@ -538,14 +550,7 @@ mod tests {
             }
         }
         crate::memory::scrub::scrub(&db, &Scope::Whole).unwrap();
-        let kept = tempfile::tempdir().unwrap();
-        let copy = kept.path().join("opencode.db");
-        copy_db(&db, &copy).unwrap();
-        let guard = MemoryGuard {
-            snapshot: Snapshot::capture(&copy).unwrap(),
-            _dir: Some(kept),
-            copy,
-        };
+        let guard = kept_copy(&db);
         let c = Connection::open(&db).unwrap();
         session(&c, "ses_new", "{}");
         for i in 0..30 {
@@ -639,14 +644,7 @@ mod tests {
             )
             .unwrap();
         }
-        let kept = tempfile::tempdir().unwrap();
-        let copy = kept.path().join("opencode.db");
-        copy_db(&db, &copy).unwrap();
-        let guard = MemoryGuard {
-            snapshot: Snapshot::capture(&copy).unwrap(),
-            _dir: Some(kept),
-            copy,
-        };
+        let guard = kept_copy(&db);
         // What OpenCode's deletions left: the agent had dated `ses_recent` 1970, so it went too.
         let c = Connection::open(&db).unwrap();
         for table in ["part", "message", "session"] {

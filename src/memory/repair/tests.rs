@@ -640,21 +640,27 @@ fn the_summary_says_what_was_repaired_in_one_line() {
     .contains("could not be repaired: busy"));
 }
 
-#[test]
-fn the_persistence_section_has_a_row_for_a_repair() {
-    let mut report = crate::memory::report::PersistenceReport::default();
-    assert!(!report.to_markdown("P").contains("Turn cut short"));
-    let mut c = db();
+/// Session `ses_a` with answer `msg_a` killed while its call `part` ran `command`.
+fn killed_during_bash(part_id: &str, command: &str) -> Connection {
+    let c = db();
     session(&c, "ses_a", None);
     killed_answer(&c, "msg_a", "ses_a", 110);
     part(
         &c,
-        "prt_2",
+        part_id,
         "msg_a",
         "ses_a",
         130,
-        &running_bash("make migrate", 120),
+        &running_bash(command, 120),
     );
+    c
+}
+
+#[test]
+fn the_persistence_section_has_a_row_for_a_repair() {
+    let mut report = crate::memory::report::PersistenceReport::default();
+    assert!(!report.to_markdown("P").contains("Turn cut short"));
+    let mut c = killed_during_bash("prt_2", "make migrate");
     let repaired = repaired(&mut c, Scope::Whole, Interruption::EarlierRun);
     report.cut_turns.push(RepairOutcome::Repaired(repaired));
     let md = report.to_markdown("P");
@@ -669,17 +675,7 @@ fn the_persistence_section_has_a_row_for_a_repair() {
 
 #[test]
 fn the_tracking_comment_says_what_was_kept_only_when_the_repair_ran() {
-    let mut c = db();
-    session(&c, "ses_a", None);
-    killed_answer(&c, "msg_a", "ses_a", 110);
-    part(
-        &c,
-        "prt_1",
-        "msg_a",
-        "ses_a",
-        130,
-        &running_bash("make", 120),
-    );
+    let mut c = killed_during_bash("prt_1", "make");
     let report = repaired(&mut c, Scope::Whole, Interruption::Cancelled);
     let kept = kept_note(Some(&RepairOutcome::Repaired(report))).unwrap();
     assert!(
