@@ -138,10 +138,10 @@ fn main() -> ExitCode {
 fn agent_shell(args: &[std::ffi::OsString]) -> Option<ExitCode> {
     let (real, rest) = fro_bot::confine::memory_group::invoked_as_shell(args)?;
     let e = fro_bot::confine::memory_group::exec_agent_shell(&real, &rest);
-    eprintln!(
+    fro_bot::runner::log::print_err(&format!(
         "fro-bot: cannot start the shell {}: {e}",
         real.to_string_lossy()
-    );
+    ));
     Some(ExitCode::from(126))
 }
 
@@ -205,7 +205,7 @@ fn dispatch(command: Command, runtime: tokio::runtime::Runtime, env: Env) -> Exi
         Command::SessionTools | Command::Watchdog => ExitCode::SUCCESS,
         Command::Inspect => match fro_bot::phases::inspect::describe(&env) {
             Ok(text) => {
-                print!("{text}");
+                fro_bot::runner::log::print(&text);
                 ExitCode::SUCCESS
             }
             Err(message) => {
@@ -247,8 +247,8 @@ async fn run(env: Env, mode: Mode) -> ExitCode {
     let exit = fro_bot::phases::run::run(env, mode, cancel).await;
     if local {
         match &exit.answer {
-            Some(answer) => println!("\n{}\n", fro_bot::redact::redact(answer)),
-            None => println!("\n(the agent gave no answer)\n"),
+            Some(answer) => fro_bot::runner::log::print(&format!("\n{answer}\n")),
+            None => fro_bot::runner::log::print("\n(the agent gave no answer)\n"),
         }
     }
     ExitCode::from(exit.status.code())
@@ -370,14 +370,16 @@ fn session_tools(env: &fro_bot::runner::Env) -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("fro-bot session-tools: cannot start the async runtime: {e}");
+            fro_bot::runner::log::print_err(&format!(
+                "fro-bot session-tools: cannot start the async runtime: {e}"
+            ));
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(fro_bot::tools::serve_stdio(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("fro-bot session-tools: {e}");
+            fro_bot::runner::log::print_err(&format!("fro-bot session-tools: {e}"));
             ExitCode::FAILURE
         }
     }

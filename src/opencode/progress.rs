@@ -179,16 +179,21 @@ fn one_line(text: &str) -> String {
         .split_whitespace()
         .collect::<Vec<_>>()
         .join(" ");
-    truncate(&neutralize(&flat), 200)
+    truncate(&flat, 200)
 }
 
-/// The agent's text as indented lines, so none can start a workflow command (`::name::`).
+/// The agent's text as indented lines, split where the runner splits them (a bare `\r` too); the
+/// log's writer makes each inert (`runner::lines`).
 fn text_lines(stamp: &str, text: &str) -> Vec<String> {
     // Redacted whole first: each line is logged on its own, and a PEM block or a multi-line secret
     // is only recognizable whole.
     let shown = truncate(crate::redact::redact(text).trim(), MAX_TEXT_CHARS);
     let mut out = vec![format!("{stamp} agent:")];
-    out.extend(shown.lines().map(|l| format!("    {}", neutralize(l))));
+    out.extend(
+        crate::runner::lines::split(&shown)
+            .into_iter()
+            .map(|l| format!("    {l}")),
+    );
     out
 }
 
@@ -209,14 +214,6 @@ fn todo_line(todos: &[Todo]) -> String {
         })
         .collect();
     items.join(" · ")
-}
-
-/// A line the runner would read as a workflow command loses its leading `::`.
-fn neutralize(line: &str) -> String {
-    match line.trim_start().strip_prefix("::") {
-        Some(rest) => format!(": :{rest}"),
-        None => line.to_string(),
-    }
 }
 
 fn truncate(text: &str, max_chars: usize) -> String {
@@ -308,7 +305,7 @@ mod tests {
             .is_empty());
         assert!(p.observe(&text("m2", "p2", "half", false), t0).is_empty());
         let lines = p.observe(
-            &text("m2", "p2", "Done.\n::add-mask::x\n  ::error::y", true),
+            &text("m2", "p2", "Done.\n::add-mask::x\r  ::error::y", true),
             t0,
         );
         assert_eq!(
@@ -316,8 +313,8 @@ mod tests {
             [
                 "[0:00] agent:",
                 "    Done.",
-                "    : :add-mask::x",
-                "    : :error::y"
+                "    ::add-mask::x",
+                "      ::error::y"
             ]
         );
         assert!(p.observe(&text("m2", "p2", "Done.", true), t0).is_empty());

@@ -314,6 +314,6 @@ pub(crate) fn write_summary(
     }
     if files.summary.is_none() {
         // Local runs: the summary goes to the terminal.
-        println!("\n{}", log::redact(&md));
+        log::print(&format!("\n{md}"));
     }
 }

@@ -43,7 +43,7 @@ pub fn hit(name: &str) {
 pub async fn pause(name: &str, cancel: &Cancellation) {
     static ARMED: OnceLock<Option<String>> = OnceLock::new();
     if armed(FRO_BOT_PAUSEPOINT, &ARMED) == Some(name) {
-        println!("{PAUSED_AT}{name}");
+        super::log::print(&format!("{PAUSED_AT}{name}"));
         if tokio::time::timeout(PAUSE_LIMIT, cancel.cancelled())
             .await
             .is_err()

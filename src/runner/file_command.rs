@@ -57,7 +57,7 @@ fn random_delimiter() -> String {
 /// used to prove that everything we write reads back as written.
 pub fn parse(content: &str) -> Result<Vec<(String, String)>, String> {
     // The runner reads with `StreamReader.ReadLine`, which ends a line at \n, \r or \r\n.
-    let lines = split_lines(content);
+    let lines = super::lines::split(content);
     let mut entries = Vec::new();
     let mut index = 0;
     while index < lines.len() {
@@ -99,34 +99,6 @@ pub fn parse(content: &str) -> Result<Vec<(String, String)>, String> {
         }
     }
     Ok(entries)
-}
-
-fn split_lines(content: &str) -> Vec<&str> {
-    let mut lines = Vec::new();
-    let bytes = content.as_bytes();
-    let mut start = 0;
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'\n' => {
-                lines.push(&content[start..i]);
-                start = i + 1;
-            }
-            b'\r' => {
-                lines.push(&content[start..i]);
-                if bytes.get(i + 1) == Some(&b'\n') {
-                    i += 1;
-                }
-                start = i + 1;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    if start < bytes.len() {
-        lines.push(&content[start..]);
-    }
-    lines
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
-//! Workflow log commands (`::add-mask::`, `::group::`, `::warning::`, `::error::`), secret
-//! registration (with the one redactor, `crate::redact`), and the tracing output that turns
-//! WARN/ERROR events into annotations.
+//! The one writer of the job log: fro-bot's own workflow commands (`::add-mask::`, `::group::`,
+//! `::warning::`, `::error::`, `::debug::`), every other line through [`print`] made inert
+//! (`runner::lines`), secret registration (with the one redactor, `crate::redact`), and the
+//! tracing output that turns WARN/ERROR events into annotations. Nothing else in fro-bot writes
+//! to stdout or stderr (docs/security.md "What fro-bot prints").
 
 use std::fmt;
 use std::io::Write;
@@ -23,7 +25,7 @@ fn on_runner() -> bool {
 pub fn add_mask(secret: &str) {
     for form in crate::redact::register(secret) {
         if on_runner() {
-            emit(&format!("::add-mask::{}", escape_data(&form)));
+            command_line(&format!("::add-mask::{}", escape_data(&form)));
         }
     }
 }
@@ -34,14 +36,14 @@ pub use crate::redact::redact;
 /// Starts a collapsible log group. Pair with [`end_group`] (or use [`Group`]).
 pub fn start_group(title: &str) {
     match on_runner() {
-        true => emit(&format!("::group::{}", escape_data(&redact(title)))),
-        false => emit(&format!("── {} ──", redact(title))),
+        true => command_line(&format!("::group::{}", escape_data(&redact(title)))),
+        false => print(&format!("── {title} ──")),
     }
 }
 
 pub fn end_group() {
     if on_runner() {
-        emit("::endgroup::");
+        command_line("::endgroup::");
     }
 }
 
@@ -79,8 +81,8 @@ pub fn error(message: &str) {
 
 pub fn annotation(kind: &str, message: &str, at: &Location<'_>) {
     match on_runner() {
-        true => emit(&format_annotation(kind, &redact(message), at)),
-        false => emit(&format!("{kind}: {}", redact(message))),
+        true => command_line(&format_annotation(kind, &redact(message), at)),
+        false => print(&format!("{kind}: {message}")),
     }
 }
 
@@ -115,8 +117,30 @@ pub fn escape_property(s: &str) -> String {
     escape_data(s).replace(':', "%3A").replace(',', "%2C")
 }
 
-/// Log commands go to stdout in one write, so they never interleave with other output mid-line.
-fn emit(line: &str) {
+/// Prints any text — the agent's, GitHub's, fro-bot's own — as inert lines (`runner::lines`):
+/// redacted, and no line of it can be read as a workflow command.
+pub fn print(text: &str) {
+    write_lines(&mut std::io::stdout().lock(), text);
+}
+
+/// [`print`] to stderr, for the few messages printed before the log is set up or by a panic.
+pub fn print_err(text: &str) {
+    write_lines(&mut std::io::stderr().lock(), text);
+}
+
+fn write_lines(out: &mut dyn Write, text: &str) {
+    let mut block = String::new();
+    for line in super::lines::inert(text) {
+        block.push_str(&line);
+        block.push('\n');
+    }
+    let _ = out.write_all(block.as_bytes());
+    let _ = out.flush();
+}
+
+/// One of fro-bot's own workflow commands, built by this module with its data escaped: the only
+/// way a line starting `::` reaches stdout. One write, so it never interleaves mid-line.
+fn command_line(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(format!("{line}\n").as_bytes());
     let _ = out.flush();
@@ -141,35 +165,37 @@ where
     ) -> fmt::Result {
         let mut message = String::new();
         ctx.format_fields(Writer::new(&mut message), event)?;
-        let message = redact(&message);
         let level = *event.metadata().level();
-        if self.github_actions {
-            match level {
-                Level::ERROR => writeln!(
-                    writer,
-                    "{}",
-                    format_annotation("error", &message, &Location::default())
-                ),
-                Level::WARN => writeln!(
-                    writer,
-                    "{}",
-                    format_annotation("warning", &message, &Location::default())
-                ),
-                Level::DEBUG | Level::TRACE => {
-                    writeln!(writer, "::debug::{}", escape_data(&message))
-                }
-                Level::INFO => writeln!(writer, "{message}"),
+        let text = match (self.github_actions, level) {
+            (true, Level::ERROR) => {
+                format_annotation("error", &redact(&message), &Location::default())
             }
-        } else {
-            match level {
-                Level::INFO => writeln!(writer, "{message}"),
-                other => writeln!(writer, "{}: {message}", other.as_str().to_lowercase()),
+            (true, Level::WARN) => {
+                format_annotation("warning", &redact(&message), &Location::default())
             }
-        }
+            (true, Level::DEBUG | Level::TRACE) => {
+                format!("::debug::{}", escape_data(&redact(&message)))
+            }
+            (true, Level::INFO) | (false, Level::INFO) => return plain(&mut writer, &message),
+            (false, other) => {
+                let line = format!("{}: {message}", other.as_str().to_lowercase());
+                return plain(&mut writer, &line);
+            }
+        };
+        writeln!(writer, "{text}")
     }
 }
 
-/// Installs the global tracing subscriber: log commands on a runner, plain lines locally.
+/// An event's text as inert lines (`runner::lines`).
+fn plain(writer: &mut Writer<'_>, text: &str) -> fmt::Result {
+    for line in super::lines::inert(text) {
+        writeln!(writer, "{line}")?;
+    }
+    Ok(())
+}
+
+/// Installs the global tracing subscriber (log commands on a runner, plain lines locally) and a
+/// panic message that goes through the same writer.
 /// `FRO_BOT_LOG` (an `EnvFilter`-free level name) raises verbosity; default is INFO.
 pub fn init_tracing(github_actions: bool) {
     ON_RUNNER.store(github_actions, std::sync::atomic::Ordering::Relaxed);
@@ -182,6 +208,8 @@ pub fn init_tracing(github_actions: bool) {
         .with_writer(std::io::stdout)
         .event_format(ActionsFormat { github_actions })
         .try_init();
+    // A panic's message can quote any text: it is printed inert like every other line.
+    std::panic::set_hook(Box::new(|info| print_err(&format!("fro-bot {info}"))));
 }
 
 #[cfg(test)]

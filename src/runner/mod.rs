@@ -1,12 +1,14 @@
 //! The GitHub Actions runtime protocol, owned here: the environment snapshot ([`Env`]) with every
 //! name the action reads or writes (`env`), inputs, outputs, state and env through the file
-//! commands (`file_command`), the step summary (`summary`), masking and log commands (`log`),
+//! commands (`file_command`), the step summary (`summary`), the job log's one writer (`log`) and
+//! the lines it prints made inert (`lines`),
 //! cancellation by signal (`cancel`), and the named points crash tests stop at (`failpoint`).
 
 pub mod cancel;
 pub mod env;
 pub mod failpoint;
 pub mod file_command;
+pub mod lines;
 pub mod log;
 pub mod summary;
 

@@ -12,10 +12,11 @@ crate::e2e::launched_scenarios!(crate::support::container::Launch::container();
     egress::under_none_the_model_answers_and_the_agents_commands_have_no_network,
     egress::a_kernel_without_landlock_tcp_rules_fails_the_run_before_the_agent_starts,
 );
-// From the image only: the link rewrite and the review are fro-bot's own code, the same in the
-// binary.
+// From the image only: the link rewrite, the log's writer and the review are fro-bot's own code,
+// the same in the binary.
 crate::e2e::launched_scenarios!(crate::support::container::Launch::container();
     links::every_text_the_agent_writes_leaves_with_its_foreign_links_inert,
+    log::the_agent_cannot_write_a_workflow_command_into_the_log,
     review::a_review_is_one_post_pinned_to_the_head_and_a_push_gets_only_its_new_finding,
 );
 

@@ -1864,4 +1864,5 @@ pub(crate) mod cut_turn;
 pub(crate) mod egress;
 pub(crate) mod leftovers;
 pub(crate) mod links;
+pub(crate) mod log;
 pub(crate) mod review;

@@ -13,6 +13,7 @@ mod inputs;
 mod interrupted;
 mod key_proxy;
 mod lease;
+mod log;
 mod merge;
 mod network;
 mod object_store;

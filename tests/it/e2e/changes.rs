@@ -22,7 +22,7 @@ pub(crate) fn bash(command: &str) -> Reply {
 }
 
 /// A job whose checkout belongs to the runner's user and whose repository the fake GitHub serves.
-fn job(world: &World, run_id: u64) -> Job {
+pub(crate) fn job(world: &World, run_id: u64) -> Job {
     let mut job = world.job(run_id);
     job.set("GITHUB_SERVER_URL", world.github.url.clone());
     job.owned_by_runner_user(RUNNER_UID);

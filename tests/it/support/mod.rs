@@ -12,6 +12,7 @@ pub mod fake_review;
 pub mod fake_runner_proxy;
 pub mod grow;
 pub mod hostile;
+pub mod runner_commands;
 pub mod s3;
 pub mod services;
 pub mod tls;
