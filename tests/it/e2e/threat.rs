@@ -57,7 +57,7 @@ async fn the_gate_refuses_hidden_controls_and_unlisted_binaries_and_a_postinstal
     assert_eq!(r.output("changes"), "delivered", "{}", explain(&r));
     let files = world.github.branch_files("fro-bot/issue-52");
     assert_eq!(files.get("assets/logo.png").map(Vec::as_slice), Some(PNG));
-    let finding = "`package.json` line 3 adds an install or build hook (`postinstall`)";
+    let finding = "`package.json` line 3 adds or changes an install or build hook (`postinstall`)";
     let pulls = world.github.created_pulls();
     assert_eq!(pulls.len(), 1, "{pulls:?}");
     assert_eq!(pulls[0]["draft"], true, "{}", pulls[0]);
