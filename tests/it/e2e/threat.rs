@@ -269,6 +269,8 @@ async fn run_on_base(
     world.github.seed_issue(n, "Change things", "Please.");
     let mut job = world.job(3100 + n);
     job.set("GITHUB_SERVER_URL", world.github.url.clone());
+    // A draft only because the gate says so.
+    job.input("pr-draft", "false");
     let workspace = job.workspace();
     for (path, content) in base {
         let file = workspace.join(path);
