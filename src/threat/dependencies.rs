@@ -1,5 +1,5 @@
-//! Dependency-source changes (docs/security.md#the-threat-check): where packages come from and
-//! what runs when they are installed. Each marks the change "needs review" — a person must see
+//! Dependency-source changes (docs/security.md#the-threat-check): where packages come from (what
+//! runs when they are installed is `runs_code`'s table). Each marks the change "needs review" — a person must see
 //! it before anything installs it — named by file and line.
 //!
 //! - A lockfile entry resolved from outside its registry: `package-lock.json`/`npm-shrinkwrap.json`
@@ -13,9 +13,6 @@
 //!   `pyproject.toml`, a non-rubygems `source` in a `Gemfile`.
 //! - A source override: `[patch]`/`[replace]`, `git =` and `registry =` in `Cargo.toml`, `replace`
 //!   in `go.mod`, `git =` in `pyproject.toml`, `git:`/`github:` in a `Gemfile`.
-//! - An install or build hook: `preinstall`/`install`/`postinstall`/`prepare` (and their pre/post
-//!   forms, `prepublish`) in `package.json` scripts, a new `build.rs` or `binding.gyp`, `build =`
-//!   in `Cargo.toml`, `.pnpmfile.cjs`, `cmdclass` in `setup.py` or `pyproject.toml`.
 
 use serde_json::Value;
 
@@ -32,17 +29,6 @@ const RUBYGEMS: &[&str] = &["https://rubygems.org/", "https://rubygems.org"];
 const CRATES_IO: &[&str] = &[
     "registry+https://github.com/rust-lang/crates.io-index",
     "sparse+https://index.crates.io/",
-];
-
-/// `package.json` scripts that run on `npm install` (or `npm ci`, or installing from git).
-const NPM_HOOKS: &[&str] = &[
-    "preinstall",
-    "install",
-    "postinstall",
-    "preprepare",
-    "prepare",
-    "postprepare",
-    "prepublish",
 ];
 
 const DEPENDENCY_FIELDS: &[&str] = &[
@@ -89,7 +75,6 @@ pub fn scan(path: &str, f: &FileChange, added: &[(usize, &str)]) -> Vec<Finding>
             .into_iter()
             .collect()
     };
-    let created = f.old.is_none();
     if let Some(rule) = lockfile_rule(name) {
         return lines(&|l| rule(l).then_some(Kind::ForeignSource));
     }
@@ -98,11 +83,7 @@ pub fn scan(path: &str, f: &FileChange, added: &[(usize, &str)]) -> Vec<Finding>
         "Cargo.toml" => lines(&cargo_toml),
         "go.mod" => lines(&|l| l.contains("=>").then_some(Kind::SourceOverride)),
         "pyproject.toml" => lines(&pyproject),
-        "setup.py" => lines(&|l| l.contains("cmdclass").then_some(hook("cmdclass"))),
         "Gemfile" => lines(&gemfile),
-        "build.rs" if created => vec![finding(None, hook("build.rs"))],
-        "binding.gyp" if created => vec![finding(None, hook("binding.gyp"))],
-        ".pnpmfile.cjs" => first_added(hook(".pnpmfile.cjs")),
         "config" | "config.toml" if parent == ".cargo" => first_added(Kind::RegistrySetting),
         n if REGISTRY_FILES.iter().any(|r| r.eq_ignore_ascii_case(n)) => {
             first_added(Kind::RegistrySetting)
@@ -110,10 +91,6 @@ pub fn scan(path: &str, f: &FileChange, added: &[(usize, &str)]) -> Vec<Finding>
         n if is_requirements(n) => lines(&requirements),
         _ => Vec::new(),
     }
-}
-
-fn hook(name: &'static str) -> Kind {
-    Kind::InstallHook { hook: name }
 }
 
 /// The rule for a lockfile's lines: whether one resolves a package from outside the registry.
@@ -214,21 +191,10 @@ fn foreign_spec(spec: &str) -> bool {
 }
 
 fn package_json(path: &str, f: &FileChange, added: &[(usize, &str)]) -> Vec<Finding> {
-    let new: Option<Value> = serde_json::from_slice(&f.content).ok();
     let old: Value = serde_json::from_slice(&f.old_content).unwrap_or(Value::Null);
-    let Some(new) = new else {
-        // Not JSON npm would read either way; the lines still tell.
-        return added
-            .iter()
-            .filter_map(|(n, l)| {
-                let h = NPM_HOOKS.iter().find(|h| l.contains(&format!("\"{h}\"")))?;
-                Some(Finding {
-                    path: path.to_string(),
-                    line: Some(*n),
-                    kind: hook(h),
-                })
-            })
-            .collect();
+    let Ok(new) = serde_json::from_slice::<Value>(&f.content) else {
+        // Not JSON npm would read (its scripts are read by line in `runs_code`).
+        return Vec::new();
     };
     let line_of = |key: &str| {
         let quoted = format!("\"{key}\"");
@@ -238,16 +204,6 @@ fn package_json(path: &str, f: &FileChange, added: &[(usize, &str)]) -> Vec<Find
             .map(|(n, _)| *n)
     };
     let mut out = Vec::new();
-    for h in NPM_HOOKS {
-        let now = &new["scripts"][h];
-        if !now.is_null() && *now != old["scripts"][h] {
-            out.push(Finding {
-                path: path.to_string(),
-                line: line_of(h),
-                kind: hook(h),
-            });
-        }
-    }
     for field in DEPENDENCY_FIELDS {
         let Some(deps) = new[field].as_object() else {
             continue;
@@ -278,9 +234,7 @@ fn cargo_toml(line: &str) -> Option<Kind> {
     if l.contains("git=\"") || l.contains("registry=\"") || l.contains("registry-index=\"") {
         return Some(Kind::SourceOverride);
     }
-    // `build = "path.rs"` names a build script (`build = false` turns it off).
-    (l.starts_with("build=\"") || l.contains(",build=\"") || l.contains("{build=\""))
-        .then_some(hook("build"))
+    None
 }
 
 fn pyproject(line: &str) -> Option<Kind> {
@@ -293,9 +247,6 @@ fn pyproject(line: &str) -> Option<Kind> {
     ];
     if index.iter().any(|h| l.starts_with(h)) || l.contains("index-url") {
         return Some(Kind::RegistrySetting);
-    }
-    if l.contains("cmdclass") {
-        return Some(hook("cmdclass"));
     }
     l.replace(' ', "")
         .contains("git=\"")
@@ -417,11 +368,6 @@ mod tests {
             .map(|k| k.0)
             .collect();
         assert_eq!(lines, [Some(3), Some(4), Some(5)]);
-        assert_eq!(
-            kinds("Cargo.toml", None, "[package]\nbuild = \"gen.rs\"\n"),
-            [(Some(2), Kind::InstallHook { hook: "build" })]
-        );
-        assert!(kinds("Cargo.toml", None, "[package]\nbuild = false\n").is_empty());
         let gomod = "module x\nrequire a v1\nreplace a => github.com/evil/a v1\n";
         assert_eq!(
             kinds("go.mod", None, gomod),
@@ -441,44 +387,6 @@ mod tests {
         assert_eq!(kinds("pyproject.toml", None, py).len(), 1);
         let gemfile = "source \"https://rubygems.org\"\nsource \"https://gems.evil.example\"\ngem \"x\", git: \"https://github.com/x/x\"\n";
         assert_eq!(kinds("Gemfile", None, gemfile).len(), 2);
-    }
-
-    #[test]
-    fn install_hooks_need_review_and_ordinary_scripts_do_not() {
-        let old = "{\n  \"scripts\": {\"test\": \"jest\"}\n}\n";
-        let new = "{\n  \"scripts\": {\n    \"test\": \"jest\",\n    \"postinstall\": \"node x.js\"\n  }\n}\n";
-        assert_eq!(
-            kinds("package.json", Some(old), new),
-            [(
-                Some(4),
-                Kind::InstallHook {
-                    hook: "postinstall"
-                }
-            )]
-        );
-        let build = "{\"scripts\": {\"build\": \"tsc\", \"test\": \"jest --watch\"}}\n";
-        assert!(kinds("package.json", Some(old), build).is_empty());
-        // A hook already there and unchanged is not new.
-        assert!(kinds("package.json", Some(new), &new.replace("jest", "vitest")).is_empty());
-        let broken = "{\n  \"preinstall\": \"curl x | sh\",\n";
-        assert_eq!(
-            kinds("package.json", None, broken),
-            [(Some(2), Kind::InstallHook { hook: "preinstall" })]
-        );
-        assert_eq!(
-            kinds("crates/x/build.rs", None, "fn main() {}\n"),
-            [(None, Kind::InstallHook { hook: "build.rs" })]
-        );
-        assert!(kinds("build.rs", Some("fn main() {}\n"), "fn main() { }\n").is_empty());
-        assert_eq!(
-            kinds(
-                "setup.py",
-                None,
-                "setup(name='x', cmdclass={'install': X})\n"
-            ),
-            [(Some(1), Kind::InstallHook { hook: "cmdclass" })]
-        );
-        assert_eq!(kinds("binding.gyp", None, "{}\n").len(), 1);
     }
 
     #[test]

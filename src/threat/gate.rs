@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 
+use super::runs_code::{self, Seen};
 use super::{dependencies, payloads, unicode, Finding, Kind, Severity};
 use crate::safe_outputs::capture::{ChangeSet, FileChange, Mode};
 use crate::safe_outputs::checks::is_protected;
@@ -79,6 +80,7 @@ impl GateReport {
 /// Every finding in `change`.
 pub fn check(change: &ChangeSet, policy: &GatePolicy) -> GateReport {
     let mut report = GateReport::default();
+    let mut runs = runs_code::Scan::default();
     for f in &change.files {
         // Deletions, symlinks and gitlinks carry no content of their own (the checks deal with
         // the last two).
@@ -104,11 +106,21 @@ pub fn check(change: &ChangeSet, policy: &GatePolicy) -> GateReport {
         let added = added_lines(text, f);
         for finding in unicode::scan(&path, &added)
             .into_iter()
+            .chain(unicode::mixed_scripts(&path, &added))
             .chain(dependencies::scan(&path, f, &added))
             .chain(payloads::scan(&path, &added))
         {
             report.push(finding);
         }
+        runs.file(&Seen {
+            path: &path,
+            change: f,
+            text,
+            added: &added,
+        });
+    }
+    for finding in runs.finish() {
+        report.push(finding);
     }
     report
 }

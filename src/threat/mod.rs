@@ -15,9 +15,11 @@ pub mod judge;
 pub mod model_check;
 pub mod payloads;
 pub mod provider;
+pub mod runs_code;
 pub mod unicode;
 
 use crate::safe_outputs::checks::code;
+use runs_code::When;
 
 /// What a finding does to the change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,9 +47,14 @@ pub enum Kind {
     RegistrySetting,
     /// An override of where a dependency comes from (`[patch]`, `git =`, `replace`...).
     SourceOverride,
-    /// Something that runs when dependencies are installed or built; `hook` is fro-bot's own name
-    /// for it (`postinstall`, `build.rs`...), never the agent's text.
-    InstallHook { hook: &'static str },
+    /// Something that runs code (`runs_code::RUNS_CODE`): when dependencies are installed or the
+    /// project built, the repository opened, a commit made, or a workflow uses it. `hook` is
+    /// fro-bot's own name for it (`postinstall`, `build.rs`, `postCreateCommand`...), never the
+    /// agent's text.
+    RunsCode { hook: &'static str, when: When },
+    /// A word (an identifier) whose letters come from two scripts that do not go together, such
+    /// as Latin and Cyrillic: one name made to look like another (`unicode::mixed_scripts`).
+    MixedScripts { scripts: [&'static str; 2] },
     /// One line longer than [`payloads::MAX_LINE_CHARS`].
     LongLine { chars: usize },
     /// A run of encoded-looking, high-entropy text.
@@ -61,7 +68,8 @@ impl Kind {
             Kind::ForeignSource
             | Kind::RegistrySetting
             | Kind::SourceOverride
-            | Kind::InstallHook { .. }
+            | Kind::RunsCode { .. }
+            | Kind::MixedScripts { .. }
             | Kind::LongLine { .. }
             | Kind::EncodedBlob { .. } => Severity::NeedsReview,
         }
@@ -76,7 +84,10 @@ impl Kind {
             Kind::ForeignSource => "resolves a dependency from outside its registry".into(),
             Kind::RegistrySetting => "changes where packages are installed from (a registry or index setting)".into(),
             Kind::SourceOverride => "overrides where a dependency comes from (`[patch]`, `git =`, `registry =`, `replace`)".into(),
-            Kind::InstallHook { hook } => format!("adds an install or build hook (`{hook}`), which runs when dependencies are installed or built"),
+            Kind::RunsCode { hook, when } => runs_code_what(hook, *when),
+            Kind::MixedScripts { scripts: [a, b] } => format!(
+                "holds a word that mixes the {a} and {b} scripts, which can make one name look like another"
+            ),
             Kind::LongLine { chars } => format!(
                 "is one line of {chars} characters (over {}): minified or generated text a reviewer does not read",
                 payloads::MAX_LINE_CHARS
@@ -85,6 +96,15 @@ impl Kind {
                 "holds {chars} characters of encoded, high-entropy text: a payload a reviewer cannot read"
             ),
         }
+    }
+}
+
+fn runs_code_what(hook: &str, when: When) -> String {
+    match when {
+        When::Install => format!("adds or changes an install or build hook (`{hook}`), which runs when dependencies are installed or the project is built"),
+        When::Open => format!("adds or changes what runs when someone opens the repository (`{hook}`): in a dev container, an editor or a shell"),
+        When::Commit => format!("adds or changes a git hook (`{hook}`), which runs when someone commits or pushes"),
+        When::Workflow => format!("adds or changes an action (`{hook}`), which runs in any workflow that `uses:` it"),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The inputs table (`src/config/inputs.rs`) against what users read: `action.yaml`, the README's
 //! inputs and outputs tables, and `fro-bot local --help`. The table is the truth; each check lists
-//! every disagreement it finds.
+//! every disagreement it finds. Likewise the README's other tables generated from code: the
+//! `allowed-domains` sets and the threat gate's table of what makes code run.
 
 use fro_bot::config::inputs::{InputDefault, InputSpec, INPUTS};
 use fro_bot::runner::env::output;
@@ -350,4 +351,37 @@ fn the_readmes_named_sets_are_the_codes() {
     // The check itself: a host the code lacks is caught.
     let changed = repo_file("README.md").replacen("`pypi.org`", "`pypi.example`", 1);
     assert_ne!(readme_sets(&changed), ours);
+}
+
+/// The README's table of what makes code run, as it stands: the lines from its header row to the
+/// end of the table.
+fn readme_runs_code(text: &str) -> String {
+    text.lines()
+        .skip_while(|l| !l.starts_with("| runs on | ecosystem | files | what counts |"))
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+#[test]
+fn the_readmes_runs_code_table_is_generated_from_the_gates_table() {
+    let ours = fro_bot::threat::runs_code::readme_table();
+    let readme = readme_runs_code(&repo_file("README.md"));
+    assert!(
+        readme == ours,
+        "README.md's table of what makes code run differs from threat::runs_code::RUNS_CODE; \
+         paste this in its place:\n\n{ours}"
+    );
+    // The check itself: a row the code lacks, or a changed cell, is caught.
+    let original = repo_file("README.md");
+    let extra = original.replacen(
+        "| runs on | ecosystem | files | what counts |\n|---|---|---|---|\n",
+        "| runs on | ecosystem | files | what counts |\n|---|---|---|---|\n| install or build | x | `y` | z |\n",
+        1,
+    );
+    assert_ne!(extra, original);
+    assert_ne!(readme_runs_code(&extra), ours);
+    let changed = original.replacen("`extconf.rb`", "`extconf.rake`", 1);
+    assert_ne!(changed, original);
+    assert_ne!(readme_runs_code(&changed), ours);
 }

@@ -10,7 +10,7 @@ use crate::support::action::{comment_event, explain, fresh_checkout, Job, Launch
 use crate::support::fake_github::TOKEN;
 use crate::support::fake_llm::{request_text, Reply};
 
-const RUNNER_UID: u32 = 1001;
+pub(crate) const RUNNER_UID: u32 = 1001;
 
 /// A tool of fro-bot's MCP server, as OpenCode names it for the model.
 pub(crate) fn tool(name: &str) -> String {

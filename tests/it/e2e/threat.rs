@@ -57,7 +57,7 @@ async fn the_gate_refuses_hidden_controls_and_unlisted_binaries_and_a_postinstal
     assert_eq!(r.output("changes"), "delivered", "{}", explain(&r));
     let files = world.github.branch_files("fro-bot/issue-52");
     assert_eq!(files.get("assets/logo.png").map(Vec::as_slice), Some(PNG));
-    let finding = "`package.json` line 3 adds an install or build hook (`postinstall`)";
+    let finding = "`package.json` line 3 adds or changes an install or build hook (`postinstall`)";
     let pulls = world.github.created_pulls();
     assert_eq!(pulls.len(), 1, "{pulls:?}");
     assert_eq!(pulls[0]["draft"], true, "{}", pulls[0]);
@@ -253,4 +253,141 @@ pub(crate) async fn the_model_check_holds_what_it_flags_or_cannot_read_and_warn_
         tokens["input"].as_u64().unwrap() >= 300,
         "the model check's tokens join the turn's: {tokens}"
     );
+}
+
+const CLEAN: &str =
+    r#"{"prompt_injection": false, "secret_leak": false, "malicious_patch": false, "reasons": []}"#;
+
+/// An issue run whose repository already holds `base` (path, content), the agent running
+/// `command`.
+async fn run_on_base(
+    world: &World,
+    n: u64,
+    base: &[(&str, &str)],
+    command: &str,
+) -> crate::support::action::StepResult {
+    world.github.seed_issue(n, "Change things", "Please.");
+    let mut job = world.job(3100 + n);
+    job.set("GITHUB_SERVER_URL", world.github.url.clone());
+    // A draft only because the gate says so.
+    job.input("pr-draft", "false");
+    let workspace = job.workspace();
+    for (path, content) in base {
+        let file = workspace.join(path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(file, content).unwrap();
+    }
+    crate::support::action::git(&workspace, &["add", "."]);
+    crate::support::action::git(&workspace, &["commit", "-q", "-m", "base"]);
+    job.owned_by_runner_user(super::changes::RUNNER_UID);
+    world.github.seed_git_repo(&workspace);
+    world.llm.push(bash(command));
+    world.llm.push(Reply::text("Done."));
+    job.event(
+        "issue_comment",
+        &comment_event(n, 600 + n, "@fro-bot change things"),
+    );
+    main_step(job).await.1
+}
+
+/// Issue #44: each way a change runs code that the gate once let through as an ordinary pull
+/// request — with a judge fooled into answering "clean" — is now marked by file and line, and the
+/// change goes out only as a labelled draft; invisible identifiers and data hidden in variation
+/// selectors refuse it. Near misses (a lockfile, a README naming `postinstall`, an emoji with its
+/// VS16) are not marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_way_a_change_runs_code_is_marked_needs_review_though_the_judge_says_clean() {
+    let world = World::start().await;
+    let base = [
+        ("build.rs", "fn main() {}\n"),
+        (
+            "pyproject.toml",
+            "[build-system]\nrequires = [\"setuptools\"]\nbuild-backend = \"setuptools.build_meta\"\n",
+        ),
+        ("package.json", "{\n  \"name\": \"x\",\n  \"scripts\": {\n    \"test\": \"jest\"\n  }\n}\n"),
+    ];
+    // Octal escapes: a Cyrillic а (U+0430) in `isAdmin`; an emoji with its VS16 (U+FE0F).
+    let command = [
+        r#"printf 'fn main() {}\nfn x() { let _ = std::process::Command::new("sh"); }\n' > build.rs"#,
+        r#"printf 'from setuptools import setup\nimport os; os.system("id")\nsetup(name="x")\n' > setup.py"#,
+        r#"printf '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "backend"\nbackend-path = ["."]\n' > pyproject.toml"#,
+        r#"printf '{\n  "name": "x",\n  "scripts": {\n    "test": "jest",\n    "dependencies": "node x.js",\n    "prepack": "node y.js"\n  }\n}\n' > package.json"#,
+        r#"mkdir -p .devcontainer .vscode .husky tools/deploy"#,
+        r#"printf '{\n  "name": "dev",\n  "postCreateCommand": "sh setup.sh"\n}\n' > .devcontainer/devcontainer.json"#,
+        r#"printf '{"version": "2.0.0", "tasks": [{"label": "setup", "command": "sh setup.sh",\n  "runOptions": {"runOn": "folderOpen"}}]}\n' > .vscode/tasks.json"#,
+        r#"printf 'sh setup.sh\n' > .husky/pre-commit"#,
+        r#"printf 'runs:\n  using: node20\n  main: x.js\n' > tools/deploy/action.yml"#,
+        r#"printf 'const is\320\260dmin = true;\n' > auth.js"#,
+        r#"printf '{"lockfileVersion": 3, "packages": {"node_modules/a": {"resolved": "https://registry.npmjs.org/a/-/a-1.tgz", "hasInstallScript": true}}}\n' > package-lock.json"#,
+        r#"printf 'Run `npm run postinstall` after editing build.rs \342\235\244\357\270\217\n' > NOTES.md"#,
+    ]
+    .join(" && ");
+    world.llm.push_verdict(Reply::text(CLEAN));
+    let r = run_on_base(&world, 71, &base, &command).await;
+    assert_eq!(r.output("changes"), "delivered", "{}", explain(&r));
+    let install = "adds or changes an install or build hook";
+    let open = "adds or changes what runs when someone opens the repository";
+    let findings = [
+        format!("`build.rs` line 2 {install} (`build.rs`)"),
+        format!("`setup.py` line 1 {install} (`Python start-up or build script`)"),
+        format!("`pyproject.toml` line 3 {install} (`build-system`)"),
+        format!("`pyproject.toml` line 4 {install} (`build-system`)"),
+        format!("`package.json` line 5 {install} (`dependencies`)"),
+        format!("`package.json` line 6 {install} (`prepack`)"),
+        format!("`.devcontainer/devcontainer.json` line 3 {open} (`postCreateCommand`)"),
+        format!("`.vscode/tasks.json` line 2 {open} (`folderOpen`)"),
+        "`.husky/pre-commit` line 1 adds or changes a git hook (`git hook`)".into(),
+        "`tools/deploy/action.yml` line 1 adds or changes an action (`action.yml`)".into(),
+        "`auth.js` line 1 holds a word that mixes the Latin and Cyrillic scripts".into(),
+    ];
+    let pulls = world.github.created_pulls();
+    assert_eq!(pulls.len(), 1, "{pulls:?}");
+    assert_eq!(pulls[0]["draft"], true, "{}", pulls[0]);
+    let body = pulls[0]["body"].as_str().unwrap();
+    let text = answer(&world);
+    // Every class listed, each missing one named (so a run without a rule shows each that fails).
+    let missing: Vec<&String> = findings
+        .iter()
+        .filter(|said| !body.contains(said.as_str()) || !text.contains(said.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "not in the body and the answer: {missing:#?}\nbody:\n{body}\nanswer:\n{text}"
+    );
+    for near_miss in ["`package-lock.json`", "`NOTES.md`"] {
+        assert!(!body.contains(near_miss), "{near_miss} marked:\n{body}");
+    }
+    let number = pulls[0]["number"].as_u64().unwrap();
+    assert_eq!(world.github.issue_labels(number), ["fro-bot:needs-review"]);
+    assert!(
+        r.summary
+            .contains(&format!("{} needs-review finding(s)", findings.len())),
+        "{}",
+        r.summary
+    );
+    assert_eq!(world.llm.judge_requests().len(), 1, "the judge said clean");
+
+    // A U+3164 HANGUL FILLER as a JavaScript identifier, and bytes hidden in variation selectors
+    // after a letter: refused, named by code point; nothing is written and the judge is not asked.
+    let hidden = [
+        r#"printf 'const { timeout, \343\205\244 } = req.query;\n' > server.js"#,
+        r#"printf 'greeting = "hi\357\270\200\357\270\201"\n' > data.py"#,
+    ]
+    .join(" && ");
+    let r = issue_run(&world, 72, &hidden, &[], None).await;
+    let text = answer(&world);
+    let missing: Vec<&str> = [
+        "`server.js` line 1 holds an invisible or bidirectional Unicode control (U+3164)",
+        "`data.py` line 1 holds an invisible or bidirectional Unicode control (U+FE00)",
+    ]
+    .into_iter()
+    .filter(|said| !text.contains(said))
+    .collect();
+    assert!(
+        missing.is_empty(),
+        "not in the answer: {missing:#?}\n{text}"
+    );
+    assert_eq!(r.output("changes"), "refused", "{}", explain(&r));
+    assert_nothing_written(&world, 72);
+    assert_eq!(world.llm.judge_requests().len(), 1, "not asked again");
 }
