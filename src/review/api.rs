@@ -58,7 +58,7 @@ pub enum PostError {
     Api(#[from] ApiError),
 }
 
-const THREADS_QUERY: &str = "query($owner:String!,$name:String!,$number:Int!,$cursor:String){repository(owner:$owner,name:$name){pullRequest(number:$number){reviewThreads(first:100,after:$cursor){pageInfo{hasNextPage endCursor} nodes{id isResolved isOutdated path line startLine diffSide comments(first:50){nodes{databaseId body author{login}}}}}}}}";
+const THREADS_QUERY: &str = "query($owner:String!,$name:String!,$number:Int!,$cursor:String){repository(owner:$owner,name:$name){pullRequest(number:$number){reviewThreads(first:100,after:$cursor){pageInfo{hasNextPage endCursor} nodes{id isResolved isOutdated path line startLine diffSide comments(first:50){nodes{fullDatabaseId body author{login}}}}}}}}";
 const RESOLVE_MUTATION: &str =
     "mutation($thread:ID!){resolveReviewThread(input:{threadId:$thread}){thread{id isResolved}}}";
 /// Pages of threads read at most (100 each).
@@ -187,8 +187,35 @@ pub async fn reviews(gh: &GitHub, number: u64) -> Result<Vec<PastReview>, ApiErr
     Ok(out)
 }
 
+/// A review comment's REST id: GraphQL's `fullDatabaseId`, a `BigInt` GitHub serves as a string
+/// (ids are past 2³¹, which the deprecated 32-bit `databaseId` cannot carry).
+fn comment_id(comment: &Value) -> Option<u64> {
+    comment["fullDatabaseId"].as_str()?.parse().ok()
+}
+
+/// A thread as GraphQL lists it; `None` when a comment's id cannot be read (a reply could not
+/// name the comment it answers).
 fn thread_from(node: &Value) -> Option<Thread> {
     let number = |p: &str| node[p].as_u64().and_then(|n| u32::try_from(n).ok());
+    let comments = node
+        .pointer("/comments/nodes")?
+        .as_array()?
+        .iter()
+        .map(|c| {
+            Some((
+                comment_id(c)?,
+                str_at(c, "/author/login"),
+                str_at(c, "/body"),
+            ))
+        })
+        .collect::<Option<Vec<_>>>();
+    let Some(comments) = comments else {
+        log::warning(&format!(
+            "review thread {} left out: a comment has no readable fullDatabaseId",
+            node["id"].as_str().unwrap_or("?")
+        ));
+        return None;
+    };
     Some(Thread {
         id: node["id"].as_str()?.to_string(),
         resolved: node["isResolved"].as_bool().unwrap_or(false),
@@ -200,18 +227,7 @@ fn thread_from(node: &Value) -> Option<Thread> {
             Some("LEFT") => Side::Left,
             _ => Side::Right,
         },
-        comments: node
-            .pointer("/comments/nodes")?
-            .as_array()?
-            .iter()
-            .map(|c| {
-                (
-                    c["databaseId"].as_u64().unwrap_or(0),
-                    str_at(c, "/author/login"),
-                    str_at(c, "/body"),
-                )
-            })
-            .collect(),
+        comments,
     })
 }
 

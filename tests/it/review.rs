@@ -74,6 +74,8 @@ async fn githubs_422_is_read_out_and_a_resolved_thread_is_listed_as_resolved() {
     assert_eq!(threads.len(), 1);
     assert_eq!(threads[0].line, Some(2));
     assert_eq!(threads[0].comments[0].1, "github-actions");
+    // The REST id, past 2³¹ as on github.com: GraphQL's `fullDatabaseId`, not `databaseId`.
+    assert!(threads[0].comments[0].0 > i32::MAX as u64);
     api::resolve(&gh, &threads[0].id).await.unwrap();
     api::reply(&gh, PR, threads[0].comments[0].0, "thanks")
         .await
