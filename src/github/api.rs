@@ -1,7 +1,8 @@
 //! The GitHub API client ([`GitHub`]) and the calls the harness makes around a run: the 👀 and
 //! 🎉/😕 reactions, a comment on an issue or discussion, the token's own login (so fro-bot never
 //! answers itself) and the pull-request flags a comment payload lacks. Every failure is returned as
-//! an `ApiError` the caller logs as a warning: nothing here may fail a run.
+//! an `ApiError` the caller logs as a warning: nothing here may fail a run. Every call goes through
+//! `GitHub::call` (`super::retry`), which retries transient faults where that cannot double a write.
 //!
 //! Requests go through octocrab's untyped `get`/`post` with small local response structs, so a
 //! field GitHub adds or omits cannot break deserialization of what we do not read.
@@ -14,6 +15,7 @@ use serde_json::{json, Value};
 
 use super::endpoints::Endpoints;
 use super::event::Flag;
+use super::retry::{Pacing, Resend, Retrier};
 use super::route::Subject;
 use crate::config::Secret;
 use crate::runner::env;
@@ -143,6 +145,8 @@ pub struct GitHub {
     pub(crate) repo: String,
     /// The token's own login, looked up once per run (`own_login`).
     own_login: std::sync::Arc<tokio::sync::OnceCell<String>>,
+    /// How transient faults are retried (`retry`); its tally is shared by the clones.
+    retrier: Retrier,
 }
 
 /// Who an Actions `GITHUB_TOKEN` (an installation token, which `GET /user` refuses) posts as.
@@ -175,6 +179,47 @@ impl GitHub {
     pub fn from_env(env: &Env, token: &Secret) -> Result<GitHub, ApiError> {
         let repository = env.get(env::GITHUB_REPOSITORY).unwrap_or("");
         GitHub::connect(&Endpoints::from_env(env), token, repository)
+            .map(|gh| gh.with_pacing(Pacing::from_env(env)))
+    }
+
+    /// The same client, waiting out transient faults as `pacing` says.
+    pub fn with_pacing(mut self, pacing: Pacing) -> GitHub {
+        self.retrier.pacing = pacing;
+        self
+    }
+
+    /// The retries this client (and its clones) made so far, and how long they waited.
+    pub fn retries(&self) -> (u64, std::time::Duration) {
+        self.retrier.retries()
+    }
+
+    /// Runs `attempt`, sent again on a transient fault as `resend` allows (`Retrier::call`).
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        resend: Resend,
+        attempt: F,
+    ) -> Result<T, octocrab::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, octocrab::Error>>,
+    {
+        self.retrier.call(resend, attempt).await
+    }
+
+    /// A write a repetition could double, looked up before it is sent again
+    /// (`Retrier::create_once`).
+    pub(crate) async fn create_once<T, F, Fut, L, LFut>(
+        &self,
+        attempt: F,
+        lookup: L,
+    ) -> Result<T, octocrab::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, octocrab::Error>>,
+        L: FnMut() -> LFut,
+        LFut: std::future::Future<Output = Result<Option<T>, ApiError>>,
+    {
+        self.retrier.create_once(attempt, lookup).await
     }
 
     /// A client for the REST base `api_url`, GraphQL beside it (`Endpoints::for_api`).
@@ -223,6 +268,7 @@ impl GitHub {
             owner: owner.to_string(),
             repo: repo.to_string(),
             own_login: Default::default(),
+            retrier: Retrier::default(),
         })
     }
 
@@ -254,6 +300,7 @@ impl GitHub {
                 return self
                     .graphql(
                         OP,
+                        Resend::Free,
                         json!({"query": query,
                                "variables": {"subject": node_id, "content": reaction.graphql()}}),
                     )
@@ -261,34 +308,40 @@ impl GitHub {
                     .map(drop);
             }
         };
-        self.client
-            .post::<_, Value>(path, Some(&json!({"content": reaction.rest()})))
-            .await
-            .map(drop)
-            .map_err(|e| ApiError::from_octocrab(OP, e))
+        // GitHub answers 200 with the existing reaction for a repeat: free to send again.
+        let body = json!({"content": reaction.rest()});
+        self.call(Resend::Free, || {
+            self.client.post::<_, Value>(&path, Some(&body))
+        })
+        .await
+        .map(drop)
+        .map_err(|e| ApiError::from_octocrab(OP, e))
     }
 
-    /// Posts a comment on an issue or pull request conversation.
+    /// Posts a comment on an issue or pull request conversation. A post whose answer was lost is
+    /// looked for (the token's own comment with this body) before it is sent again.
     pub async fn comment_on_issue(
         &self,
         number: u64,
         body: &str,
     ) -> Result<PostedComment, ApiError> {
-        let created: Created = self
-            .client
-            .post(
-                format!("{}/issues/{number}/comments", self.repo_path()),
-                Some(&json!({ "body": body })),
-            )
+        let path = format!("{}/issues/{number}/comments", self.repo_path());
+        let request = json!({ "body": body });
+        let post = || async {
+            let created: Created = self.client.post(&path, Some(&request)).await?;
+            Ok(PostedComment {
+                id: created.id.to_string(),
+                url: created.html_url,
+            })
+        };
+        let lookup = || self.own_issue_comment(number, |b| same_body(b, body));
+        self.create_once(post, lookup)
             .await
-            .map_err(|e| ApiError::from_octocrab("create comment", e))?;
-        Ok(PostedComment {
-            id: created.id.to_string(),
-            url: created.html_url,
-        })
+            .map_err(|e| ApiError::from_octocrab("create comment", e))
     }
 
-    /// Posts a discussion comment through GraphQL (`addDiscussionComment`).
+    /// Posts a discussion comment through GraphQL (`addDiscussionComment`); like
+    /// [`GitHub::comment_on_issue`], a post whose answer was lost is looked for first.
     pub async fn comment_on_discussion(
         &self,
         discussion_node_id: &str,
@@ -298,13 +351,23 @@ impl GitHub {
         let query = "mutation($discussion: ID!, $body: String!) { \
              addDiscussionComment(input: {discussionId: $discussion, body: $body}) { \
              comment { id url } } }";
-        let data = self
-            .graphql(
-                OP,
-                json!({"query": query,
-                       "variables": {"discussion": discussion_node_id, "body": body}}),
-            )
-            .await?;
+        let payload = json!({"query": query,
+                             "variables": {"discussion": discussion_node_id, "body": body}});
+        let post = || self.graphql_raw(payload.clone());
+        let lookup = || async {
+            let found = self
+                .own_discussion_comment(discussion_node_id, |b| same_body(b, body))
+                .await?;
+            Ok(found.map(|c| {
+                json!({"data": {"addDiscussionComment": {"comment": {
+                "id": c.id, "url": c.url}}}})
+            }))
+        };
+        let answer = self
+            .create_once(post, lookup)
+            .await
+            .map_err(|e| ApiError::from_octocrab(OP, e))?;
+        let data = data_of(OP, answer)?;
         let comment = data.pointer("/addDiscussionComment/comment");
         let id = comment
             .and_then(|c| c.get("id"))
@@ -328,7 +391,10 @@ impl GitHub {
         const OP: &str = "get authenticated user";
         self.own_login
             .get_or_try_init(|| async {
-                match self.client.get::<Value, _, _>("/user", None::<&()>).await {
+                let user = self.call(Resend::Free, || {
+                    self.client.get::<Value, _, _>("/user", None::<&()>)
+                });
+                match user.await {
                     Ok(user) => user
                         .get("login")
                         .and_then(Value::as_str)
@@ -350,8 +416,7 @@ impl GitHub {
     /// Fork and draft state of a pull request (`GET /pulls/{n}`).
     pub async fn pull_request_flags(&self, number: u64) -> Result<PullRequestFlags, ApiError> {
         let pr: Value = self
-            .client
-            .get(format!("{}/pulls/{number}", self.repo_path()), None::<&()>)
+            .get(format!("{}/pulls/{number}", self.repo_path()))
             .await
             .map_err(|e| ApiError::from_octocrab("get pull request", e))?;
         let draft = match pr.get("draft").and_then(Value::as_bool) {
@@ -382,28 +447,65 @@ impl GitHub {
             .await
     }
 
-    /// Runs a GraphQL request and returns its `data`; any error in the answer fails it.
+    /// A GET, retried freely.
+    pub(crate) async fn get<R: octocrab::FromResponse>(
+        &self,
+        path: impl AsRef<str>,
+    ) -> Result<R, octocrab::Error> {
+        let path = path.as_ref();
+        self.call(Resend::Free, || self.client.get(path, None::<&()>))
+            .await
+    }
+
+    /// A GET with query parameters, retried freely.
+    pub(crate) async fn get_with<R, P>(
+        &self,
+        path: impl AsRef<str>,
+        query: &P,
+    ) -> Result<R, octocrab::Error>
+    where
+        R: octocrab::FromResponse,
+        P: serde::Serialize + ?Sized,
+    {
+        let path = path.as_ref();
+        self.call(Resend::Free, || self.client.get(path, Some(query)))
+            .await
+    }
+
+    /// Runs a GraphQL request (sent again on a transient fault as `resend` allows) and returns its
+    /// `data`; any error in the answer fails it.
     pub(crate) async fn graphql(
         &self,
         operation: &'static str,
+        resend: Resend,
         payload: Value,
     ) -> Result<Value, ApiError> {
         let answer = self
-            .graphql_raw(payload)
+            .call(resend, || self.graphql_raw(payload.clone()))
             .await
             .map_err(|e| ApiError::from_octocrab(operation, e))?;
-        if let Some(errors) = answer["errors"].as_array().filter(|e| !e.is_empty()) {
-            let messages: Vec<&str> = errors
-                .iter()
-                .filter_map(|e| e["message"].as_str())
-                .collect();
-            return Err(ApiError::Graphql {
-                operation,
-                message: one_line(&messages.join("; ")),
-            });
-        }
-        Ok(answer.get("data").cloned().unwrap_or(Value::Null))
+        data_of(operation, answer)
     }
+}
+
+/// A GraphQL answer's `data`; any error in it fails it.
+fn data_of(operation: &'static str, answer: Value) -> Result<Value, ApiError> {
+    if let Some(errors) = answer["errors"].as_array().filter(|e| !e.is_empty()) {
+        let messages: Vec<&str> = errors
+            .iter()
+            .filter_map(|e| e["message"].as_str())
+            .collect();
+        return Err(ApiError::Graphql {
+            operation,
+            message: one_line(&messages.join("; ")),
+        });
+    }
+    Ok(answer.get("data").cloned().unwrap_or(Value::Null))
+}
+
+/// Whether a comment GitHub lists is the one fro-bot sent with `sent` (trailing space aside).
+pub(crate) fn same_body(listed: &str, sent: &str) -> bool {
+    listed.trim_end() == sent.trim_end()
 }
 
 /// Per-run conveniences over the plan routing produced.

@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::api::{ApiError, GitHub};
+use super::retry::Resend;
 
 /// The REST API returns at most 100 entries per page.
 const MAX_PER_PAGE: usize = 100;
@@ -46,11 +47,7 @@ impl GitHub {
             .append_pair("per_page", &limit.clamp(1, MAX_PER_PAGE).to_string())
             .finish();
         let body: ListBody = self
-            .client
-            .get(
-                format!("{}/actions/caches?{query}", self.repo_path()),
-                None::<&()>,
-            )
+            .get(format!("{}/actions/caches?{query}", self.repo_path()))
             .await
             .map_err(|e| ApiError::from_octocrab("list cache entries", e))?;
         let entries = body
@@ -65,21 +62,24 @@ impl GitHub {
     }
 
     /// `DELETE /repos/{o}/{r}/actions/caches?key={key}`: deletes every entry with exactly this key.
-    /// `Ok(false)` when there was none (404).
+    /// GitHub documents one answer, 200 with the entries it deleted (`actions-cache-list`):
+    /// `Ok(true)` when it names one, `Ok(false)` when it names none. A 404 is not in that
+    /// description and could mean the route or the repository as well as the key: `Ok(false)` only
+    /// when the listing (the documented `GET`) then shows no entry with this key, else the error.
     pub async fn delete_cache(&self, key: &str) -> Result<bool, ApiError> {
         let query = url::form_urlencoded::Serializer::new(String::new())
             .append_pair("key", key)
             .finish();
-        let result: Result<Value, _> = self
-            .client
-            .delete(
-                format!("{}/actions/caches?{query}", self.repo_path()),
-                None::<&()>,
-            )
+        let path = format!("{}/actions/caches?{query}", self.repo_path());
+        let result: Result<ListBody, _> = self
+            .call(Resend::Free, || self.client.delete(&path, None::<&()>))
             .await;
         match result.map_err(|e| ApiError::from_octocrab("delete cache entry", e)) {
-            Ok(_) => Ok(true),
-            Err(e) if e.status() == Some(404) => Ok(false),
+            Ok(body) => Ok(body.total_count > 0 || !body.actions_caches.is_empty()),
+            Err(e) if e.status() == Some(404) => match self.list_caches(key, MAX_PER_PAGE).await {
+                Ok(listing) if listing.entries.iter().all(|c| c.key != key) => Ok(false),
+                _ => Err(e),
+            },
             Err(e) => Err(e),
         }
     }

@@ -107,8 +107,7 @@ impl GitHub {
     ) -> Result<Context, ApiError> {
         let n = thread.number;
         let issue: IssueView = self
-            .client
-            .get(format!("{}/issues/{n}", self.repo_path()), None::<&()>)
+            .get(format!("{}/issues/{n}", self.repo_path()))
             .await
             .map_err(|e| ApiError::from_octocrab("get issue", e))?;
         let total = issue.comments.unwrap_or(0);
@@ -124,10 +123,9 @@ impl GitHub {
             };
             for page in first_page..=last_page {
                 let batch: Vec<CommentView> = self
-                    .client
-                    .get(
+                    .get_with(
                         format!("{}/issues/{n}/comments", self.repo_path()),
-                        Some(&[("per_page", per_page), ("page", page)]),
+                        &[("per_page", per_page), ("page", page)],
                     )
                     .await
                     .map_err(|e| ApiError::from_octocrab("list comments", e))?;
@@ -166,6 +164,7 @@ impl GitHub {
         let data = self
             .graphql(
                 OP,
+                super::retry::Resend::Free,
                 json!({"query": query, "variables": {
                     "owner": self.owner, "name": self.repo, "number": thread.number,
                     "last": limits.max_comments.clamp(1, 100)}}),

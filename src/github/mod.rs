@@ -4,7 +4,8 @@
 //! the API and the server are (`endpoints`), and the API calls: the client, reactions and
 //! pull-request flags (`api`), the conversation for the prompt (`context`), the one reply
 //! (`response`) posted early and edited in place (`tracking`), the repository calls that deliver a
-//! change (`repo`) and the Actions cache entries (`caches`).
+//! change (`repo`) and the Actions cache entries (`caches`); every call waits out GitHub's
+//! transient faults without doubling a write (`retry`).
 
 pub mod api;
 pub mod caches;
@@ -16,6 +17,7 @@ pub mod keys;
 pub mod marker;
 pub mod repo;
 pub mod response;
+pub mod retry;
 pub mod route;
 pub mod tracking;
 

@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::api::{ApiError, GitHub};
+use super::retry::Resend;
 
 /// A pull request, as far as delivery reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,8 +88,7 @@ impl GitHub {
     /// The repository's default branch.
     pub async fn default_branch(&self) -> Result<String, ApiError> {
         let repo: Value = self
-            .client
-            .get(self.repo_path(), None::<&()>)
+            .get(self.repo_path())
             .await
             .map_err(Self::op("get repository"))?;
         repo.get("default_branch")
@@ -103,7 +103,7 @@ impl GitHub {
     /// The commit a branch points at; `None` when there is no such branch.
     pub async fn branch_head(&self, branch: &str) -> Result<Option<String>, ApiError> {
         let path = format!("{}/git/ref/heads/{branch}", self.repo_path());
-        match self.client.get::<GitRef, _, _>(path, None::<&()>).await {
+        match self.get::<GitRef>(path).await {
             Ok(r) => Ok(Some(r.object.sha)),
             Err(e) => match ApiError::from_octocrab("get branch", e) {
                 e if e.status() == Some(404) => Ok(None),
@@ -116,7 +116,11 @@ impl GitHub {
     pub async fn create_branch(&self, branch: &str, sha: &str) -> Result<bool, ApiError> {
         let body = json!({"ref": format!("refs/heads/{branch}"), "sha": sha});
         let path = format!("{}/git/refs", self.repo_path());
-        match self.client.post::<_, Value>(path, Some(&body)).await {
+        // A ref is created once: a repeat is GitHub's "already exists", read as such below.
+        let created = self.call(Resend::Free, || {
+            self.client.post::<_, Value>(&path, Some(&body))
+        });
+        match created.await {
             Ok(_) => Ok(true),
             Err(e) => match ApiError::from_octocrab("create branch", e) {
                 ApiError::Status {
@@ -132,8 +136,7 @@ impl GitHub {
     /// A commit's full message.
     pub async fn commit_message(&self, sha: &str) -> Result<String, ApiError> {
         let c: Value = self
-            .client
-            .get(format!("{}/commits/{sha}", self.repo_path()), None::<&()>)
+            .get(format!("{}/commits/{sha}", self.repo_path()))
             .await
             .map_err(Self::op("get commit"))?;
         Ok(c.pointer("/commit/message")
@@ -146,11 +149,7 @@ impl GitHub {
     /// changed on `head` since the merge base.
     pub async fn compare(&self, base: &str, head: &str) -> Result<(String, Vec<String>), ApiError> {
         let c: Value = self
-            .client
-            .get(
-                format!("{}/compare/{base}...{head}", self.repo_path()),
-                None::<&()>,
-            )
+            .get(format!("{}/compare/{base}...{head}", self.repo_path()))
             .await
             .map_err(Self::op("compare commits"))?;
         let status = c["status"].as_str().unwrap_or("").to_string();
@@ -165,7 +164,9 @@ impl GitHub {
         Ok((status, files))
     }
 
-    /// One signed commit on `branch`, only if it still points at `expected_head`.
+    /// One signed commit on `branch`, only if it still points at `expected_head`. An answer lost to
+    /// a transient fault is safe to ask again through `expectedHeadOid`; first the branch is read:
+    /// a head that already moved to this commit (`landed`) is the first attempt's success.
     pub async fn create_commit_on_branch(
         &self,
         branch: &str,
@@ -174,6 +175,28 @@ impl GitHub {
         files: &[FileOp<'_>],
     ) -> Result<CommitResult, ApiError> {
         const OP: &str = "createCommitOnBranch";
+        let query = "mutation($input: CreateCommitOnBranchInput!) { \
+             createCommitOnBranch(input: $input) { commit { oid url } } }";
+        let input = self.commit_input(branch, expected_head, message, files);
+        let payload = json!({"query": query, "variables": {"input": input}});
+        // Posted raw: octocrab's GraphQL error keeps neither the error's `type` nor its message.
+        let answer: Value = self
+            .create_once(
+                || self.graphql_raw(payload.clone()),
+                || self.landed(branch, expected_head, message, files),
+            )
+            .await
+            .map_err(Self::op(OP))?;
+        commit_result(OP, &answer)
+    }
+
+    fn commit_input(
+        &self,
+        branch: &str,
+        expected_head: &str,
+        message: (&str, &str),
+        files: &[FileOp<'_>],
+    ) -> Value {
         let b64 = base64::engine::general_purpose::STANDARD;
         let additions: Vec<Value> = files
             .iter()
@@ -191,50 +214,54 @@ impl GitHub {
                 FileOp::Put { .. } => None,
             })
             .collect();
-        let query = "mutation($input: CreateCommitOnBranchInput!) { \
-             createCommitOnBranch(input: $input) { commit { oid url } } }";
-        let input = json!({
+        json!({
             "branch": {"repositoryNameWithOwner": format!("{}/{}", self.owner, self.repo),
                        "branchName": branch},
             "message": {"headline": message.0, "body": message.1},
             "expectedHeadOid": expected_head,
             "fileChanges": {"additions": additions, "deletions": deletions},
-        });
-        // Posted raw: octocrab's GraphQL error keeps neither the error's `type` nor its message.
-        let answer: Value = self
-            .graphql_raw(json!({"query": query, "variables": {"input": input}}))
-            .await
-            .map_err(Self::op(OP))?;
-        if let Some(errors) = answer["errors"].as_array().filter(|e| !e.is_empty()) {
-            let stale = errors.iter().any(|e| {
-                e["type"] == "STALE_DATA"
-                    || e["message"]
-                        .as_str()
-                        .is_some_and(|m| m.contains("Expected branch to point to"))
-            });
-            if stale {
-                return Ok(CommitResult::HeadMoved);
-            }
-            let messages: Vec<&str> = errors
-                .iter()
-                .filter_map(|e| e["message"].as_str())
-                .collect();
-            return Err(ApiError::Graphql {
-                operation: OP,
-                message: crate::redact::redact(&messages.join("; ")),
-            });
-        }
-        let commit = answer.pointer("/data/createCommitOnBranch/commit");
-        let oid = commit
-            .and_then(|c| c["oid"].as_str())
-            .ok_or(ApiError::Graphql {
-                operation: OP,
-                message: "the answer has no commit oid".into(),
-            })?;
-        Ok(CommitResult::Created {
-            oid: oid.to_string(),
-            url: commit.and_then(|c| c["url"].as_str()).map(str::to_string),
         })
+    }
+
+    /// Whether `branch` already moved from `expected_head` to this very commit: its one parent is
+    /// `expected_head`, its message is this one (the run's trailer in it) and every file it
+    /// changed is one of `files`, with these contents (git's blob id) or removed. `Some` answer
+    /// as `createCommitOnBranch` would have given it; `None` when it did not land (the branch
+    /// still at `expected_head`, or moved by someone else).
+    async fn landed(
+        &self,
+        branch: &str,
+        expected_head: &str,
+        message: (&str, &str),
+        files: &[FileOp<'_>],
+    ) -> Result<Option<Value>, ApiError> {
+        let Some(head) = self.branch_head(branch).await? else {
+            return Ok(None);
+        };
+        if head == expected_head {
+            return Ok(None);
+        }
+        let c: Value = self
+            .get(format!("{}/commits/{head}", self.repo_path()))
+            .await
+            .map_err(Self::op("get commit"))?;
+        let parents: Vec<&str> = c["parents"]
+            .as_array()
+            .map(|ps| ps.iter().filter_map(|p| p["sha"].as_str()).collect())
+            .unwrap_or_default();
+        let full = match message.1.is_empty() {
+            true => message.0.to_string(),
+            false => format!("{}\n\n{}", message.0, message.1),
+        };
+        let same_message = c
+            .pointer("/commit/message")
+            .and_then(Value::as_str)
+            .is_some_and(|m| m.trim_end() == full.trim_end());
+        let ours = parents == [expected_head] && same_message && same_files(&c["files"], files);
+        Ok(ours.then(|| {
+            json!({"data": {"createCommitOnBranch": {"commit": {
+                "oid": head, "url": c["html_url"]}}}})
+        }))
     }
 
     /// Pull requests (any state) whose head is `branch` of this repository, newest first.
@@ -245,8 +272,7 @@ impl GitHub {
             ("per_page", "30".to_string()),
         ];
         let list: Vec<Value> = self
-            .client
-            .get(format!("{}/pulls", self.repo_path()), Some(&query))
+            .get_with(format!("{}/pulls", self.repo_path()), &query)
             .await
             .map_err(Self::op("list pull requests"))?;
         let mut pulls: Vec<PullRequest> = list.iter().filter_map(PullRequest::from_json).collect();
@@ -258,8 +284,7 @@ impl GitHub {
     /// `Ok(false)` when it already was one.
     pub async fn convert_to_draft(&self, number: u64) -> Result<bool, ApiError> {
         let v: Value = self
-            .client
-            .get(format!("{}/pulls/{number}", self.repo_path()), None::<&()>)
+            .get(format!("{}/pulls/{number}", self.repo_path()))
             .await
             .map_err(Self::op("get pull request"))?;
         if v["draft"].as_bool() == Some(true) {
@@ -272,6 +297,7 @@ impl GitHub {
         let query = "mutation($id:ID!){convertPullRequestToDraft(input:{pullRequestId:$id}){pullRequest{isDraft}}}";
         self.graphql(
             "convert pull request to draft",
+            Resend::Free,
             json!({"query": query, "variables": {"id": id}}),
         )
         .await
@@ -281,8 +307,7 @@ impl GitHub {
     /// One pull request.
     pub async fn pull_request(&self, number: u64) -> Result<PullRequest, ApiError> {
         let v: Value = self
-            .client
-            .get(format!("{}/pulls/{number}", self.repo_path()), None::<&()>)
+            .get(format!("{}/pulls/{number}", self.repo_path()))
             .await
             .map_err(Self::op("get pull request"))?;
         PullRequest::from_json(&v).ok_or(ApiError::Transport {
@@ -301,11 +326,25 @@ impl GitHub {
         draft: bool,
     ) -> Result<PullResult, ApiError> {
         let req = json!({"title": title, "body": body, "head": head, "base": base, "draft": draft});
-        match self
-            .client
-            .post::<_, Value>(format!("{}/pulls", self.repo_path()), Some(&req))
-            .await
-        {
+        let path = format!("{}/pulls", self.repo_path());
+        // An answer lost: the branch's open pull request into `base` is the first attempt's.
+        let lookup = || async {
+            let query = [
+                ("head", format!("{}:{head}", self.owner)),
+                ("base", base.to_string()),
+                ("state", "open".to_string()),
+            ];
+            let list: Vec<Value> = self
+                .get_with(&path, &query)
+                .await
+                .map_err(Self::op("list pull requests"))?;
+            Ok(list.into_iter().find(|p| {
+                p.pointer("/head/ref").and_then(Value::as_str) == Some(head)
+                    && p.pointer("/base/ref").and_then(Value::as_str) == Some(base)
+            }))
+        };
+        let created = self.create_once(|| self.client.post::<_, Value>(&path, Some(&req)), lookup);
+        match created.await {
             Ok(v) => {
                 PullRequest::from_json(&v)
                     .map(PullResult::Opened)
@@ -329,11 +368,10 @@ impl GitHub {
     /// `none`).
     pub async fn permission(&self, login: &str) -> Result<String, ApiError> {
         let v: Value = self
-            .client
-            .get(
-                format!("{}/collaborators/{login}/permission", self.repo_path()),
-                None::<&()>,
-            )
+            .get(format!(
+                "{}/collaborators/{login}/permission",
+                self.repo_path()
+            ))
             .await
             .map_err(Self::op("get permission"))?;
         Ok(v["permission"].as_str().unwrap_or("none").to_string())
@@ -345,8 +383,7 @@ impl GitHub {
         for page in 1..=10u32 {
             let query = [("per_page", "100".to_string()), ("page", page.to_string())];
             let list: Vec<Value> = self
-                .client
-                .get(format!("{}/labels", self.repo_path()), Some(&query))
+                .get_with(format!("{}/labels", self.repo_path()), &query)
                 .await
                 .map_err(Self::op("list labels"))?;
             let n = list.len();
@@ -362,14 +399,15 @@ impl GitHub {
     }
 
     pub async fn add_labels(&self, number: u64, labels: &[String]) -> Result<(), ApiError> {
-        self.client
-            .post::<_, Value>(
-                format!("{}/issues/{number}/labels", self.repo_path()),
-                Some(&json!({ "labels": labels })),
-            )
-            .await
-            .map(drop)
-            .map_err(Self::op("add labels"))
+        // Labels are a set: adding them again changes nothing.
+        let path = format!("{}/issues/{number}/labels", self.repo_path());
+        let body = json!({ "labels": labels });
+        self.call(Resend::Free, || {
+            self.client.post::<_, Value>(&path, Some(&body))
+        })
+        .await
+        .map(drop)
+        .map_err(Self::op("add labels"))
     }
 
     pub async fn remove_label(&self, number: u64, label: &str) -> Result<(), ApiError> {
@@ -379,11 +417,13 @@ impl GitHub {
             self.repo_path(),
             name.replace('+', "%20")
         );
-        self.client
-            .delete::<Value, _, _>(path, None::<&()>)
-            .await
-            .map(drop)
-            .map_err(Self::op("remove label"))
+        // Not free: a repeat of a removal that took effect is a 404 the caller would misread.
+        self.call(Resend::Refused, || {
+            self.client.delete::<Value, _, _>(&path, None::<&()>)
+        })
+        .await
+        .map(drop)
+        .map_err(Self::op("remove label"))
     }
 
     /// Opens an issue; its URL.
@@ -393,14 +433,77 @@ impl GitHub {
         body: &str,
         labels: &[String],
     ) -> Result<String, ApiError> {
+        // Not looked up: an issue's answer lost to a 5xx is reported, never opened twice blind.
+        let path = format!("{}/issues", self.repo_path());
+        let request = json!({"title": title, "body": body, "labels": labels});
         let v: Value = self
-            .client
-            .post(
-                format!("{}/issues", self.repo_path()),
-                Some(&json!({"title": title, "body": body, "labels": labels})),
-            )
+            .call(Resend::Refused, || self.client.post(&path, Some(&request)))
             .await
             .map_err(Self::op("create issue"))?;
         Ok(v["html_url"].as_str().unwrap_or("").to_string())
     }
+}
+
+/// `createCommitOnBranch`'s answer read: the commit, a moved head, or the error.
+fn commit_result(operation: &'static str, answer: &Value) -> Result<CommitResult, ApiError> {
+    if let Some(errors) = answer["errors"].as_array().filter(|e| !e.is_empty()) {
+        let stale = errors.iter().any(|e| {
+            e["type"] == "STALE_DATA"
+                || e["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("Expected branch to point to"))
+        });
+        if stale {
+            return Ok(CommitResult::HeadMoved);
+        }
+        let messages: Vec<&str> = errors
+            .iter()
+            .filter_map(|e| e["message"].as_str())
+            .collect();
+        return Err(ApiError::Graphql {
+            operation,
+            message: crate::redact::redact(&messages.join("; ")),
+        });
+    }
+    let commit = answer.pointer("/data/createCommitOnBranch/commit");
+    let oid = commit
+        .and_then(|c| c["oid"].as_str())
+        .ok_or(ApiError::Graphql {
+            operation,
+            message: "the answer has no commit oid".into(),
+        })?;
+    Ok(CommitResult::Created {
+        oid: oid.to_string(),
+        url: commit.and_then(|c| c["url"].as_str()).map(str::to_string),
+    })
+}
+
+/// Every file a commit changed (`GET /commits/{sha}`'s `files`) is one of `ops`: removed where
+/// `ops` deletes it, else with the contents `ops` puts (git's blob id). A put whose contents did
+/// not change the file is not listed, which is fine.
+fn same_files(listed: &Value, ops: &[FileOp<'_>]) -> bool {
+    let Some(listed) = listed.as_array() else {
+        return false;
+    };
+    !listed.is_empty()
+        && listed.iter().all(|f| {
+            let name = f["filename"].as_str();
+            ops.iter().any(|op| match op {
+                FileOp::Put { path, contents } => {
+                    name == Some(path)
+                        && f["status"] != "removed"
+                        && f["sha"].as_str() == Some(blob_id(contents).as_str())
+                }
+                FileOp::Delete { path } => name == Some(path) && f["status"] == "removed",
+            })
+        })
+}
+
+/// Git's id of a blob with these contents (`git hash-object`).
+pub(crate) fn blob_id(contents: &[u8]) -> String {
+    use sha1::Digest;
+    let mut h = sha1::Sha1::new();
+    h.update(format!("blob {}\0", contents.len()).as_bytes());
+    h.update(contents);
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }

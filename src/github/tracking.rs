@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use super::api::{ApiError, GitHub, PostedComment};
 use super::event::TargetKind;
 use super::response::MARKER;
+use super::retry::Resend;
 use super::route::Thread;
 
 /// One item of the agent's todo list, as the comment shows it.
@@ -138,12 +139,11 @@ impl GitHub {
                     operation: OP,
                     reason: "the comment id is not a REST id",
                 })?;
+                // An edit sets the body: sending it again changes nothing.
+                let path = format!("{}/issues/comments/{id}", self.repo_path());
+                let request = json!({ "body": body });
                 let edited: Edited = self
-                    .client
-                    .patch(
-                        format!("{}/issues/comments/{id}", self.repo_path()),
-                        Some(&json!({ "body": body })),
-                    )
+                    .call(Resend::Free, || self.client.patch(&path, Some(&request)))
                     .await
                     .map_err(|e| ApiError::from_octocrab(OP, e))?;
                 Ok(PostedComment {
@@ -159,6 +159,7 @@ impl GitHub {
                 let data = self
                     .graphql(
                         OP,
+                        Resend::Free,
                         json!({"query": query,
                                "variables": {"comment": comment.id, "body": body}}),
                     )
@@ -201,16 +202,24 @@ impl GitHub {
         &self,
         thread: &Thread,
     ) -> Result<Option<PostedComment>, ApiError> {
+        self.own_issue_comment(thread.number, super::marker::carries_marker)
+            .await
+    }
+
+    /// The newest comment on issue or pull request `number` written by the token's own identity
+    /// whose body `wanted` accepts (at most [`STICKY_PAGES`] pages of 100).
+    pub(crate) async fn own_issue_comment(
+        &self,
+        number: u64,
+        wanted: impl Fn(&str) -> bool,
+    ) -> Result<Option<PostedComment>, ApiError> {
         const PER_PAGE: u64 = 100;
         let me = self.own_login().await?;
+        let path = format!("{}/issues/{number}/comments", self.repo_path());
         let mut found = None;
         for page in 1..=STICKY_PAGES {
             let batch: Vec<ListedComment> = self
-                .client
-                .get(
-                    format!("{}/issues/{}/comments", self.repo_path(), thread.number),
-                    Some(&[("per_page", PER_PAGE), ("page", page)]),
-                )
+                .get_with(&path, &[("per_page", PER_PAGE), ("page", page)])
                 .await
                 .map_err(|e| ApiError::from_octocrab("list comments", e))?;
             let full = batch.len() as u64 == PER_PAGE;
@@ -219,7 +228,7 @@ impl GitHub {
                     .user
                     .and_then(|u| u.login)
                     .is_some_and(|login| login.eq_ignore_ascii_case(&me));
-                if mine && c.body.as_deref().is_some_and(super::marker::carries_marker) {
+                if mine && c.body.as_deref().is_some_and(&wanted) {
                     found = Some(PostedComment {
                         id: c.id.to_string(),
                         url: c.html_url,
@@ -238,38 +247,57 @@ impl GitHub {
         &self,
         thread: &Thread,
     ) -> Result<Option<PostedComment>, ApiError> {
-        const OP: &str = "find own discussion comment";
         let query = "query($owner: String!, $name: String!, $number: Int!) { \
              repository(owner: $owner, name: $name) { discussion(number: $number) { \
              comments(last: 100) { nodes { id url body viewerDidAuthor } } } } }";
+        let vars = json!({"owner": self.owner, "name": self.repo, "number": thread.number});
         let data = self
             .graphql(
-                OP,
-                json!({"query": query, "variables": {
-                    "owner": self.owner, "name": self.repo, "number": thread.number}}),
+                "find own discussion comment",
+                Resend::Free,
+                json!({"query": query, "variables": vars}),
             )
             .await?;
-        let nodes = data
-            .pointer("/repository/discussion/comments/nodes")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        Ok(nodes
-            .iter()
-            .filter(|n| n.get("viewerDidAuthor").and_then(Value::as_bool) == Some(true))
-            .filter(|n| {
-                n.get("body")
-                    .and_then(Value::as_str)
-                    .is_some_and(super::marker::carries_marker)
-            })
-            .filter_map(|n| {
-                Some(PostedComment {
-                    id: n.get("id")?.as_str()?.to_string(),
-                    url: n.get("url").and_then(Value::as_str).map(str::to_string),
-                })
-            })
-            .next_back())
+        Ok(own_among(
+            data.pointer("/repository/discussion/comments/nodes"),
+            super::marker::carries_marker,
+        ))
     }
+
+    /// The newest comment the token wrote on the discussion with node id `discussion` whose body
+    /// `wanted` accepts (among its last 100).
+    pub(crate) async fn own_discussion_comment(
+        &self,
+        discussion: &str,
+        wanted: impl Fn(&str) -> bool,
+    ) -> Result<Option<PostedComment>, ApiError> {
+        let query = "query($id: ID!) { node(id: $id) { ... on Discussion { \
+             comments(last: 100) { nodes { id url body viewerDidAuthor } } } } }";
+        let data = self
+            .graphql(
+                "find own discussion comment",
+                Resend::Free,
+                json!({"query": query, "variables": {"id": discussion}}),
+            )
+            .await?;
+        Ok(own_among(data.pointer("/node/comments/nodes"), wanted))
+    }
+}
+
+/// The last of `nodes` the viewer wrote whose body `wanted` accepts.
+fn own_among(nodes: Option<&Value>, wanted: impl Fn(&str) -> bool) -> Option<PostedComment> {
+    nodes
+        .and_then(Value::as_array)?
+        .iter()
+        .filter(|n| n.get("viewerDidAuthor").and_then(Value::as_bool) == Some(true))
+        .filter(|n| n.get("body").and_then(Value::as_str).is_some_and(&wanted))
+        .filter_map(|n| {
+            Some(PostedComment {
+                id: n.get("id")?.as_str()?.to_string(),
+                url: n.get("url").and_then(Value::as_str).map(str::to_string),
+            })
+        })
+        .next_back()
 }
 
 #[cfg(test)]

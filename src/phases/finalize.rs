@@ -264,9 +264,25 @@ pub(crate) fn redacted_copy(dir: &Path) -> std::io::Result<Option<tempfile::Temp
     Ok(Some(out))
 }
 
+/// The summary's row for GitHub's transient faults (`GitHub::retries`): how many calls were
+/// tried again and how long the waits were.
+pub(crate) fn retries_row(gh: Option<&github::GitHub>) -> Option<Vec<String>> {
+    let (retries, waited) = gh?.retries();
+    Some(vec![
+        "GitHub retries".into(),
+        match retries {
+            0 => "none".into(),
+            n => format!(
+                "{n} (transient faults; waited {:.1}s)",
+                waited.as_secs_f64()
+            ),
+        },
+    ])
+}
+
 pub(crate) fn write_summary(
     files: &FileCommands,
-    plan: &RunPlan,
+    (plan, gh): (&RunPlan, Option<&github::GitHub>),
     agent_run: &AgentRun,
     report: &PersistenceReport,
     duration: Duration,
@@ -298,6 +314,7 @@ pub(crate) fn write_summary(
         ],
         vec!["Duration".into(), format!("{:.1}s", duration.as_secs_f64())],
     ];
+    rows.extend(retries_row(gh));
     rows.extend(
         report
             .delivery_rows

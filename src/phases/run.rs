@@ -788,7 +788,8 @@ async fn finish(ctx: &Admitted, mut ledger: Ledger, agent_run: AgentRun) -> RunE
     let duration = ctx.started.elapsed();
     ctx.files
         .set_output_or_warn(output::DURATION, &duration.as_secs().to_string());
-    write_summary(&ctx.files, &ctx.plan, &agent_run, &ledger.report, duration);
+    let plan = (&ctx.plan, ctx.gh.as_ref());
+    write_summary(&ctx.files, plan, &agent_run, &ledger.report, duration);
 
     if let Some(store) = &ctx.store {
         let records = upload_run_records(

@@ -5,7 +5,8 @@
 use serde_json::{json, Value};
 
 use super::view::{cap_diff, Since, MAX_DIFF_BYTES};
-use crate::github::api::{one_line, ApiError, GitHub};
+use crate::github::api::{one_line, same_body, ApiError, GitHub};
+use crate::github::retry::Resend;
 use crate::runner::log;
 use crate::safe_outputs::proposals::Side;
 
@@ -58,7 +59,7 @@ pub enum PostError {
     Api(#[from] ApiError),
 }
 
-const THREADS_QUERY: &str = "query($owner:String!,$name:String!,$number:Int!,$cursor:String){repository(owner:$owner,name:$name){pullRequest(number:$number){reviewThreads(first:100,after:$cursor){pageInfo{hasNextPage endCursor} nodes{id isResolved isOutdated path line startLine diffSide comments(first:50){nodes{databaseId body author{login}}}}}}}}";
+const THREADS_QUERY: &str = "query($owner:String!,$name:String!,$number:Int!,$cursor:String){repository(owner:$owner,name:$name){pullRequest(number:$number){reviewThreads(first:100,after:$cursor){pageInfo{hasNextPage endCursor} nodes{id isResolved isOutdated path line startLine diffSide comments(first:50){nodes{fullDatabaseId body author{login}}}}}}}}";
 const RESOLVE_MUTATION: &str =
     "mutation($thread:ID!){resolveReviewThread(input:{threadId:$thread}){thread{id isResolved}}}";
 /// Pages of threads read at most (100 each).
@@ -77,8 +78,7 @@ fn str_at(v: &Value, pointer: &str) -> String {
 
 pub async fn pull(gh: &GitHub, number: u64) -> Result<Pull, ApiError> {
     let v: Value = gh
-        .client
-        .get(format!("{}/pulls/{number}", gh.repo_path()), None::<&()>)
+        .get(format!("{}/pulls/{number}", gh.repo_path()))
         .await
         .map_err(op("get pull request"))?;
     let pull = Pull {
@@ -114,13 +114,15 @@ async fn raw_diff(gh: &GitHub, uri: String) -> Result<String, ApiError> {
         http::header::ACCEPT,
         http::HeaderValue::from_static("application/vnd.github.diff"),
     );
-    let response = gh
-        .client
-        ._get_with_headers(uri, Some(headers))
-        .await
-        .map_err(op(OP))?;
-    let response = octocrab::map_github_error(response).await.map_err(op(OP))?;
-    gh.client.body_to_string(response).await.map_err(op(OP))
+    let read = || async {
+        let response = gh
+            .client
+            ._get_with_headers(&uri, Some(headers.clone()))
+            .await?;
+        let response = octocrab::map_github_error(response).await?;
+        gh.client.body_to_string(response).await
+    };
+    gh.call(Resend::Free, read).await.map_err(op(OP))
 }
 
 /// `from...to`'s status: whether `to` still contains `from` (`ahead` or `identical`).
@@ -167,10 +169,9 @@ pub async fn reviews(gh: &GitHub, number: u64) -> Result<Vec<PastReview>, ApiErr
     let mut out = Vec::new();
     for page in 1..=10u32 {
         let list: Vec<Value> = gh
-            .client
-            .get(
+            .get_with(
                 format!("{}/pulls/{number}/reviews", gh.repo_path()),
-                Some(&[("per_page", "100"), ("page", &page.to_string())]),
+                &[("per_page", "100"), ("page", &page.to_string())],
             )
             .await
             .map_err(op("list reviews"))?;
@@ -187,8 +188,35 @@ pub async fn reviews(gh: &GitHub, number: u64) -> Result<Vec<PastReview>, ApiErr
     Ok(out)
 }
 
+/// A review comment's REST id: GraphQL's `fullDatabaseId`, a `BigInt` GitHub serves as a string
+/// (ids are past 2³¹, which the deprecated 32-bit `databaseId` cannot carry).
+fn comment_id(comment: &Value) -> Option<u64> {
+    comment["fullDatabaseId"].as_str()?.parse().ok()
+}
+
+/// A thread as GraphQL lists it; `None` when a comment's id cannot be read (a reply could not
+/// name the comment it answers).
 fn thread_from(node: &Value) -> Option<Thread> {
     let number = |p: &str| node[p].as_u64().and_then(|n| u32::try_from(n).ok());
+    let comments = node
+        .pointer("/comments/nodes")?
+        .as_array()?
+        .iter()
+        .map(|c| {
+            Some((
+                comment_id(c)?,
+                str_at(c, "/author/login"),
+                str_at(c, "/body"),
+            ))
+        })
+        .collect::<Option<Vec<_>>>();
+    let Some(comments) = comments else {
+        log::warning(&format!(
+            "review thread {} left out: a comment has no readable fullDatabaseId",
+            node["id"].as_str().unwrap_or("?")
+        ));
+        return None;
+    };
     Some(Thread {
         id: node["id"].as_str()?.to_string(),
         resolved: node["isResolved"].as_bool().unwrap_or(false),
@@ -200,18 +228,7 @@ fn thread_from(node: &Value) -> Option<Thread> {
             Some("LEFT") => Side::Left,
             _ => Side::Right,
         },
-        comments: node
-            .pointer("/comments/nodes")?
-            .as_array()?
-            .iter()
-            .map(|c| {
-                (
-                    c["databaseId"].as_u64().unwrap_or(0),
-                    str_at(c, "/author/login"),
-                    str_at(c, "/body"),
-                )
-            })
-            .collect(),
+        comments,
     })
 }
 
@@ -224,6 +241,7 @@ pub async fn threads(gh: &GitHub, number: u64) -> Result<Vec<Thread>, ApiError> 
         let data = gh
             .graphql(
                 "list review threads",
+                Resend::Free,
                 json!({"query": THREADS_QUERY, "variables": vars}),
             )
             .await?;
@@ -253,11 +271,11 @@ pub async fn threads(gh: &GitHub, number: u64) -> Result<Vec<Thread>, ApiError> 
 
 /// One `POST /pulls/{n}/reviews`: the body, the event and every inline comment at once.
 pub async fn post_review(gh: &GitHub, number: u64, request: &Value) -> Result<Posted, PostError> {
+    let path = format!("{}/pulls/{number}/reviews", gh.repo_path());
     let answer = gh
-        .client
-        .post::<_, Value>(
-            format!("{}/pulls/{number}/reviews", gh.repo_path()),
-            Some(request),
+        .create_once(
+            || gh.client.post::<_, Value>(&path, Some(request)),
+            || posted_already(gh, number, request),
         )
         .await;
     match answer {
@@ -290,24 +308,51 @@ pub async fn post_review(gh: &GitHub, number: u64, request: &Value) -> Result<Po
     }
 }
 
-/// A reply in the thread whose first comment is `comment_id`.
-pub async fn reply(gh: &GitHub, number: u64, comment_id: u64, body: &str) -> Result<(), ApiError> {
-    gh.client
-        .post::<_, Value>(
-            format!(
-                "{}/pulls/{number}/comments/{comment_id}/replies",
-                gh.repo_path()
-            ),
-            Some(&json!({"body": body})),
+/// The review fro-bot's token already posted with this request's commit and body (its answer was
+/// lost to a transient fault), from the newest 100.
+async fn posted_already(
+    gh: &GitHub,
+    number: u64,
+    request: &Value,
+) -> Result<Option<Value>, ApiError> {
+    let me = gh.own_login().await?;
+    let total = gh
+        .get_with::<Vec<Value>, _>(
+            format!("{}/pulls/{number}/reviews", gh.repo_path()),
+            &[("per_page", "100")],
         )
         .await
-        .map(drop)
-        .map_err(op("reply to review thread"))
+        .map_err(op("list reviews"))?;
+    let sent = request["body"].as_str().unwrap_or("");
+    Ok(total.into_iter().rev().find(|r| {
+        r.pointer("/user/login")
+            .and_then(Value::as_str)
+            .is_some_and(|l| l.eq_ignore_ascii_case(&me))
+            && r["commit_id"] == request["commit_id"]
+            && same_body(r["body"].as_str().unwrap_or(""), sent)
+    }))
+}
+
+/// A reply in the thread whose first comment is `comment_id`.
+pub async fn reply(gh: &GitHub, number: u64, comment_id: u64, body: &str) -> Result<(), ApiError> {
+    // Not looked up: a reply whose answer was lost is reported, never sent twice blind.
+    let path = format!(
+        "{}/pulls/{number}/comments/{comment_id}/replies",
+        gh.repo_path()
+    );
+    let request = json!({"body": body});
+    gh.call(Resend::Refused, || {
+        gh.client.post::<_, Value>(&path, Some(&request))
+    })
+    .await
+    .map(drop)
+    .map_err(op("reply to review thread"))
 }
 
 pub async fn resolve(gh: &GitHub, thread: &str) -> Result<(), ApiError> {
     gh.graphql(
         "resolve review thread",
+        Resend::Free,
         json!({"query": RESOLVE_MUTATION, "variables": {"thread": thread}}),
     )
     .await

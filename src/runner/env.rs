@@ -100,6 +100,9 @@ pub const FRO_BOT_AGENT_NETWORK: &str = "FRO_BOT_AGENT_NETWORK";
 /// The least time between two progress edits of the tracking comment, in ms (default 10 000;
 /// tests shorten it).
 pub const FRO_BOT_PROGRESS_EDIT_MS: &str = "FRO_BOT_PROGRESS_EDIT_MS";
+/// The first wait before a GitHub call is tried again after a transient fault, in ms (default
+/// 1 000, doubled for each later one; tests shorten it): `github::retry::Pacing::from_env`.
+pub const FRO_BOT_GITHUB_BACKOFF_MS: &str = "FRO_BOT_GITHUB_BACKOFF_MS";
 
 // OpenCode and the session-tools MCP server.
 pub const OPENCODE_CONFIG_CONTENT: &str = "OPENCODE_CONFIG_CONTENT";

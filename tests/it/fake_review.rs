@@ -257,7 +257,11 @@ async fn diffs_are_real_gits_and_a_valid_review_becomes_its_threads() {
         .all(|n| n["isOutdated"] == false && n["isResolved"] == false));
     let first = &nodes[0]["comments"]["nodes"][0];
     assert_eq!(first["author"]["login"], "github-actions");
-    assert_eq!(first["databaseId"], listed[0]["id"]);
+    // `fullDatabaseId` is a `BigInt`: a string, the REST id's digits (past 2³¹ here, as on
+    // github.com).
+    assert_eq!(first["fullDatabaseId"], listed[0]["id"].to_string());
+    assert!(listed[0]["id"].as_u64().unwrap() > i32::MAX as u64);
+    assert!(first.get("databaseId").is_none());
     assert_eq!(fake.review_threads(PR).len(), 3);
 }
 

@@ -482,7 +482,7 @@ fn event_from_env_reads_the_payload_file() {
 // ---- API client against the fake ----
 
 fn client(fake: &FakeGitHub) -> GitHub {
-    GitHub::new(&fake.url, &Secret::new(TOKEN), REPO).unwrap()
+    crate::support::fake_github::client(&fake.url, REPO)
 }
 
 #[tokio::test]
@@ -809,7 +809,8 @@ async fn api_failures_are_error_values_and_calls_continue() {
         .to_string()
         .contains("Resource not accessible by integration"));
 
-    fake.fail(None, "/issues/42/comments", 500, Some(1));
+    // A post that keeps failing: looked up between tries (nothing there), never doubled.
+    fake.fail(Some(Method::POST), "/issues/42/comments", 500, None);
     let err = gh
         .respond(
             ResponseMode::Github,
@@ -857,10 +858,14 @@ async fn api_failures_are_error_values_and_calls_continue() {
     assert_eq!(err.status(), Some(401));
     assert!(!err.to_string().contains("ghs_wrong_token_zzz"));
 
-    // Nothing listening: a transport error value.
-    let dead = GitHub::new("http://127.0.0.1:9", &Secret::new(TOKEN), REPO).unwrap();
+    // Nothing listening: a transport error value, after the tries (no connection: a refusal).
+    let (pacing, waits) = crate::support::fake_github::recorded_pacing(0);
+    let dead = GitHub::new("http://127.0.0.1:9", &Secret::new(TOKEN), REPO)
+        .unwrap()
+        .with_pacing(pacing);
     let err = dead.react(&subject, Reaction::Eyes).await.unwrap_err();
     assert!(matches!(err, ApiError::Transport { .. }), "{err:?}");
+    assert_eq!(waits.lock().unwrap().len(), 3, "3 retries");
 
     assert!(matches!(
         GitHub::new(&fake.url, &Secret::new(TOKEN), "no-slash"),
@@ -1218,7 +1223,7 @@ async fn the_tokens_identity_is_looked_up_once_and_its_own_comments_are_skipped(
     assert_eq!(lookups, 1, "cached for the run");
     // A failing lookup is an error the caller sees (and is not cached).
     let fake = FakeGitHub::start().await;
-    fake.fail(None, "/user", 500, Some(1));
+    fake.fail(None, "/user", 500, Some(4));
     fake.set_user("someone-else");
     let gh = client(&fake);
     assert!(gh.check_self_trigger(&on_pr).await.is_err());

@@ -9,6 +9,7 @@ mod e2e;
 mod experience;
 mod fake_review;
 mod github;
+mod github_faults;
 mod inputs;
 mod interrupted;
 mod key_proxy;

@@ -3,14 +3,13 @@
 //! out of its answer, threads listed and resolved. No OpenCode: the e2e scenario is
 //! `e2e::review`.
 
-use fro_bot::config::Secret;
 use fro_bot::github::GitHub;
 use fro_bot::review::api::{self, PostError};
 use fro_bot::review::view::Since;
 use serde_json::json;
 
 use crate::support::action::fresh_checkout;
-use crate::support::fake_github::{FakeGitHub, TOKEN};
+use crate::support::fake_github::FakeGitHub;
 
 const PR: u64 = 8;
 
@@ -21,7 +20,7 @@ async fn world() -> (FakeGitHub, GitHub, tempfile::TempDir, String) {
     fake.seed_git_repo(checkout.path());
     let head = fake.add_commit_on_branch("feature", "a.txt", "one\ntwo\n");
     fake.seed_pull_on_branch(PR, "feature", false);
-    let gh = GitHub::new(&fake.url, &Secret::new(TOKEN), "octo/hello").unwrap();
+    let gh = crate::support::fake_github::client(&fake.url, "octo/hello");
     (fake, gh, checkout, head)
 }
 
@@ -74,6 +73,8 @@ async fn githubs_422_is_read_out_and_a_resolved_thread_is_listed_as_resolved() {
     assert_eq!(threads.len(), 1);
     assert_eq!(threads[0].line, Some(2));
     assert_eq!(threads[0].comments[0].1, "github-actions");
+    // The REST id, past 2³¹ as on github.com: GraphQL's `fullDatabaseId`, not `databaseId`.
+    assert!(threads[0].comments[0].0 > i32::MAX as u64);
     api::resolve(&gh, &threads[0].id).await.unwrap();
     api::reply(&gh, PR, threads[0].comments[0].0, "thanks")
         .await

@@ -351,15 +351,15 @@ async fn without_a_working_comment_or_when_the_edit_fails_the_answer_is_posted_n
     // The working comment cannot be posted: the answer comes as today, one comment at the end.
     world
         .github
-        .fail(Some(Method::POST), "/issues/9/comments", 500, Some(1));
+        .fail(Some(Method::POST), "/issues/9/comments", 500, Some(4));
     world.llm.push(Reply::text("Answer one."));
     let job = job_on(&world, 1650, 9, 1651, "@fro-bot one");
     let (mut job, first) = main_step(job).await;
     assert_eq!(first.code, 0, "{}", explain(&first));
     assert_eq!(
         writes(&world.github),
-        ["POST", "POST"],
-        "a failed post, then the answer"
+        ["POST", "POST", "POST", "POST", "POST"],
+        "a post failed at each of its 4 tries, then the answer"
     );
     assert!(
         first.stdout.contains("cannot post the tracking comment"),
@@ -514,4 +514,41 @@ async fn post_says_the_run_stopped_when_main_was_killed_before_it_answered() {
 
 fn fro_bot_killed_text() -> &'static str {
     "I was stopped before I could finish: the job ended before I could answer."
+}
+
+/// GitHub's transient faults (`github::retry`), end to end: the tracking comment's post lands but
+/// its answer is lost, and the answer's edit meets a 502. One comment, edited to the answer, not a
+/// second one beside a comment left at "Working on it…"; the summary counts the retries.
+#[tokio::test]
+async fn the_tracking_comment_and_the_answer_survive_a_fault_each_and_none_is_doubled() {
+    use crate::support::fake_github::Fault;
+    let world = World::start().await;
+    world.github.seed_issue(9, "t", "b");
+    world
+        .github
+        .inject(Fault::new(Some(Method::POST), "/issues/9/comments", 502, Some(1)).after_effect());
+    world
+        .github
+        .fail(Some(Method::PATCH), "/issues/comments/", 502, Some(1));
+    world.llm.push(Reply::text("Answer after faults."));
+    let job = job_on(&world, 1660, 9, 1661, "@fro-bot go");
+    let (_job, run) = main_step(job).await;
+    assert_eq!(run.code, 0, "{}", explain(&run));
+    let created = world.github.created_comments();
+    assert_eq!(created.len(), 1, "one comment: {created:?}");
+    assert!(
+        created[0].1.starts_with("Answer after faults."),
+        "{created:?}"
+    );
+    assert_eq!(
+        writes(&world.github),
+        ["POST", "PATCH", "PATCH"],
+        "the post once, the answer's edit twice"
+    );
+    assert!(
+        run.summary
+            .contains("| GitHub retries | 2 (transient faults"),
+        "{}",
+        run.summary
+    );
 }

@@ -211,6 +211,9 @@ impl Job {
             ),
             ("INPUT_AUTH-JSON", "{}".into()),
             ("INPUT_MATRIX-CONTEXT", "null".into()),
+            // A GitHub call that meets a transient fault is tried again after 5 ms, 10 ms, 20 ms
+            // (1 s, 2 s, 4 s on a runner).
+            ("FRO_BOT_GITHUB_BACKOFF_MS", "5".into()),
         ] {
             env.insert(k.to_string(), v);
         }

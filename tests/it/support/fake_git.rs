@@ -227,9 +227,18 @@ impl Repo {
                 &empty
             }
         };
+        // `--raw`: `:mode mode blob blob status`, then the path; the new blob is GitHub's `sha`.
         let out = self
             .git_with(
-                &["diff", "--name-status", "-z", "--no-renames", from, to],
+                &[
+                    "diff",
+                    "--raw",
+                    "-z",
+                    "--no-abbrev",
+                    "--no-renames",
+                    from,
+                    to,
+                ],
                 None,
                 &[],
             )
@@ -243,13 +252,15 @@ impl Repo {
             .chunks(2)
             .filter(|c| c.len() == 2)
             .map(|c| {
-                let status = match c[0].as_str() {
-                    "A" => "added",
-                    "D" => "removed",
-                    "T" => "changed",
+                let raw: Vec<&str> = c[0].split_whitespace().collect();
+                let status = match raw.get(4).copied() {
+                    Some("A") => "added",
+                    Some("D") => "removed",
+                    Some("T") => "changed",
                     _ => "modified",
                 };
-                json!({"filename": c[1], "status": status})
+                let blob = raw.get(3).copied().unwrap_or("");
+                json!({"filename": c[1], "status": status, "sha": blob})
             })
             .collect()
     }

@@ -30,6 +30,30 @@ use super::fake_git::{self, GitState};
 use super::fake_review::{self, ReviewState};
 
 pub const TOKEN: &str = "ghs_faketoken0123456789";
+
+/// The waits a client's [`Pacing`] was asked for, in order (nothing sleeps).
+pub type Waits = Arc<Mutex<Vec<std::time::Duration>>>;
+
+/// Pacing that records each wait instead of sleeping, its clock at `now` (epoch seconds).
+pub fn recorded_pacing(now: u64) -> (fro_bot::github::retry::Pacing, Waits) {
+    let waits: Waits = Arc::default();
+    let seen = waits.clone();
+    let pacing = fro_bot::github::retry::Pacing::default()
+        .with_sleep(Arc::new(move |d| {
+            seen.lock().unwrap().push(d);
+            Box::pin(async {})
+        }))
+        .with_clock(Arc::new(move || now));
+    (pacing, waits)
+}
+
+/// A client of the fake for `repository`, whose retries do not wait ([`recorded_pacing`]).
+pub fn client(url: &str, repository: &str) -> fro_bot::github::GitHub {
+    let token = fro_bot::config::Secret::new(TOKEN);
+    fro_bot::github::GitHub::new(url, &token, repository)
+        .unwrap()
+        .with_pacing(recorded_pacing(0).0)
+}
 const DOCS: &str = "https://docs.github.com/rest";
 
 #[derive(Debug, Clone)]
@@ -46,14 +70,101 @@ pub struct Recorded {
     pub at: std::time::Instant,
 }
 
+/// A scripted failure: the first `remaining` requests that match answer `status` instead.
 #[derive(Debug, Clone)]
-struct Fault {
+pub struct Fault {
     method: Option<Method>,
     path_contains: String,
+    /// GraphQL: only requests whose query contains this.
+    query_contains: Option<String>,
     status: u16,
     /// Answer with a non-JSON body, as a load balancer would.
     html: bool,
+    /// The request takes effect first and only its answer is lost (a 502 after GitHub acted).
+    after: bool,
+    /// Extra answer headers (`Retry-After`, `x-ratelimit-*`).
+    headers: Vec<(String, String)>,
     remaining: Option<usize>,
+}
+
+impl Fault {
+    /// `method` (any when `None`) on paths containing `path_contains`, `times` times (`None`:
+    /// always), before the request takes effect.
+    pub fn new(
+        method: Option<Method>,
+        path_contains: &str,
+        status: u16,
+        times: Option<usize>,
+    ) -> Fault {
+        Fault {
+            method,
+            path_contains: path_contains.into(),
+            query_contains: None,
+            status,
+            html: false,
+            after: false,
+            headers: Vec::new(),
+            remaining: times,
+        }
+    }
+
+    /// GraphQL requests whose query contains `operation`, answered with HTTP `status`.
+    pub fn graphql(operation: &str, status: u16, times: Option<usize>) -> Fault {
+        Fault {
+            query_contains: Some(operation.into()),
+            ..Fault::new(Some(Method::POST), "/graphql", status, times)
+        }
+    }
+
+    /// The request takes effect; only the answer is the fault.
+    pub fn after_effect(self) -> Fault {
+        Fault {
+            after: true,
+            ..self
+        }
+    }
+
+    /// Answers carry this header too.
+    pub fn header(mut self, name: &str, value: &str) -> Fault {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    fn matches(&self, method: &Method, path: &str, body: &Value) -> bool {
+        self.method.as_ref().is_none_or(|m| m == method)
+            && path.contains(&self.path_contains)
+            && self.query_contains.as_ref().is_none_or(|q| {
+                body["query"]
+                    .as_str()
+                    .is_some_and(|text| text.contains(q.as_str()))
+            })
+            && self.remaining != Some(0)
+    }
+
+    fn answer(&self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap();
+        let mut response = if self.html {
+            (status, "<html><body><h1>502 Bad Gateway</h1></body></html>").into_response()
+        } else {
+            let message = match self.status {
+                403 | 429 if !self.headers.is_empty() => {
+                    "You have exceeded a secondary rate limit. Please wait a few minutes before you try again."
+                }
+                403 => "Resource not accessible by integration",
+                404 => "Not Found",
+                422 => "Validation Failed",
+                _ => "Server Error",
+            };
+            error(status, message)
+        };
+        for (name, value) in &self.headers {
+            response.headers_mut().insert(
+                axum::http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                axum::http::HeaderValue::from_str(value).unwrap(),
+            );
+        }
+        response
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -316,23 +427,19 @@ impl FakeGitHub {
         status: u16,
         times: Option<usize>,
     ) {
-        self.lock().faults.push(Fault {
-            method,
-            path_contains: path_contains.into(),
-            status,
-            html: false,
-            remaining: times,
-        });
+        self.inject(Fault::new(method, path_contains, status, times));
+    }
+
+    /// Adds a scripted failure ([`Fault`]).
+    pub fn inject(&self, fault: Fault) {
+        self.lock().faults.push(fault);
     }
 
     /// Like `fail`, with an HTML body instead of GitHub's JSON error.
     pub fn fail_html(&self, path_contains: &str, status: u16) {
-        self.lock().faults.push(Fault {
-            method: None,
-            path_contains: path_contains.into(),
-            status,
+        self.inject(Fault {
             html: true,
-            remaining: None,
+            ..Fault::new(None, path_contains, status, None)
         });
     }
 
@@ -527,27 +634,19 @@ async fn handle(
             at: std::time::Instant::now(),
         });
 
-        if let Some(i) = d.faults.iter().position(|f| {
-            f.method.as_ref().is_none_or(|m| *m == method)
-                && path.contains(&f.path_contains)
-                && f.remaining != Some(0)
-        }) {
-            let fault = &mut d.faults[i];
-            if let Some(n) = fault.remaining.as_mut() {
-                *n -= 1;
-            }
-            let status = StatusCode::from_u16(fault.status).unwrap();
-            if fault.html {
-                return (status, "<html><body><h1>502 Bad Gateway</h1></body></html>")
-                    .into_response();
-            }
-            let message = match fault.status {
-                403 => "Resource not accessible by integration",
-                404 => "Not Found",
-                422 => "Validation Failed",
-                _ => "Server Error",
-            };
-            return error(status, message);
+        let fault = d
+            .faults
+            .iter()
+            .position(|f| f.matches(&method, &path, &body_json))
+            .map(|i| {
+                let fault = &mut d.faults[i];
+                if let Some(n) = fault.remaining.as_mut() {
+                    *n -= 1;
+                }
+                fault.clone()
+            });
+        if let Some(fault) = fault.as_ref().filter(|f| !f.after) {
+            return fault.answer();
         }
 
         // Git smart HTTP authenticates with Basic credentials, not the API's bearer token.
@@ -563,7 +662,7 @@ async fn handle(
             None if routes == Routes::Git => return web_not_found(),
             None => {
                 let accept = headers.get("accept").and_then(|v| v.to_str().ok());
-                return api(
+                let answer = api(
                     &mut d,
                     method,
                     &uri,
@@ -572,6 +671,11 @@ async fn handle(
                     accept,
                     &body_json,
                 );
+                // A fault after the effect: GitHub acted, the answer is lost.
+                return match fault {
+                    Some(fault) => fault.answer(),
+                    None => answer,
+                };
             }
         }
     };
@@ -1051,6 +1155,28 @@ fn graphql(d: &mut Data, body: &Value) -> Response {
         return ok(
             StatusCode::OK,
             json!({"data": {"updateDiscussionComment": {"comment": {"id": node, "url": url}}}}),
+        );
+    }
+    if query.contains("viewerDidAuthor") && query.contains("node(id:") {
+        // The same comments, the discussion named by its node id (a lost post's look-up).
+        let node = vars["id"].as_str().unwrap_or("");
+        let Some((_, _, _, comments)) = d.discussions.values().find(|(n, ..)| n == node) else {
+            return gql_error(&format!(
+                "Could not resolve to a node with the global id of '{node}'"
+            ));
+        };
+        let nodes: Vec<Value> = comments
+            .iter()
+            .skip(comments.len().saturating_sub(100))
+            .map(|c| {
+                json!({"id": format!("DC_{}", c.id), "body": c.body,
+                       "url": format!("{web}/o/r/discussions#discussioncomment-{}", c.id),
+                       "viewerDidAuthor": c.author == viewer})
+            })
+            .collect();
+        return ok(
+            StatusCode::OK,
+            json!({"data": {"node": {"comments": {"nodes": nodes}}}}),
         );
     }
     if query.contains("viewerDidAuthor") {

@@ -38,7 +38,7 @@ use super::fake_git::{self, Repo};
 use super::fake_github::{error, ok, Data, FakeGitHub, Site};
 
 /// The review-threads query the fake answers.
-pub const THREADS_QUERY: &str = "query($owner:String!,$name:String!,$number:Int!,$cursor:String){repository(owner:$owner,name:$name){pullRequest(number:$number){reviewThreads(first:100,after:$cursor){pageInfo{hasNextPage endCursor} nodes{id isResolved isOutdated path line startLine diffSide comments(first:50){nodes{databaseId body author{login}}}}}}}}";
+pub const THREADS_QUERY: &str = "query($owner:String!,$name:String!,$number:Int!,$cursor:String){repository(owner:$owner,name:$name){pullRequest(number:$number){reviewThreads(first:100,after:$cursor){pageInfo{hasNextPage endCursor} nodes{id isResolved isOutdated path line startLine diffSide comments(first:50){nodes{fullDatabaseId body author{login}}}}}}}}";
 /// The resolve mutation the fake answers.
 pub const RESOLVE_MUTATION: &str =
     "mutation($thread:ID!){resolveReviewThread(input:{threadId:$thread}){thread{id isResolved}}}";
@@ -1010,7 +1010,9 @@ fn thread_node(t: &Thread, current: bool) -> Value {
         .iter()
         .take(COMMENTS_PAGE)
         .map(|c| {
-            json!({"databaseId": c.id, "body": c.body,
+            // `BigInt`, as GitHub serializes it: a string (ids here are past 2³¹, as on
+            // github.com, which no GraphQL `Int` can carry).
+            json!({"fullDatabaseId": c.id.to_string(), "body": c.body,
                    "author": {"login": c.author.graphql_login()}})
         })
         .collect();
