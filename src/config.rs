@@ -165,6 +165,8 @@ pub struct Settings {
     pub model: Option<ModelRef>,
     /// `None` = no deadline (`timeout: 0`).
     pub timeout: Option<Duration>,
+    /// Fail the step on an `empty` outcome (`fail-on-empty`).
+    pub fail_on_empty: bool,
     pub session_retention: u32,
     pub skip_cache: bool,
     /// `None` = dedup off (`dedup-window: 0`).
@@ -256,6 +258,7 @@ impl Settings {
             agent: text(&input::AGENT),
             model: optional(env, &input::MODEL).map(parse_model).transpose()?,
             timeout: non_zero_ms(parse_u64(env, &input::TIMEOUT)?),
+            fail_on_empty: parse_bool(env, &input::FAIL_ON_EMPTY)?,
             session_retention: parse_u32(env, &input::SESSION_RETENTION)?,
             skip_cache: parse_bool(env, &input::SKIP_CACHE)?,
             dedup_window: non_zero_ms(parse_u64(env, &input::DEDUP_WINDOW)?),

@@ -207,6 +207,12 @@ pub const TIMEOUT: InputSpec = spec(
 )
 .default(Value("1800000"))
 .parser(Parser::Millis);
+pub const FAIL_ON_EMPTY: InputSpec = spec(
+    "fail-on-empty",
+    "Fail the step when the agent's turn completes with no written answer and nothing delivered (the outcome output is 'empty' either way).",
+)
+.default(Value("false"))
+.parser(Parser::Bool);
 pub const SESSION_RETENTION: InputSpec = spec(
     "session-retention",
     "Root sessions kept beyond those updated in the last 30 days (the newest N are always kept).",
@@ -460,6 +466,7 @@ pub const INPUTS: &[InputSpec] = &[
     AGENT,
     MODEL,
     TIMEOUT,
+    FAIL_ON_EMPTY,
     SESSION_RETENTION,
     SKIP_CACHE,
     DEDUP_WINDOW,

@@ -206,6 +206,8 @@ pub struct TurnReport {
     /// Tokens and cost over all the turn's assistant messages.
     pub tokens: Tokens,
     pub cost: f64,
+    /// The tools the turn's assistant messages called, in order (one name per call).
+    pub tools: Vec<String>,
     /// Every error observed, in order (sanitized).
     pub errors: Vec<String>,
 }
@@ -273,6 +275,7 @@ pub async fn run_turn(
         reply: None,
         tokens: Tokens::default(),
         cost: 0.0,
+        tools: Vec::new(),
         errors: Vec::new(),
     };
     let mut text = prompt.to_string();
@@ -447,6 +450,10 @@ fn account(report: &mut TurnReport, new: &[Message]) {
             report.tokens.add(t);
         }
         report.cost += m.info.cost.unwrap_or(0.0);
+        let calls = m.parts.iter().filter(|p| p.kind == "tool");
+        report
+            .tools
+            .extend(calls.map(|p| p.tool.clone().unwrap_or_else(|| "tool".into())));
         last = Some(m);
     }
     report.reply = last.map(|m| AssistantReply {

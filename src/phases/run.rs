@@ -31,10 +31,10 @@ use crate::phases::delivery::prepare::{self, OutputsPlan};
 use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
 };
-use crate::phases::run_context::{Admitted, ExitStatus, Mode, RunExit, RunLedger};
+use crate::phases::run_context::{Admitted, ExitStatus, Mode, RunExit, RunLedger, RunOutcome};
 use crate::phases::thread_turn::{self, ThreadTurn};
 use crate::phases::tracking_comment::{self, Tracker};
-use crate::phases::turn::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
+use crate::phases::turn::agent::{drive_agent, start_agent, AgentInputs, AgentRun, DeliveryDid};
 use crate::phases::turn::cleanup::{stop_agent, Stopped};
 use crate::phases::turn::leftovers;
 use crate::runner::env::{output, state};
@@ -52,6 +52,7 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         Err(e) => {
             log::error(&e.to_string());
             cache_saved.report(StateValue::Skipped);
+            RunOutcome::Failed.report(&files);
             return RunExit::status(ExitStatus::Failed);
         }
     };
@@ -233,7 +234,9 @@ async fn take_turn(
     leftovers::put_back(ctx, &mut run.ledger, guards, (&agent_run, &stopped.pruned));
     if !ctx.cancel.is_cancelled() {
         let report = &mut run.ledger.report;
-        if let Some(usage) = deliver_outputs(ctx, report, &outputs, &agent_run).await {
+        let (usage, did) = deliver_outputs(ctx, report, &outputs, &agent_run).await;
+        agent_run.delivery = did;
+        if let Some(usage) = usage {
             add_threat_usage(ctx, &mut agent_run, usage);
         }
     }
@@ -529,13 +532,13 @@ fn add_threat_usage(
 }
 
 /// What the agent proposed, checked and carried out; its outcome into the outputs, the summary and
-/// the answer; the threat check's model usage, when it asked the model.
+/// the answer; the threat check's model usage, when it asked the model, and what was delivered.
 async fn deliver_outputs(
     ctx: &Admitted,
     summary: &mut PersistenceReport,
     outputs: &OutputsPlan,
     agent_run: &AgentRun,
-) -> Option<(crate::threat::provider::Usage, f64)> {
+) -> (Option<(crate::threat::provider::Usage, f64)>, DeliveryDid) {
     let t = Instant::now();
     let report = {
         let _g = log::Group::new("Deliver the agent's proposals");
@@ -573,6 +576,7 @@ async fn deliver_outputs(
     for (k, v) in &rows {
         tracing::info!("{k}: {v}");
     }
+    let changes = rows.first().map(|(_, v)| v.clone());
     summary.delivery_rows = rows;
     let answer = [report.answer_section(), review.answer_line()];
     summary.delivery_answer = Some(
@@ -584,7 +588,11 @@ async fn deliver_outputs(
     )
     .filter(|a| !a.is_empty());
     summary.record_phase("deliver", t.elapsed());
-    report.threat.usage
+    let did = DeliveryDid {
+        delivered: report.delivered() || review.url().is_some(),
+        changes,
+    };
+    (report.threat.usage, did)
 }
 
 /// Cleanup (always; each step isolated), then the save within the cancel budget.
@@ -807,12 +815,33 @@ async fn finish(ctx: &Admitted, mut ledger: Ledger, agent_run: AgentRun) -> RunE
     if succeeded {
         record_dedup(ctx).await;
     }
+    let outcome = outcome_of(&agent_run);
+    outcome.report(&ctx.files);
+    let status = match (succeeded, outcome) {
+        (true, RunOutcome::Empty) if ctx.settings.fail_on_empty => {
+            log::error(
+                "the agent finished without a written answer and delivered nothing (fail-on-empty)",
+            );
+            ExitStatus::Failed
+        }
+        (true, _) => ExitStatus::Success,
+        (false, _) => ExitStatus::Failed,
+    };
     RunExit {
-        status: match succeeded {
-            true => ExitStatus::Success,
-            false => ExitStatus::Failed,
-        },
+        status,
         answer: agent_run.answer,
+    }
+}
+
+/// The outcome of a run that reached the agent's turn (or tried to).
+fn outcome_of(agent_run: &AgentRun) -> RunOutcome {
+    match &agent_run.outcome {
+        Some(TurnOutcome::Completed) if agent_run.delivery.delivered => RunOutcome::Delivered,
+        Some(TurnOutcome::Completed) if agent_run.answer.is_some() => RunOutcome::Answered,
+        Some(TurnOutcome::Completed) => RunOutcome::Empty,
+        Some(TurnOutcome::TimedOut) => RunOutcome::TimedOut,
+        Some(TurnOutcome::Cancelled) => RunOutcome::Cancelled,
+        Some(TurnOutcome::Failed(_)) | None => RunOutcome::Failed,
     }
 }
 
@@ -845,6 +874,7 @@ fn out_of_time(ctx: &Admitted, cache_saved: &CacheSaved) -> RunExit {
     let text = "memory: not saved before the cancel deadline; the post step retries";
     log::warning(text);
     cache_saved.report(StateValue::NotPersisted);
+    RunOutcome::Cancelled.report(&ctx.files);
     ctx.files.set_output_or_warn(
         output::DURATION,
         &ctx.started.elapsed().as_secs().to_string(),
@@ -888,5 +918,6 @@ fn skipped(files: &FileCommands, cache_saved: &CacheSaved, reason: &str) -> RunE
         tracing::warn!("{e}");
     }
     cache_saved.report(StateValue::Skipped);
+    RunOutcome::Skipped.report(files);
     RunExit::status(ExitStatus::Skipped)
 }

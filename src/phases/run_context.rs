@@ -44,6 +44,42 @@ impl ExitStatus {
     }
 }
 
+/// How the run ended, for later steps to branch on without parsing text (the `outcome` output).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunOutcome {
+    /// The turn completed with a written answer, and delivered nothing.
+    Answered,
+    /// The turn completed and fro-bot carried out what it proposed (a commit, a review, an action).
+    Delivered,
+    /// The turn completed with no written answer and nothing delivered.
+    Empty,
+    TimedOut,
+    Cancelled,
+    /// Invalid configuration, or a turn that failed (or never started).
+    Failed,
+    /// Routing, dedup or another run's thread turn said this run has nothing to do.
+    Skipped,
+}
+
+impl RunOutcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Answered => "answered",
+            RunOutcome::Delivered => "delivered",
+            RunOutcome::Empty => "empty",
+            RunOutcome::TimedOut => "timed-out",
+            RunOutcome::Cancelled => "cancelled",
+            RunOutcome::Failed => "failed",
+            RunOutcome::Skipped => "skipped",
+        }
+    }
+
+    /// Into the `outcome` output.
+    pub(crate) fn report(self, files: &FileCommands) {
+        files.set_output_or_warn(crate::runner::env::output::OUTCOME, self.as_str());
+    }
+}
+
 /// What `run` hands back to `main`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunExit {

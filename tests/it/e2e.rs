@@ -1865,3 +1865,5 @@ pub(crate) mod egress;
 pub(crate) mod leftovers;
 pub(crate) mod links;
 pub(crate) mod review;
+/// How a run ended and what it spent (issue 45).
+mod spend;

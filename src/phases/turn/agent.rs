@@ -44,6 +44,19 @@ pub(crate) struct AgentRun {
     pub(crate) prompted: bool,
     /// What the repair of this run's own turn did (`phases::turn::cut`); `None`: it did not run.
     pub(crate) cut: Option<crate::memory::repair::RepairOutcome>,
+    /// The tools the turn called, one name per call.
+    pub(crate) tools: Vec<String>,
+    /// What the delivery did with what the agent proposed.
+    pub(crate) delivery: DeliveryDid,
+}
+
+/// What the delivery did with what the agent proposed, for the outcome and an empty answer.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct DeliveryDid {
+    /// A commit, a review or an action was carried out.
+    pub(crate) delivered: bool,
+    /// What became of the agent's files, as the summary's Changes row says it.
+    pub(crate) changes: Option<String>,
 }
 
 impl AgentRun {
@@ -588,6 +601,7 @@ fn record_turn(report: &TurnReport, out: &mut AgentRun) {
         .filter(|t| !t.trim().is_empty());
     out.tokens = Some(report.tokens.clone());
     out.cost = report.cost;
+    out.tools = report.tools.clone();
     out.model = report.reply.as_ref().and_then(|r| r.model.clone());
     match &report.outcome {
         TurnOutcome::Completed => {
