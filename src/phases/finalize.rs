@@ -300,7 +300,7 @@ pub(crate) fn redacted_copy(dir: &Path) -> std::io::Result<Option<tempfile::Temp
 
 pub(crate) fn write_summary(
     files: &FileCommands,
-    plan: &RunPlan,
+    (plan, spend): (&RunPlan, &crate::confine::spend::Meter),
     agent_run: &AgentRun,
     report: &PersistenceReport,
     duration: Duration,
@@ -332,6 +332,9 @@ pub(crate) fn write_summary(
         ],
         vec!["Duration".into(), format!("{:.1}s", duration.as_secs_f64())],
     ];
+    if spend.cap().is_set() {
+        rows.push(vec!["Spend cap".into(), spend.summary()]);
+    }
     rows.extend(
         report
             .delivery_rows

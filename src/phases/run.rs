@@ -236,8 +236,11 @@ async fn take_turn(
         let report = &mut run.ledger.report;
         let (usage, did) = deliver_outputs(ctx, report, &outputs, &agent_run).await;
         agent_run.delivery = did;
-        if let Some(usage) = usage {
-            add_threat_usage(ctx, &mut agent_run, usage);
+        match (ctx.spend.spent().requests, usage) {
+            // The threat check's request went through the meter too.
+            (1.., _) => report_spend(ctx, &mut agent_run),
+            (0, Some(usage)) => add_threat_usage(ctx, &mut agent_run, usage),
+            (0, None) => {}
         }
     }
     (agent_run, stopped)
@@ -452,6 +455,7 @@ async fn run_agent(
             review: outputs.review.brief(),
             memory: ctx.paths.db(),
             record: &|out: &AgentRun| record_for_post(ctx, restored, out),
+            spend: &ctx.spend,
         };
         drive_agent(&mut agent, &inputs, &mut agent_run).await;
         let prep = agent_run.prep_time;
@@ -463,13 +467,7 @@ async fn run_agent(
     if let Some(id) = &agent_run.session_id {
         ctx.files.set_output_or_warn(output::SESSION_ID, id);
     }
-    if let Some(tokens) = &agent_run.tokens {
-        let totals = serde_json::json!({"input": tokens.input, "output": tokens.output});
-        ctx.files
-            .set_output_or_warn(output::TOKENS, &totals.to_string());
-        ctx.files
-            .set_output_or_warn(output::COST, &agent_run.cost.to_string());
-    }
+    report_spend(ctx, &mut agent_run);
     (Some(agent), agent_run)
 }
 
@@ -512,6 +510,28 @@ enum Saved {
     InTime,
     /// The cancel deadline passed first: the state still says not-persisted, so post retries.
     OutOfTime,
+}
+
+/// The run's tokens and cost into the outputs and the summary: what the key proxy counted, however
+/// the turn ended (`confine::spend`); else — no request went through it (a provider it cannot
+/// carry) — what OpenCode reported of the messages it completed.
+fn report_spend(ctx: &Admitted, agent_run: &mut AgentRun) {
+    let spent = ctx.spend.spent();
+    if spent.requests > 0 {
+        agent_run.tokens = Some(crate::opencode::client::Tokens {
+            input: spent.input,
+            output: spent.output,
+            ..Default::default()
+        });
+        agent_run.cost = spent.cost;
+    }
+    if let Some(tokens) = &agent_run.tokens {
+        let totals = serde_json::json!({"input": tokens.input, "output": tokens.output});
+        ctx.files
+            .set_output_or_warn(output::TOKENS, &totals.to_string());
+        ctx.files
+            .set_output_or_warn(output::COST, &agent_run.cost.to_string());
+    }
 }
 
 /// The threat check's model tokens and cost join the turn's, in the outputs and the summary.
@@ -796,7 +816,8 @@ async fn finish(ctx: &Admitted, mut ledger: Ledger, agent_run: AgentRun) -> RunE
     let duration = ctx.started.elapsed();
     ctx.files
         .set_output_or_warn(output::DURATION, &duration.as_secs().to_string());
-    write_summary(&ctx.files, &ctx.plan, &agent_run, &ledger.report, duration);
+    let about = (&ctx.plan, ctx.spend.as_ref());
+    write_summary(&ctx.files, about, &agent_run, &ledger.report, duration);
 
     if let Some(store) = &ctx.store {
         let records = upload_run_records(
@@ -840,6 +861,7 @@ fn outcome_of(agent_run: &AgentRun) -> RunOutcome {
         Some(TurnOutcome::Completed) if agent_run.answer.is_some() => RunOutcome::Answered,
         Some(TurnOutcome::Completed) => RunOutcome::Empty,
         Some(TurnOutcome::TimedOut) => RunOutcome::TimedOut,
+        Some(TurnOutcome::Capped { .. }) => RunOutcome::Capped,
         Some(TurnOutcome::Cancelled) => RunOutcome::Cancelled,
         Some(TurnOutcome::Failed(_)) | None => RunOutcome::Failed,
     }

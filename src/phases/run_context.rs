@@ -53,6 +53,8 @@ pub(crate) enum RunOutcome {
     Delivered,
     /// The turn completed with no written answer and nothing delivered.
     Empty,
+    /// The spend cap (`max-cost`, `max-tokens`) ended the turn.
+    Capped,
     TimedOut,
     Cancelled,
     /// Invalid configuration, or a turn that failed (or never started).
@@ -67,6 +69,7 @@ impl RunOutcome {
             RunOutcome::Answered => "answered",
             RunOutcome::Delivered => "delivered",
             RunOutcome::Empty => "empty",
+            RunOutcome::Capped => "capped",
             RunOutcome::TimedOut => "timed-out",
             RunOutcome::Cancelled => "cancelled",
             RunOutcome::Failed => "failed",
@@ -119,6 +122,9 @@ pub(crate) struct Admitted {
     pub(crate) store: Option<StoreContext>,
     /// Who asks for the repository lease at publish.
     pub(crate) lease_holder: Holder,
+    /// What the run's model requests spend, against `max-cost` and `max-tokens`
+    /// (`confine::spend`): counted by the key proxies of the turn and of the threat check.
+    pub(crate) spend: std::sync::Arc<crate::confine::spend::Meter>,
 }
 
 impl Admitted {

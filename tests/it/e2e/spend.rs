@@ -103,3 +103,102 @@ async fn the_outcome_output_names_how_each_main_path_ended() {
     let (_job, r) = main_step(job).await;
     assert_eq!((r.code, r.output("outcome")), (0, "skipped"));
 }
+
+/// An agent that says something, runs a command, and asks again, forever; each answer reports
+/// 1,000 prompt tokens.
+fn looping_agent(world: &World) {
+    world.llm.set_usage(1000, 10);
+    world.llm.set_default(Reply::Narrated {
+        text: "Still digging into the flake.".into(),
+        call: Box::new(bash("echo again")),
+    });
+}
+
+/// Asserts a capped run: its partial answer and the cap's line posted, memory saved, the model
+/// asked no more after the cap.
+fn assert_capped(world: &World, r: &StepResult, line: &[&str]) {
+    assert_eq!(r.code, 1, "{}", explain(r));
+    assert_eq!(r.output("outcome"), "capped", "{}", explain(r));
+    assert_eq!(r.output("cache-save-result"), "durable", "{}", explain(r));
+    let text = answer(world);
+    assert!(text.contains("Still digging into the flake."), "{text}");
+    for said in line {
+        assert!(text.contains(said), "{said:?} not in:\n{text}");
+    }
+    assert!(r.summary.contains("Spend cap"), "{}", r.summary);
+    assert!(
+        world.llm.requests().len() < 10,
+        "stopped at the cap, not by the timeout: {} requests",
+        world.llm.requests().len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_looping_agent_is_stopped_at_max_tokens_with_its_partial_answer_posted_and_memory_saved()
+{
+    let world = World::start().await;
+    looping_agent(&world);
+    let r = run(&world, 21, &[("max-tokens", "3000")]).await;
+    assert_capped(
+        &world,
+        &r,
+        &["stopped at the token cap: ", " of 3000 tokens"],
+    );
+    let tokens: serde_json::Value = serde_json::from_str(r.output("tokens")).unwrap();
+    let spent = tokens["input"].as_u64().unwrap() + tokens["output"].as_u64().unwrap();
+    assert!(
+        (3000..6000).contains(&spent),
+        "counted at the proxy, the stopped turn included: {tokens}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_looping_agent_is_stopped_at_max_cost_priced_from_opencodes_model_list() {
+    let world = World::start().await;
+    looping_agent(&world);
+    // $100 per million prompt tokens: $0.10 an answer.
+    let mut config = world.llm.opencode_config();
+    config["provider"]["fake"]["models"]["fake-model"]["cost"] =
+        serde_json::json!({"input": 100, "output": 0});
+    let config = config.to_string();
+    let r = run(
+        &world,
+        22,
+        &[("max-cost", "0.25"), ("opencode-config", &config)],
+    )
+    .await;
+    assert_capped(&world, &r, &["stopped at the spend cap: $", " of $0.25"]);
+    let cost: f64 = r.output("cost").parse().unwrap();
+    assert!((0.25..0.6).contains(&cost), "cost {cost}");
+    assert!(r.summary.contains("of $0.25 — reached"), "{}", r.summary);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_shell_cannot_reach_the_model_around_the_key_proxy() {
+    let world = World::start().await;
+    let port = world
+        .llm
+        .base_url()
+        .split(':')
+        .nth(2)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let direct = format!(
+        "(exec 3<>/dev/tcp/127.0.0.1/{port} && printf 'POST /v1/chat/completions HTTP/1.0\\r\\nContent-Type: application/json\\r\\nContent-Length: 15\\r\\n\\r\\n{{\"direct\":true}}' >&3 && cat <&3) 2>&1; echo \"exit=$?\""
+    );
+    world.llm.push(bash(&direct));
+    world.llm.push(Reply::text("Tried."));
+    let r = run(&world, 23, &[("max-tokens", "100000")]).await;
+    assert_eq!(r.output("outcome"), "answered", "{}", explain(&r));
+    let asked = world.llm.requests();
+    assert!(
+        asked.iter().all(|b| b.get("direct").is_none()),
+        "the shell's request reached the model"
+    );
+    let result = crate::support::fake_llm::request_text(asked.last().unwrap());
+    assert!(result.contains("exit=1"), "{result}");
+    assert!(!result.contains("chatcmpl"), "{result}");
+}
