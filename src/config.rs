@@ -165,6 +165,10 @@ pub struct Settings {
     pub model: Option<ModelRef>,
     /// `None` = no deadline (`timeout: 0`).
     pub timeout: Option<Duration>,
+    /// Fail the step on an `empty` outcome (`fail-on-empty`).
+    pub fail_on_empty: bool,
+    /// `max-cost` and `max-tokens`.
+    pub spend_cap: crate::confine::spend::SpendCap,
     pub session_retention: u32,
     pub skip_cache: bool,
     /// `None` = dedup off (`dedup-window: 0`).
@@ -256,6 +260,8 @@ impl Settings {
             agent: text(&input::AGENT),
             model: optional(env, &input::MODEL).map(parse_model).transpose()?,
             timeout: non_zero_ms(parse_u64(env, &input::TIMEOUT)?),
+            fail_on_empty: parse_bool(env, &input::FAIL_ON_EMPTY)?,
+            spend_cap: parse_spend_cap(env)?,
             session_retention: parse_u32(env, &input::SESSION_RETENTION)?,
             skip_cache: parse_bool(env, &input::SKIP_CACHE)?,
             dedup_window: non_zero_ms(parse_u64(env, &input::DEDUP_WINDOW)?),
@@ -275,6 +281,34 @@ impl Settings {
             review: review::parse(env)?,
         })
     }
+}
+
+/// `max-cost` (USD: digits with at most one `.`) and `max-tokens` (a count); each absent: no cap.
+fn parse_spend_cap(env: &Env) -> Result<crate::confine::spend::SpendCap, ConfigError> {
+    let max_cost = match optional(env, &input::MAX_COST) {
+        None => None,
+        Some(v) => {
+            let digits = v.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+                && v.bytes().filter(|b| *b == b'.').count() <= 1
+                && v.bytes().any(|b| b.is_ascii_digit());
+            let parsed = v.parse::<f64>().ok().filter(|c| digits && c.is_finite());
+            Some(parsed.ok_or_else(|| {
+                invalid(
+                    &input::MAX_COST,
+                    v,
+                    "expected an amount in USD such as '0.50'",
+                )
+            })?)
+        }
+    };
+    let max_tokens = match optional(env, &input::MAX_TOKENS) {
+        None => None,
+        Some(_) => Some(u64::from(parse_u32(env, &input::MAX_TOKENS)?)),
+    };
+    Ok(crate::confine::spend::SpendCap {
+        max_cost,
+        max_tokens,
+    })
 }
 
 fn non_zero_ms(ms: u64) -> Option<Duration> {
@@ -598,6 +632,10 @@ mod tests {
             ("s3-backup", "TRUE!"),
             ("s3-allow-insecure-endpoint", "on"),
             ("timeout", "-1"),
+            ("max-cost", "$1"),
+            ("max-cost", "1.2.3"),
+            ("max-cost", "-0.5"),
+            ("max-tokens", "1e6"),
             ("timeout", "+5"),
             ("timeout", "1.5"),
             ("timeout", "30s"),
@@ -719,6 +757,7 @@ mod tests {
             Parser::Bool => (Some("yes"), "TRUE"),
             Parser::Millis => (Some("+5"), "0"),
             Parser::Count => (Some("4294967296"), "7"),
+            Parser::Usd => (Some("$1"), "0.50"),
             Parser::Model => (Some("no-slash"), "a/b"),
             Parser::Version => (Some("1.18"), "1.2.3-rc1"),
             Parser::ResponseMode => (Some("slack"), "None"),

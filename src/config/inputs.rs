@@ -67,6 +67,8 @@ pub enum Parser {
     Millis,
     /// A count as plain decimal digits, at most `u32::MAX`.
     Count,
+    /// An amount of US dollars: decimal digits with at most one `.`, e.g. `0.50`.
+    Usd,
     /// `provider/model`.
     Model,
     /// `x.y.z` (optionally `-suffix`) or `latest`.
@@ -111,6 +113,7 @@ impl Parser {
             Parser::Bool => "true|false",
             Parser::Millis => "MS",
             Parser::Count => "N",
+            Parser::Usd => "USD",
             Parser::Model => "PROVIDER/MODEL",
             Parser::Version => "VERSION",
             Parser::ResponseMode => "github|none",
@@ -207,6 +210,22 @@ pub const TIMEOUT: InputSpec = spec(
 )
 .default(Value("1800000"))
 .parser(Parser::Millis);
+pub const MAX_COST: InputSpec = spec(
+    "max-cost",
+    "Spend cap of one run in USD, e.g. 0.50: fro-bot's key proxy counts what each model response reports, priced from OpenCode's model list, and refuses the agent's requests once it is reached; the turn then ends with its partial answer. Empty: no cap.",
+)
+.parser(Parser::Usd);
+pub const MAX_TOKENS: InputSpec = spec(
+    "max-tokens",
+    "Token cap of one run (input and output tokens together), counted and enforced the same way. Empty: no cap.",
+)
+.parser(Parser::Count);
+pub const FAIL_ON_EMPTY: InputSpec = spec(
+    "fail-on-empty",
+    "Fail the step when the agent's turn completes with no written answer and nothing delivered (the outcome output is 'empty' either way).",
+)
+.default(Value("false"))
+.parser(Parser::Bool);
 pub const SESSION_RETENTION: InputSpec = spec(
     "session-retention",
     "Root sessions kept beyond those updated in the last 30 days (the newest N are always kept).",
@@ -460,6 +479,9 @@ pub const INPUTS: &[InputSpec] = &[
     AGENT,
     MODEL,
     TIMEOUT,
+    MAX_COST,
+    MAX_TOKENS,
+    FAIL_ON_EMPTY,
     SESSION_RETENTION,
     SKIP_CACHE,
     DEDUP_WINDOW,

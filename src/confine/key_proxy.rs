@@ -20,6 +20,7 @@ use hyper::{Request, Response, StatusCode};
 use serde_json::{json, Map, Value};
 use url::Url;
 
+use crate::confine::spend::{Meter, ResponseTally};
 use crate::runner::Env;
 
 /// The key OpenCode is given instead of the real one.
@@ -273,10 +274,27 @@ impl Drop for KeyProxy {
 struct State {
     routes: Vec<Route>,
     http: reqwest::Client,
+    metering: Option<Metering>,
+}
+
+/// How a proxy counts what its requests spend (`confine::spend`).
+#[derive(Debug, Clone)]
+pub struct Metering {
+    pub meter: Arc<Meter>,
+    /// Refuse requests once a cap is reached (the agent's); the threat check's are only counted.
+    pub refuse: bool,
 }
 
 impl KeyProxy {
     pub async fn start(routes: Vec<Route>) -> std::io::Result<KeyProxy> {
+        Self::start_metered(routes, None).await
+    }
+
+    /// A proxy whose requests the meter counts (and, when it refuses, caps).
+    pub async fn start_metered(
+        routes: Vec<Route>,
+        metering: Option<Metering>,
+    ) -> std::io::Result<KeyProxy> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let addr = listener.local_addr()?;
         let http = crate::net::external()
@@ -284,7 +302,11 @@ impl KeyProxy {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(std::io::Error::other)?;
-        let state = Arc::new(State { routes, http });
+        let state = Arc::new(State {
+            routes,
+            http,
+            metering,
+        });
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -413,6 +435,16 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
         Ok(b) => b.to_bytes(),
         Err(_) => return plain(StatusCode::BAD_REQUEST, "cannot read the request body"),
     };
+    let tally = match &state.metering {
+        None => None,
+        Some(m) => match m.refuse.then(|| m.meter.reached()).flatten() {
+            Some(line) => {
+                m.meter.refuse();
+                return capped(&line);
+            }
+            None => Some((m.meter.clone(), model_of(&route.id, rest, &body))),
+        },
+    };
     let mut upstream = state.http.request(method, url).headers(headers).body(body);
     upstream = match route.style {
         AuthStyle::XApiKey => upstream.header("x-api-key", &route.key),
@@ -426,6 +458,17 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
             return plain(StatusCode::BAD_GATEWAY, UNREACHABLE);
         }
     };
+    if let Some((meter, _)) = &tally {
+        meter.forwarded();
+    }
+    let sse = resp
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.contains("text/event-stream"));
+    let tally = tally.map(|(meter, model)| {
+        Arc::new(std::sync::Mutex::new(ResponseTally::new(meter, model, sse)))
+    });
     let mut out = Response::builder().status(resp.status());
     for (name, value) in resp.headers() {
         if !dropped(name.as_str()) || name.as_str() == "content-length" {
@@ -433,11 +476,51 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
         }
     }
     // Passed on chunk by chunk as they arrive: SSE streams are never buffered.
-    let stream = resp
-        .bytes_stream()
-        .map(|chunk| chunk.map(Frame::data).map_err(|e| Box::new(e) as BoxError));
+    // Each chunk is read for the usage it reports as it passes (`spend::ResponseTally`); the
+    // tally counts what is left when the stream ends or is dropped.
+    let stream = resp.bytes_stream().map(move |chunk| {
+        if let (Some(t), Ok(bytes)) = (&tally, &chunk) {
+            t.lock().unwrap_or_else(|e| e.into_inner()).feed(bytes);
+        }
+        chunk.map(Frame::data).map_err(|e| Box::new(e) as BoxError)
+    });
     out.body(BodyExt::boxed(StreamBody::new(stream)))
         .unwrap_or_else(|_| plain(StatusCode::BAD_GATEWAY, "bad upstream response"))
+}
+
+/// The words of the proxy's refusal at the cap: OpenCode shows them as the provider's error, and
+/// the turn recognizes them (`opencode::turn::classify`).
+pub const CAPPED: &str = "fro-bot spend cap";
+
+/// The refusal of a request at the cap: a client error no provider SDK retries (402), in a body
+/// every API shape reads an error message from.
+fn capped(line: &str) -> Response<ProxyBody> {
+    let message = format!("{CAPPED}: {line}");
+    let body = json!({"type": "error",
+        "error": {"type": "spend_cap_reached", "code": "spend_cap_reached", "message": message}});
+    let mut r = plain(StatusCode::PAYMENT_REQUIRED, &body.to_string());
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// `provider/model` of a request: the body's `model` (OpenAI, Anthropic), else the model in a
+/// Google path (`/models/{model}:generateContent`).
+fn model_of(provider: &str, rest: &str, body: &[u8]) -> String {
+    let from_body = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v["model"].as_str().map(str::to_string));
+    let from_path = || {
+        let path = rest.split('?').next().unwrap_or("");
+        let after = path.split_once("/models/")?.1;
+        Some(after.split(':').next().unwrap_or(after).to_string())
+    };
+    let model = from_body
+        .or_else(from_path)
+        .unwrap_or_else(|| "unknown".into());
+    format!("{provider}/{model}")
 }
 
 #[cfg(test)]

@@ -44,6 +44,8 @@ pub enum Interruption {
     Cancelled,
     /// fro-bot aborted the turn at the `timeout` input.
     TimedOut,
+    /// fro-bot aborted the turn at the spend cap (`max-cost`, `max-tokens`).
+    Capped,
     /// The process that ran the turn was killed (post, finishing a killed main step).
     Killed,
     /// Found in restored memory: some earlier run was stopped, how is not known.

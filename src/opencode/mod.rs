@@ -37,7 +37,7 @@ pub use session::{Resolution, ResolvedSession};
 pub use turn::{TurnFailure, TurnOptions, TurnOutcome, TurnReport};
 
 use crate::config::ModelRef;
-use crate::confine::key_proxy::{KeyProxy, KeyProxyPlan};
+use crate::confine::key_proxy::{KeyProxy, KeyProxyPlan, Metering};
 use crate::confine::AgentUser;
 use crate::runner::env;
 use crate::runner::{Cancellation, Env, FileCommands};
@@ -197,6 +197,9 @@ pub struct AgentOptions {
     pub cancel: Cancellation,
     /// What the agent may reach on the network (`crate::egress`, `crate::confine::network`).
     pub network: crate::egress::AgentReach,
+    /// The run's spend meter: the key proxy counts the agent's model requests on it and refuses
+    /// them past its caps (`confine::spend`); `None`: not counted.
+    pub spend: Option<std::sync::Arc<crate::confine::spend::Meter>>,
 }
 
 #[cfg(test)]
@@ -231,6 +234,7 @@ impl AgentOptions {
             now_ms: system_now_ms,
             cancel: Cancellation::new(),
             network: crate::egress::AgentReach::open(),
+            spend: None,
         }
     }
 }
@@ -262,10 +266,20 @@ impl Agent {
             confinement::record_taken(files, &confined.taken());
         }
         let plan = KeyProxyPlan::new(&opts.auth, opts.user_config.as_ref(), &opts.base_env);
-        let key_proxy = KeyProxy::start(plan.routes.clone())
+        let metering = opts.spend.clone().map(|meter| Metering {
+            meter,
+            refuse: true,
+        });
+        let key_proxy = KeyProxy::start_metered(plan.routes.clone(), metering)
             .await
             .map_err(|source| AgentError::KeyProxy { source })?;
         notes.extend(launch::provider_notes(&plan));
+        let capped = opts.spend.as_ref().is_some_and(|m| m.cap().is_set());
+        for (id, _) in plan.visible.iter().filter(|_| capped) {
+            crate::runner::log::warning(&format!(
+                "max-cost/max-tokens: provider `{id}`'s requests do not go through fro-bot's key proxy, so they are neither counted nor capped"
+            ));
+        }
         let trust = launch::trust_file(&opts)?;
         let trust_path = trust.as_ref().map(|(_, f)| f.path().to_path_buf());
         let with_tools = exe.is_some();

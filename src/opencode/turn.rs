@@ -31,6 +31,8 @@ const SETTLE_WAIT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
+    /// The key proxy refused the request at the run's spend cap.
+    Capped,
     Quota,
     ProviderAuth,
     ContextOverflow,
@@ -93,6 +95,7 @@ pub fn classify(e: &NamedError) -> ErrorClass {
         "ContextOverflowError" => ErrorClass::ContextOverflow,
         "ProviderAuthError" => ErrorClass::ProviderAuth,
         "MessageAbortedError" => ErrorClass::Aborted,
+        _ if text.contains(crate::confine::key_proxy::CAPPED) => ErrorClass::Capped,
         _ if is_quota_text(&text) => ErrorClass::Quota,
         _ if is_unreachable_text(&text) => ErrorClass::Unreachable,
         _ if matches!(e.data["statusCode"].as_u64(), Some(401 | 403)) => ErrorClass::ProviderAuth,
@@ -177,6 +180,11 @@ impl std::fmt::Display for TurnFailure {
 pub enum TurnOutcome {
     Completed,
     TimedOut,
+    /// The key proxy refused a request at the run's spend cap: the line that says so ("stopped
+    /// at the spend cap: $0.52 of $0.50").
+    Capped {
+        line: String,
+    },
     Cancelled,
     Failed(TurnFailure),
 }
@@ -206,6 +214,8 @@ pub struct TurnReport {
     /// Tokens and cost over all the turn's assistant messages.
     pub tokens: Tokens,
     pub cost: f64,
+    /// The tools the turn's assistant messages called, in order (one name per call).
+    pub tools: Vec<String>,
     /// Every error observed, in order (sanitized).
     pub errors: Vec<String>,
 }
@@ -221,6 +231,9 @@ pub struct TurnOptions {
     pub now_ms: fn() -> i64,
     /// Where the turn's live progress goes; `None` prints nothing.
     pub progress: Option<ProgressSink>,
+    /// The run's spend meter: a request the key proxy refused at its cap ends the turn as the
+    /// timeout does (`TurnOutcome::Capped`).
+    pub spend: Option<std::sync::Arc<crate::confine::spend::Meter>>,
 }
 
 impl Default for TurnOptions {
@@ -232,6 +245,7 @@ impl Default for TurnOptions {
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             now_ms: super::system_now_ms,
             progress: None,
+            spend: None,
         }
     }
 }
@@ -251,6 +265,10 @@ enum AttemptEnd {
         message: String,
     },
     TimedOut,
+    /// A request was refused at the spend cap: the cap's line.
+    Capped {
+        line: String,
+    },
     Cancelled,
 }
 
@@ -273,6 +291,7 @@ pub async fn run_turn(
         reply: None,
         tokens: Tokens::default(),
         cost: 0.0,
+        tools: Vec::new(),
         errors: Vec::new(),
     };
     let mut text = prompt.to_string();
@@ -329,11 +348,15 @@ async fn answered(
             message,
         ),
         AttemptEnd::TimedOut => (TurnOutcome::TimedOut, "the turn timed out".into()),
+        AttemptEnd::Capped { line } => (TurnOutcome::Capped { line: line.clone() }, line),
         AttemptEnd::Cancelled => (TurnOutcome::Cancelled, "the run was cancelled".into()),
     };
     stop(client, &report.session.id).await;
     report.errors.push(error);
-    let stopped_mid_reply = matches!(outcome, TurnOutcome::TimedOut | TurnOutcome::Cancelled);
+    let stopped_mid_reply = matches!(
+        outcome,
+        TurnOutcome::TimedOut | TurnOutcome::Cancelled | TurnOutcome::Capped { .. }
+    );
     report.outcome = outcome;
     // What the stopped session had written still counts.
     if stopped_mid_reply {
@@ -384,6 +407,12 @@ async fn after_error(
     let message = log::redact(&error.message());
     report.errors.push(format!("{}: {message}", error.name));
     match classify(error) {
+        ErrorClass::Capped => {
+            let line = opts.spend.as_ref().and_then(|m| m.reached());
+            let line = line.unwrap_or_else(|| "stopped at the spend cap".into());
+            report.outcome = TurnOutcome::Capped { line };
+            Next::Done
+        }
         ErrorClass::Quota => {
             report.outcome = TurnOutcome::Failed(TurnFailure::Quota { message });
             Next::Done
@@ -447,6 +476,10 @@ fn account(report: &mut TurnReport, new: &[Message]) {
             report.tokens.add(t);
         }
         report.cost += m.info.cost.unwrap_or(0.0);
+        let calls = m.parts.iter().filter(|p| p.kind == "tool");
+        report
+            .tools
+            .extend(calls.map(|p| p.tool.clone().unwrap_or_else(|| "tool".into())));
         last = Some(m);
     }
     report.reply = last.map(|m| AssistantReply {
@@ -462,7 +495,8 @@ fn account(report: &mut TurnReport, new: &[Message]) {
     });
 }
 
-/// After an abort: whatever the agent produced so far still counts (tokens, partial text).
+/// After an abort: whatever the agent produced so far still counts (tokens, partial text). The
+/// partial answer is the newest text the turn wrote: the step that was stopped may have none.
 async fn collect_after_stop(client: &Client, report: &mut TurnReport) {
     if let Ok(msgs) = client.messages(&report.session.id, Some(50)).await {
         let last_user = msgs.iter().rposition(|m| m.info.role == "user");
@@ -471,6 +505,17 @@ async fn collect_after_stop(client: &Client, report: &mut TurnReport) {
             None => vec![],
         };
         account(report, &new);
+        let said = new
+            .iter()
+            .rev()
+            .filter(|m| m.info.role == "assistant")
+            .map(Message::plain_text)
+            .find(|t| !t.trim().is_empty());
+        if let (Some(reply), Some(said)) = (report.reply.as_mut(), said) {
+            if reply.text.trim().is_empty() {
+                reply.text = said;
+            }
+        }
     }
 }
 
@@ -488,6 +533,9 @@ async fn attempt(
     }
     if deadline.is_some_and(|d| Instant::now() >= d) {
         return Ok(AttemptEnd::TimedOut);
+    }
+    if let Some(line) = opts.spend.as_ref().and_then(|m| m.reached()) {
+        return Ok(AttemptEnd::Capped { line });
     }
     let events = subscribe(client).await?;
     let before = client.messages(session_id, None).await?.len();
@@ -529,6 +577,7 @@ async fn wait_for_idle(
             ev = events.next() => ev,
             _ = tokio::time::sleep_until(until) => return Ok(Wait::Ended(AttemptEnd::TimedOut)),
             _ = cancel.cancelled() => return Ok(Wait::Ended(AttemptEnd::Cancelled)),
+            () = refused(opts) => return Ok(Wait::Ended(capped(opts))),
         };
         match next {
             Ok(Some(ev)) => {
@@ -558,6 +607,22 @@ async fn wait_for_idle(
                 }
             }
         }
+    }
+}
+
+/// Returns once the key proxy refused a request at the spend cap (never without a meter).
+async fn refused(opts: &TurnOptions) {
+    match &opts.spend {
+        Some(meter) => meter.refused().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The attempt's end at the spend cap, with the cap's line.
+fn capped(opts: &TurnOptions) -> AttemptEnd {
+    let line = opts.spend.as_ref().and_then(|m| m.reached());
+    AttemptEnd::Capped {
+        line: line.unwrap_or_else(|| "stopped at the spend cap".into()),
     }
 }
 

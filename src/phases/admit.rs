@@ -113,7 +113,9 @@ pub(crate) async fn admit(
         ))),
     };
     let lease_holder = lease_holder(&env, &setup.repository, &setup.run_id, setup.identity);
+    let spend = crate::confine::spend::Meter::new(setup.settings.spend_cap);
     let mut ctx = Admitted {
+        spend,
         env,
         mode,
         settings: setup.settings,

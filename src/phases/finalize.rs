@@ -31,8 +31,10 @@ pub(crate) async fn finalize_github(
     let succeeded = agent_run.outcome == Some(TurnOutcome::Completed);
     let text = match (final_text(agent_run), delivery_answer) {
         (Some(t), Some(d)) => Some(format!("{t}\n\n{d}")),
-        (None, Some(d)) => Some(d.to_string()),
-        (t, None) => t,
+        (None, Some(d)) if agent_run.delivery.delivered => Some(d.to_string()),
+        (None, Some(d)) => Some(format!("{}\n\n{d}", empty_text(agent_run))),
+        (None, None) => Some(empty_text(agent_run)),
+        (t @ Some(_), None) => t,
     };
     let footer = run_footer(env, plan, agent_run, restored, started);
     // The reaction does not wait for the answer's round trip to GitHub.
@@ -129,6 +131,38 @@ fn final_text(agent_run: &AgentRun) -> Option<String> {
         Some(partial) => format!("{partial}\n\n---\n\n{stopped}"),
         None => stopped,
     })
+}
+
+/// A completed turn that wrote no answer and delivered nothing: what it did instead (the tools it
+/// ran, what became of its files), so the comment is not a bare "nothing".
+fn empty_text(agent_run: &AgentRun) -> String {
+    let tools = match agent_run.tools.len() {
+        0 => "ran no tool".to_string(),
+        n => {
+            let mut counts: Vec<(&str, usize)> = Vec::new();
+            for t in &agent_run.tools {
+                match counts.iter_mut().find(|(name, _)| name == t) {
+                    Some((_, c)) => *c += 1,
+                    None => counts.push((t.as_str(), 1)),
+                }
+            }
+            let named: Vec<String> = counts
+                .iter()
+                .map(|(name, c)| match c {
+                    1 => format!("`{name}`"),
+                    c => format!("`{name}` ×{c}"),
+                })
+                .collect();
+            format!("ran {n} tool call(s) ({})", named.join(", "))
+        }
+    };
+    let changes = match &agent_run.delivery.changes {
+        Some(c) => format!("changes: {c}"),
+        None => "changes: not read".to_string(),
+    };
+    format!(
+        "I finished without a written answer, and nothing was delivered. This turn {tools}; {changes}."
+    )
 }
 
 fn run_footer(
@@ -282,7 +316,11 @@ pub(crate) fn retries_row(gh: Option<&github::GitHub>) -> Option<Vec<String>> {
 
 pub(crate) fn write_summary(
     files: &FileCommands,
-    (plan, gh): (&RunPlan, Option<&github::GitHub>),
+    (plan, gh, spend): (
+        &RunPlan,
+        Option<&github::GitHub>,
+        &crate::confine::spend::Meter,
+    ),
     agent_run: &AgentRun,
     report: &PersistenceReport,
     duration: Duration,
@@ -315,6 +353,9 @@ pub(crate) fn write_summary(
         vec!["Duration".into(), format!("{:.1}s", duration.as_secs_f64())],
     ];
     rows.extend(retries_row(gh));
+    if spend.cap().is_set() {
+        rows.push(vec!["Spend cap".into(), spend.summary()]);
+    }
     rows.extend(
         report
             .delivery_rows

@@ -31,10 +31,10 @@ use crate::phases::delivery::prepare::{self, OutputsPlan};
 use crate::phases::finalize::{
     answer_only, cancelled_body, finalize_github, upload_run_records, write_summary,
 };
-use crate::phases::run_context::{Admitted, ExitStatus, Mode, RunExit, RunLedger};
+use crate::phases::run_context::{Admitted, ExitStatus, Mode, RunExit, RunLedger, RunOutcome};
 use crate::phases::thread_turn::{self, ThreadTurn};
 use crate::phases::tracking_comment::{self, Tracker};
-use crate::phases::turn::agent::{drive_agent, start_agent, AgentInputs, AgentRun};
+use crate::phases::turn::agent::{drive_agent, start_agent, AgentInputs, AgentRun, DeliveryDid};
 use crate::phases::turn::cleanup::{stop_agent, Stopped};
 use crate::phases::turn::leftovers;
 use crate::runner::env::{output, state};
@@ -52,6 +52,7 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         Err(e) => {
             log::error(&e.to_string());
             cache_saved.report(StateValue::Skipped);
+            RunOutcome::Failed.report(&files);
             return RunExit::status(ExitStatus::Failed);
         }
     };
@@ -233,8 +234,13 @@ async fn take_turn(
     leftovers::put_back(ctx, &mut run.ledger, guards, (&agent_run, &stopped.pruned));
     if !ctx.cancel.is_cancelled() {
         let report = &mut run.ledger.report;
-        if let Some(usage) = deliver_outputs(ctx, report, &outputs, &agent_run).await {
-            add_threat_usage(ctx, &mut agent_run, usage);
+        let (usage, did) = deliver_outputs(ctx, report, &outputs, &agent_run).await;
+        agent_run.delivery = did;
+        match (ctx.spend.spent().requests, usage) {
+            // The threat check's request went through the meter too.
+            (1.., _) => report_spend(ctx, &mut agent_run),
+            (0, Some(usage)) => add_threat_usage(ctx, &mut agent_run, usage),
+            (0, None) => {}
         }
     }
     (agent_run, stopped)
@@ -449,6 +455,7 @@ async fn run_agent(
             review: outputs.review.brief(),
             memory: ctx.paths.db(),
             record: &|out: &AgentRun| record_for_post(ctx, restored, out),
+            spend: &ctx.spend,
         };
         drive_agent(&mut agent, &inputs, &mut agent_run).await;
         let prep = agent_run.prep_time;
@@ -460,13 +467,7 @@ async fn run_agent(
     if let Some(id) = &agent_run.session_id {
         ctx.files.set_output_or_warn(output::SESSION_ID, id);
     }
-    if let Some(tokens) = &agent_run.tokens {
-        let totals = serde_json::json!({"input": tokens.input, "output": tokens.output});
-        ctx.files
-            .set_output_or_warn(output::TOKENS, &totals.to_string());
-        ctx.files
-            .set_output_or_warn(output::COST, &agent_run.cost.to_string());
-    }
+    report_spend(ctx, &mut agent_run);
     (Some(agent), agent_run)
 }
 
@@ -511,6 +512,28 @@ enum Saved {
     OutOfTime,
 }
 
+/// The run's tokens and cost into the outputs and the summary: what the key proxy counted, however
+/// the turn ended (`confine::spend`); else — no request went through it (a provider it cannot
+/// carry) — what OpenCode reported of the messages it completed.
+fn report_spend(ctx: &Admitted, agent_run: &mut AgentRun) {
+    let spent = ctx.spend.spent();
+    if spent.requests > 0 {
+        agent_run.tokens = Some(crate::opencode::client::Tokens {
+            input: spent.input,
+            output: spent.output,
+            ..Default::default()
+        });
+        agent_run.cost = spent.cost;
+    }
+    if let Some(tokens) = &agent_run.tokens {
+        let totals = serde_json::json!({"input": tokens.input, "output": tokens.output});
+        ctx.files
+            .set_output_or_warn(output::TOKENS, &totals.to_string());
+        ctx.files
+            .set_output_or_warn(output::COST, &agent_run.cost.to_string());
+    }
+}
+
 /// The threat check's model tokens and cost join the turn's, in the outputs and the summary.
 fn add_threat_usage(
     ctx: &Admitted,
@@ -529,13 +552,13 @@ fn add_threat_usage(
 }
 
 /// What the agent proposed, checked and carried out; its outcome into the outputs, the summary and
-/// the answer; the threat check's model usage, when it asked the model.
+/// the answer; the threat check's model usage, when it asked the model, and what was delivered.
 async fn deliver_outputs(
     ctx: &Admitted,
     summary: &mut PersistenceReport,
     outputs: &OutputsPlan,
     agent_run: &AgentRun,
-) -> Option<(crate::threat::provider::Usage, f64)> {
+) -> (Option<(crate::threat::provider::Usage, f64)>, DeliveryDid) {
     let t = Instant::now();
     let report = {
         let _g = log::Group::new("Deliver the agent's proposals");
@@ -573,6 +596,7 @@ async fn deliver_outputs(
     for (k, v) in &rows {
         tracing::info!("{k}: {v}");
     }
+    let changes = rows.first().map(|(_, v)| v.clone());
     summary.delivery_rows = rows;
     let answer = [report.answer_section(), review.answer_line()];
     summary.delivery_answer = Some(
@@ -584,7 +608,11 @@ async fn deliver_outputs(
     )
     .filter(|a| !a.is_empty());
     summary.record_phase("deliver", t.elapsed());
-    report.threat.usage
+    let did = DeliveryDid {
+        delivered: report.delivered() || review.url().is_some(),
+        changes,
+    };
+    (report.threat.usage, did)
 }
 
 /// Cleanup (always; each step isolated), then the save within the cancel budget.
@@ -788,8 +816,8 @@ async fn finish(ctx: &Admitted, mut ledger: Ledger, agent_run: AgentRun) -> RunE
     let duration = ctx.started.elapsed();
     ctx.files
         .set_output_or_warn(output::DURATION, &duration.as_secs().to_string());
-    let plan = (&ctx.plan, ctx.gh.as_ref());
-    write_summary(&ctx.files, plan, &agent_run, &ledger.report, duration);
+    let about = (&ctx.plan, ctx.gh.as_ref(), ctx.spend.as_ref());
+    write_summary(&ctx.files, about, &agent_run, &ledger.report, duration);
 
     if let Some(store) = &ctx.store {
         let records = upload_run_records(
@@ -808,12 +836,34 @@ async fn finish(ctx: &Admitted, mut ledger: Ledger, agent_run: AgentRun) -> RunE
     if succeeded {
         record_dedup(ctx).await;
     }
+    let outcome = outcome_of(&agent_run);
+    outcome.report(&ctx.files);
+    let status = match (succeeded, outcome) {
+        (true, RunOutcome::Empty) if ctx.settings.fail_on_empty => {
+            log::error(
+                "the agent finished without a written answer and delivered nothing (fail-on-empty)",
+            );
+            ExitStatus::Failed
+        }
+        (true, _) => ExitStatus::Success,
+        (false, _) => ExitStatus::Failed,
+    };
     RunExit {
-        status: match succeeded {
-            true => ExitStatus::Success,
-            false => ExitStatus::Failed,
-        },
+        status,
         answer: agent_run.answer,
+    }
+}
+
+/// The outcome of a run that reached the agent's turn (or tried to).
+fn outcome_of(agent_run: &AgentRun) -> RunOutcome {
+    match &agent_run.outcome {
+        Some(TurnOutcome::Completed) if agent_run.delivery.delivered => RunOutcome::Delivered,
+        Some(TurnOutcome::Completed) if agent_run.answer.is_some() => RunOutcome::Answered,
+        Some(TurnOutcome::Completed) => RunOutcome::Empty,
+        Some(TurnOutcome::TimedOut) => RunOutcome::TimedOut,
+        Some(TurnOutcome::Capped { .. }) => RunOutcome::Capped,
+        Some(TurnOutcome::Cancelled) => RunOutcome::Cancelled,
+        Some(TurnOutcome::Failed(_)) | None => RunOutcome::Failed,
     }
 }
 
@@ -846,6 +896,7 @@ fn out_of_time(ctx: &Admitted, cache_saved: &CacheSaved) -> RunExit {
     let text = "memory: not saved before the cancel deadline; the post step retries";
     log::warning(text);
     cache_saved.report(StateValue::NotPersisted);
+    RunOutcome::Cancelled.report(&ctx.files);
     ctx.files.set_output_or_warn(
         output::DURATION,
         &ctx.started.elapsed().as_secs().to_string(),
@@ -889,5 +940,6 @@ fn skipped(files: &FileCommands, cache_saved: &CacheSaved, reason: &str) -> RunE
         tracing::warn!("{e}");
     }
     cache_saved.report(StateValue::Skipped);
+    RunOutcome::Skipped.report(files);
     RunExit::status(ExitStatus::Skipped)
 }

@@ -44,6 +44,45 @@ impl ExitStatus {
     }
 }
 
+/// How the run ended, for later steps to branch on without parsing text (the `outcome` output).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunOutcome {
+    /// The turn completed with a written answer, and delivered nothing.
+    Answered,
+    /// The turn completed and fro-bot carried out what it proposed (a commit, a review, an action).
+    Delivered,
+    /// The turn completed with no written answer and nothing delivered.
+    Empty,
+    /// The spend cap (`max-cost`, `max-tokens`) ended the turn.
+    Capped,
+    TimedOut,
+    Cancelled,
+    /// Invalid configuration, or a turn that failed (or never started).
+    Failed,
+    /// Routing, dedup or another run's thread turn said this run has nothing to do.
+    Skipped,
+}
+
+impl RunOutcome {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Answered => "answered",
+            RunOutcome::Delivered => "delivered",
+            RunOutcome::Empty => "empty",
+            RunOutcome::Capped => "capped",
+            RunOutcome::TimedOut => "timed-out",
+            RunOutcome::Cancelled => "cancelled",
+            RunOutcome::Failed => "failed",
+            RunOutcome::Skipped => "skipped",
+        }
+    }
+
+    /// Into the `outcome` output.
+    pub(crate) fn report(self, files: &FileCommands) {
+        files.set_output_or_warn(crate::runner::env::output::OUTCOME, self.as_str());
+    }
+}
+
 /// What `run` hands back to `main`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunExit {
@@ -83,6 +122,9 @@ pub(crate) struct Admitted {
     pub(crate) store: Option<StoreContext>,
     /// Who asks for the repository lease at publish.
     pub(crate) lease_holder: Holder,
+    /// What the run's model requests spend, against `max-cost` and `max-tokens`
+    /// (`confine::spend`): counted by the key proxies of the turn and of the threat check.
+    pub(crate) spend: std::sync::Arc<crate::confine::spend::Meter>,
 }
 
 impl Admitted {

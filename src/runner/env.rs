@@ -144,6 +144,9 @@ pub mod output {
     pub const COMMIT_SHA: &str = "commit-sha";
     pub const PR_URL: &str = "pr-url";
     pub const REVIEW_URL: &str = "review-url";
+    /// How the run ended (`answered`, `delivered`, `empty`, `capped`, `timed-out`, `cancelled`,
+    /// `failed`, `skipped`).
+    pub const OUTCOME: &str = "outcome";
 
     /// Every output, in `action.yaml`'s order.
     pub const ALL: &[&str] = &[
@@ -160,6 +163,7 @@ pub mod output {
         COMMIT_SHA,
         PR_URL,
         REVIEW_URL,
+        OUTCOME,
     ];
 }
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::confine::key_proxy::{KeyProxy, KeyProxyPlan, Route};
+use crate::confine::key_proxy::{KeyProxy, KeyProxyPlan, Metering, Route};
 use crate::opencode::client::error_chain;
 use crate::opencode::preflight::Providers;
 use crate::runner::Cancellation;
@@ -87,6 +87,9 @@ pub struct Asking<'a> {
     pub keys: KeyProxyPlan,
     pub repository: &'a str,
     pub cancel: &'a Cancellation,
+    /// The run's spend meter: the check's request counts toward the caps, and is never refused
+    /// by them (a change is judged, not waved through).
+    pub spend: Option<std::sync::Arc<crate::confine::spend::Meter>>,
 }
 
 /// The one request, settled before anything starts.
@@ -106,7 +109,11 @@ pub async fn ask(asking: &Asking<'_>, diff: &str, actions: &str) -> JudgeRun {
         Err(why) => return JudgeRun::failed(name, why),
     };
     let wire = Wire::of(question.route.style);
-    let proxy = match KeyProxy::start(vec![question.route]).await {
+    let metering = asking.spend.clone().map(|meter| Metering {
+        meter,
+        refuse: false,
+    });
+    let proxy = match KeyProxy::start_metered(vec![question.route], metering).await {
         Ok(p) => p,
         Err(e) => return JudgeRun::failed(name, format!("the key proxy did not start: {e}")),
     };

@@ -1866,3 +1866,5 @@ pub(crate) mod leftovers;
 pub(crate) mod links;
 pub(crate) mod log;
 pub(crate) mod review;
+/// How a run ended and what it spent (issue 45).
+mod spend;

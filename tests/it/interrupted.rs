@@ -80,6 +80,7 @@ impl Harness {
             now_ms: fro_bot::opencode::system_now_ms,
             cancel: Cancellation::new(),
             network: fro_bot::egress::AgentReach::open(),
+            spend: None,
         }
     }
 

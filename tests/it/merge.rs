@@ -86,6 +86,7 @@ impl Repo {
             now_ms: fro_bot::opencode::system_now_ms,
             cancel: fro_bot::runner::Cancellation::new(),
             network: fro_bot::egress::AgentReach::open(),
+            spend: None,
         };
         Agent::start(options).await.unwrap_or_else(|e| {
             let log = std::fs::read_to_string(&log).unwrap_or_default();

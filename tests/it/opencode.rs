@@ -75,6 +75,7 @@ impl Harness {
             now_ms: fro_bot::opencode::system_now_ms,
             cancel: fro_bot::runner::Cancellation::new(),
             network: fro_bot::egress::AgentReach::open(),
+            spend: None,
         }
     }
 

@@ -28,6 +28,7 @@ impl Interruption {
         match self {
             Interruption::Cancelled => "the workflow run was cancelled",
             Interruption::TimedOut => "the agent's turn reached its time limit",
+            Interruption::Capped => "the agent's turn reached its spend cap",
             Interruption::Killed => "the workflow run was killed",
             Interruption::EarlierRun => "an earlier workflow run was stopped",
             Interruption::Stopped => "the agent's server stopped",
@@ -39,15 +40,17 @@ impl Interruption {
         match self {
             Interruption::Cancelled => "cancelled",
             Interruption::TimedOut => "timed-out",
+            Interruption::Capped => "capped",
             Interruption::Killed => "killed",
             Interruption::EarlierRun => "earlier-run",
             Interruption::Stopped => "stopped",
         }
     }
 
-    const ALL: [Interruption; 5] = [
+    const ALL: [Interruption; 6] = [
         Interruption::Cancelled,
         Interruption::TimedOut,
+        Interruption::Capped,
         Interruption::Killed,
         Interruption::EarlierRun,
         Interruption::Stopped,

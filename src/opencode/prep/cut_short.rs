@@ -23,6 +23,8 @@ const FIELD_CHARS: usize = 40;
 pub enum CutReason {
     Cancelled,
     TimedOut,
+    /// The run's spend cap stopped it.
+    Capped,
     Killed,
     /// The agent's server went away under the turn.
     ServerStopped,
@@ -112,6 +114,7 @@ fn sentence(t: &CutTurnNotice, calls_left: &mut usize) -> String {
     let why = match t.reason {
         CutReason::Cancelled => "the workflow run was cancelled",
         CutReason::TimedOut => "the turn reached its time limit",
+        CutReason::Capped => "the turn reached the run's spend cap",
         CutReason::Killed => "the workflow run was killed",
         CutReason::ServerStopped => "the agent's server stopped under it",
         CutReason::Unknown => "why it ended is not recorded (a later run found it unfinished)",

@@ -459,6 +459,18 @@ impl DeliveryReport {
         (!out.is_empty()).then(|| out.join("\n\n"))
     }
 
+    /// Whether fro-bot carried out anything the agent proposed: its change committed (or its
+    /// patch put in the answer), or an action done.
+    pub(crate) fn delivered(&self) -> bool {
+        matches!(
+            self.changes,
+            ChangesOutcome::Delivered { .. } | ChangesOutcome::Patch { .. }
+        ) || self
+            .actions
+            .iter()
+            .any(|a| matches!(a, ActionOutcome::Done { .. }))
+    }
+
     /// The summary's "Changes" row (and one row for the actions).
     pub(crate) fn summary_rows(&self) -> Vec<(String, String)> {
         let changes = match &self.changes {

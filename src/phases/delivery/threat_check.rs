@@ -241,6 +241,7 @@ impl<'a> ThreatCheck<'a> {
             ),
             repository: &self.ctx.repository,
             cancel: &self.ctx.cancel,
+            spend: Some(self.ctx.spend.clone()),
         };
         let judged = model_check::ask(&asking, diff.unwrap_or(""), &actions).await;
         self.judged = Some(judged);

@@ -44,6 +44,19 @@ pub(crate) struct AgentRun {
     pub(crate) prompted: bool,
     /// What the repair of this run's own turn did (`phases::turn::cut`); `None`: it did not run.
     pub(crate) cut: Option<crate::memory::repair::RepairOutcome>,
+    /// The tools the turn called, one name per call.
+    pub(crate) tools: Vec<String>,
+    /// What the delivery did with what the agent proposed.
+    pub(crate) delivery: DeliveryDid,
+}
+
+/// What the delivery did with what the agent proposed, for the outcome and an empty answer.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct DeliveryDid {
+    /// A commit, a review or an action was carried out.
+    pub(crate) delivered: bool,
+    /// What became of the agent's files, as the summary's Changes row says it.
+    pub(crate) changes: Option<String>,
 }
 
 impl AgentRun {
@@ -62,6 +75,7 @@ impl AgentRun {
             None => "not run".into(),
             Some(TurnOutcome::Completed) => "completed".into(),
             Some(TurnOutcome::TimedOut) => "timed out".into(),
+            Some(TurnOutcome::Capped { line }) => line.clone(),
             Some(TurnOutcome::Cancelled) => "cancelled".into(),
             Some(TurnOutcome::Failed(f)) => format!("failed: {f}"),
         }
@@ -164,6 +178,7 @@ async fn agent_options(
         now_ms: opencode::system_now_ms,
         cancel: ctx.cancel.clone(),
         network,
+        spend: Some(ctx.spend.clone()),
     })
 }
 
@@ -283,6 +298,8 @@ pub(crate) struct AgentInputs<'a> {
     /// is sent and again when the turn returns: a main step killed in between leaves post what
     /// it needs to finish the turn (`phases::post_memory`).
     pub(crate) record: &'a (dyn Fn(&AgentRun) + Sync),
+    /// The run's spend meter: priced from OpenCode's model list once it is read.
+    pub(crate) spend: &'a std::sync::Arc<crate::confine::spend::Meter>,
 }
 
 /// The thread's context for the prompt. With `context-authors: trusted` comments of authors without
@@ -356,6 +373,7 @@ pub(crate) async fn drive_agent(agent: &mut Agent, inputs: &AgentInputs<'_>, out
         agent: settings.agent.clone(),
         model: settings.model.as_ref().map(Into::into),
         progress: Some(inputs.progress.clone()),
+        spend: Some(inputs.spend.clone()),
         ..TurnOptions::default()
     };
     (inputs.record)(out);
@@ -402,7 +420,11 @@ async fn usable_session(
     inputs: &AgentInputs<'_>,
     out: &mut AgentRun,
 ) -> Option<opencode::ResolvedSession> {
-    if let Err(message) = preflight(agent, inputs.settings, out).await {
+    let preflight = preflight(agent, inputs.settings, out).await;
+    if let Some(providers) = &out.providers {
+        price_models(inputs.spend, providers);
+    }
+    if let Err(message) = preflight {
         log::error(&format!("no usable model: {message}"));
         out.errors.push(message.clone());
         out.outcome = Some(TurnOutcome::Failed(opencode::TurnFailure::NoUsableModel {
@@ -455,6 +477,23 @@ async fn github_context(inputs: &AgentInputs<'_>) -> GithubContext {
         _ => None,
     };
     GithubContext { context, own_login }
+}
+
+/// The meter's prices, from OpenCode's model list (USD per million tokens, as the `cost` output
+/// has always been priced): by the id the provider's API knows a model by, and by its own.
+fn price_models(meter: &crate::confine::spend::Meter, providers: &opencode::preflight::Providers) {
+    for p in &providers.providers {
+        for (id, entry) in &p.models {
+            let cost = &entry["cost"];
+            let Some(rates) = cost["input"].as_f64().zip(cost["output"].as_f64()) else {
+                continue;
+            };
+            if let Some(api) = entry["api"]["id"].as_str() {
+                meter.set_price(format!("{}/{api}", p.id), rates);
+            }
+            meter.set_price(format!("{}/{id}", p.id), rates);
+        }
+    }
 }
 
 /// With no usable model OpenCode retries for minutes: fail at once and say what to fix. The
@@ -588,12 +627,14 @@ fn record_turn(report: &TurnReport, out: &mut AgentRun) {
         .filter(|t| !t.trim().is_empty());
     out.tokens = Some(report.tokens.clone());
     out.cost = report.cost;
+    out.tools = report.tools.clone();
     out.model = report.reply.as_ref().and_then(|r| r.model.clone());
     match &report.outcome {
         TurnOutcome::Completed => {
             tracing::info!("the agent finished ({} attempt(s))", report.attempts)
         }
         TurnOutcome::TimedOut => log::error("the agent's turn timed out and was aborted"),
+        TurnOutcome::Capped { line } => log::error(&format!("the agent's turn {line}")),
         TurnOutcome::Cancelled => log::warning("the agent's turn was cancelled"),
         TurnOutcome::Failed(f) => log::error(&format!("the agent's turn failed: {f}")),
     }

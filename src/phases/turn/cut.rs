@@ -62,6 +62,7 @@ fn reason(outcome: Option<&TurnOutcome>) -> Interruption {
     match outcome {
         Some(TurnOutcome::TimedOut) => Interruption::TimedOut,
         Some(TurnOutcome::Cancelled) => Interruption::Cancelled,
+        Some(TurnOutcome::Capped { .. }) => Interruption::Capped,
         Some(TurnOutcome::Completed | TurnOutcome::Failed(_)) | None => Interruption::Stopped,
     }
 }

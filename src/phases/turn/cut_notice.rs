@@ -19,6 +19,7 @@ pub(crate) fn notice(found: Vec<repair::Unanswered>) -> Vec<prep::CutTurnNotice>
             reason: match u.turn.reason {
                 Interruption::Cancelled => prep::CutReason::Cancelled,
                 Interruption::TimedOut => prep::CutReason::TimedOut,
+                Interruption::Capped => prep::CutReason::Capped,
                 Interruption::Killed => prep::CutReason::Killed,
                 Interruption::Stopped => prep::CutReason::ServerStopped,
                 Interruption::EarlierRun => prep::CutReason::Unknown,

@@ -45,6 +45,9 @@ pub enum Reply {
     /// Concurrent runs pop replies in the order they reach the model, so a reply that must answer
     /// its own question is made from the question.
     Echo { containing: String },
+    /// Streamed text, then the tool call `call` (a [`Reply::ToolCall`]) in the same answer: an
+    /// agent that says something on its way.
+    Narrated { text: String, call: Box<Reply> },
     /// `first` for a turn's first step (the newest message is the user's), `then` for each later
     /// one (after a tool result): concurrent runs each get their own steps, whatever order their
     /// requests come in.
@@ -120,6 +123,9 @@ struct Script {
     request_times: Vec<Instant>,
     /// While set, an answer waits as long as this says so ([`FakeLlm::hold_while`]).
     hold: Option<Hold>,
+    /// The prompt and completion tokens each answer reports ([`FakeLlm::set_usage`]); `None`:
+    /// 120 and 8 for a streamed answer, 300 and 20 for the threat check's.
+    usage: Option<(u64, u64)>,
 }
 
 /// Whether the answer to a request (the first argument) must still wait, given every request so
@@ -151,6 +157,7 @@ impl FakeLlm {
             judge_auth: Vec::new(),
             request_times: Vec::new(),
             hold: None,
+            usage: None,
         }));
         let app = Router::new()
             .route("/v1/chat/completions", post(chat))
@@ -191,6 +198,12 @@ impl FakeLlm {
     /// sleeps. [`FakeLlm::release_holds`] ends it.
     pub fn hold_while(&self, wait: impl Fn(&Value, &[Value]) -> bool + Send + Sync + 'static) {
         self.script.lock().unwrap().hold = Some(Arc::new(wait));
+    }
+
+    /// From now on every answer (the agent's, titles', the threat check's) reports this usage
+    /// (prompt, completion tokens).
+    pub fn set_usage(&self, prompt: u64, completion: u64) {
+        self.script.lock().unwrap().usage = Some((prompt, completion));
     }
 
     pub fn release_holds(&self) {
@@ -323,7 +336,8 @@ async fn chat(
                 .pop_front()
                 .unwrap_or_else(|| Reply::text(CLEAR_VERDICT))
         };
-        return respond(reply, false).await;
+        let usage = script.lock().unwrap().usage.unwrap_or((300, 20));
+        return respond(reply, false, usage).await;
     }
     let reply = {
         let mut s = script.lock().unwrap();
@@ -361,7 +375,8 @@ async fn chat(
         Some(reply) => reply,
         None => Reply::text("Fake session title"),
     };
-    respond(reply, true).await
+    let usage = script.lock().unwrap().usage.unwrap_or((120, 8));
+    respond(reply, true, usage).await
 }
 
 /// Whether `body` asks for a turn's first step: its newest message is the user's.
@@ -396,7 +411,7 @@ fn echo(body: &Value, containing: &str) -> String {
 
 /// `reply` as an SSE stream, or (`stream: false`, the threat check's requests) as one chat
 /// completion.
-async fn respond(mut reply: Reply, stream: bool) -> Response<Body> {
+async fn respond(mut reply: Reply, stream: bool, usage: (u64, u64)) -> Response<Body> {
     loop {
         match reply {
             Reply::Delayed(d, inner) => {
@@ -413,50 +428,34 @@ async fn respond(mut reply: Reply, stream: bool) -> Response<Body> {
                 }
                 return resp.body(Body::from(body.to_string())).unwrap();
             }
-            Reply::Text(text) if !stream => return whole(&text),
+            Reply::Text(text) if !stream => return whole(&text, usage),
             Reply::Text(text) => {
-                let mut chunks = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
-                // Several deltas, as a real model streams.
-                let mut rest = text.as_str();
-                while !rest.is_empty() {
-                    let mut cut = rest.len().min(16);
-                    while !rest.is_char_boundary(cut) {
-                        cut += 1;
-                    }
-                    chunks.push(chunk(json!({"content": &rest[..cut]}), None));
-                    rest = &rest[cut..];
-                }
-                chunks.push(chunk(json!({}), Some("stop")));
+                let mut chunks = text_chunks(&text);
+                chunks.push(chunk(json!({}), Some("stop"), usage));
                 return sse(chunks, false);
             }
             Reply::ToolCall { name, arguments } => {
-                let args = arguments.to_string();
-                let id = format!("call_{}", rand::random::<u32>());
-                let mut chunks = vec![chunk(
-                    json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0, "id": id,
-                        "type": "function", "function": {"name": name, "arguments": ""}}]}),
-                    None,
-                )];
-                let mid = args.len() / 2;
-                let split = (mid..=args.len())
-                    .find(|i| args.is_char_boundary(*i))
-                    .unwrap_or(args.len());
-                for piece in [&args[..split], &args[split..]] {
-                    chunks.push(chunk(
-                        json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
-                        None,
-                    ));
-                }
-                chunks.push(chunk(json!({}), Some("tool_calls")));
+                let mut chunks = call_chunks(&name, &arguments);
+                chunks.push(chunk(json!({}), Some("tool_calls"), usage));
+                return sse(chunks, false);
+            }
+            Reply::Narrated { text, call } => {
+                let Reply::ToolCall { name, arguments } = *call else {
+                    panic!("Reply::Narrated takes a Reply::ToolCall");
+                };
+                let mut chunks = text_chunks(&text);
+                chunks.extend(call_chunks(&name, &arguments));
+                chunks.push(chunk(json!({}), Some("tool_calls"), usage));
                 return sse(chunks, false);
             }
             // Resolved from the request in `chat`.
-            Reply::Echo { .. } => return sse(vec![chunk(json!({}), Some("stop"))], false),
+            Reply::Echo { .. } => return sse(vec![chunk(json!({}), Some("stop"), usage)], false),
             Reply::Stepwise { first, .. } => reply = *first,
             Reply::Stall => {
                 let chunks = vec![chunk(
                     json!({"role": "assistant", "content": "Thinking"}),
                     None,
+                    usage,
                 )];
                 return sse(chunks, true);
             }
@@ -464,13 +463,57 @@ async fn respond(mut reply: Reply, stream: bool) -> Response<Body> {
     }
 }
 
+/// The deltas of streamed assistant text: several, as a real model streams.
+fn text_chunks(text: &str) -> Vec<String> {
+    let mut chunks = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        None,
+        (0, 0),
+    )];
+    let mut rest = text;
+    while !rest.is_empty() {
+        let mut cut = rest.len().min(16);
+        while !rest.is_char_boundary(cut) {
+            cut += 1;
+        }
+        chunks.push(chunk(json!({"content": &rest[..cut]}), None, (0, 0)));
+        rest = &rest[cut..];
+    }
+    chunks
+}
+
+/// The deltas of one streamed tool call, its arguments split in two.
+fn call_chunks(name: &str, arguments: &Value) -> Vec<String> {
+    let args = arguments.to_string();
+    let id = format!("call_{}", rand::random::<u32>());
+    let mut chunks = vec![chunk(
+        json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0, "id": id,
+            "type": "function", "function": {"name": name, "arguments": ""}}]}),
+        None,
+        (0, 0),
+    )];
+    let mid = args.len() / 2;
+    let split = (mid..=args.len())
+        .find(|i| args.is_char_boundary(*i))
+        .unwrap_or(args.len());
+    for piece in [&args[..split], &args[split..]] {
+        chunks.push(chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+            None,
+            (0, 0),
+        ));
+    }
+    chunks
+}
+
 /// One chat completion holding `text`.
-fn whole(text: &str) -> Response<Body> {
+fn whole(text: &str, (prompt, completion): (u64, u64)) -> Response<Body> {
     let body = json!({"id": "chatcmpl-fake", "object": "chat.completion", "created": 1,
         "model": "fake-model",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
             "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 300, "completion_tokens": 20, "total_tokens": 320}});
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}});
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")
@@ -478,12 +521,13 @@ fn whole(text: &str) -> Response<Body> {
         .unwrap()
 }
 
-fn chunk(delta: Value, finish: Option<&str>) -> String {
+fn chunk(delta: Value, finish: Option<&str>, (prompt, completion): (u64, u64)) -> String {
     let mut c = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 1,
         "model": "fake-model",
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
     if finish.is_some() {
-        c["usage"] = json!({"prompt_tokens": 120, "completion_tokens": 8, "total_tokens": 128});
+        c["usage"] = json!({"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion});
     }
     format!("data: {c}\n\n")
 }
