@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::endpoints::Endpoints;
-use super::event::Flag;
+use super::event::{Flag, TargetKind};
 use super::retry::{Pacing, Resend, Retrier};
 use super::route::Subject;
 use crate::config::Secret;
@@ -435,6 +435,67 @@ impl GitHub {
             _ => Flag::Unknown,
         };
         Ok(PullRequestFlags { fork, draft })
+    }
+
+    /// Settles what the payload left out (`plan.unverified`): whether the target is locked (the
+    /// issue or pull request read again) and whether each actor of unknown type is a bot
+    /// (`GET /users/{login}`). `Ok(Some(reason))` means skip; what GitHub cannot answer is a
+    /// skip too (`UnverifiedLock`, `UnverifiedActor`): an unknown fails closed.
+    pub async fn check_unverified(
+        &self,
+        plan: &super::route::RunPlan,
+    ) -> Option<super::route::SkipReason> {
+        use super::route::SkipReason;
+        if let Some((kind, number)) = plan.unverified.locked {
+            match self.locked(kind, number).await {
+                Ok(false) => {}
+                Ok(true) => return Some(SkipReason::Locked { kind, number }),
+                Err(why) => return Some(SkipReason::UnverifiedLock { kind, number, why }),
+            }
+        }
+        for login in &plan.unverified.actors {
+            match self.user_kind(login).await {
+                Ok(kind) if kind.eq_ignore_ascii_case("bot") => {
+                    return Some(SkipReason::BotAuthor {
+                        login: login.clone(),
+                    })
+                }
+                Ok(_) => {}
+                Err(why) => {
+                    return Some(SkipReason::UnverifiedActor {
+                        login: login.clone(),
+                        why,
+                    })
+                }
+            }
+        }
+        None
+    }
+
+    /// `locked` of an issue or pull request, read again (a discussion's is not read: unknown).
+    async fn locked(&self, kind: TargetKind, number: u64) -> Result<bool, String> {
+        if kind == TargetKind::Discussion {
+            return Err("a discussion's lock is not read through the API".into());
+        }
+        let issue: Value = self
+            .get(format!("{}/issues/{number}", self.repo_path()))
+            .await
+            .map_err(|e| ApiError::from_octocrab("get issue", e).to_string())?;
+        issue["locked"]
+            .as_bool()
+            .ok_or_else(|| "its answer has no `locked`".to_string())
+    }
+
+    /// A user's `type` (`User`, `Bot`, `Organization`).
+    async fn user_kind(&self, login: &str) -> Result<String, String> {
+        let user: Value = self
+            .get(format!("/users/{login}"))
+            .await
+            .map_err(|e| ApiError::from_octocrab("get user", e).to_string())?;
+        user["type"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| "its answer has no `type`".to_string())
     }
 
     /// Posts a GraphQL request and returns the whole answer (`data` and `errors`), for callers

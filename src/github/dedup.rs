@@ -251,7 +251,7 @@ mod tests {
             body: String::new(),
             author: None,
             association: Association::Owner,
-            locked: false,
+            locked: crate::github::event::Flag::No,
             draft: Flag::No,
             fork: Flag::No,
             head_sha: None,

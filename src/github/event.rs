@@ -34,14 +34,24 @@ pub enum EventError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Actor {
     pub login: String,
-    /// The payload's `type`: `User`, `Bot`, `Organization`, ...
-    pub kind: String,
+    /// The payload's `type`: `User`, `Bot`, `Organization`, ... (`None`: the payload leaves it
+    /// out, which GitHub's webhook description allows).
+    pub kind: Option<String>,
 }
 
 impl Actor {
     /// GitHub marks apps as `type: Bot`; their logins also end in `[bot]`.
     pub fn is_bot(&self) -> bool {
-        self.kind.eq_ignore_ascii_case("bot") || self.login.ends_with("[bot]")
+        self.kind
+            .as_deref()
+            .is_some_and(|k| k.eq_ignore_ascii_case("bot"))
+            || self.login.ends_with("[bot]")
+    }
+
+    /// Neither the payload nor the login says whether this is a bot: the API must
+    /// (`GitHub::check_unverified`), or the run does not start.
+    pub fn kind_unknown(&self) -> bool {
+        self.kind.is_none() && !self.login.ends_with("[bot]")
     }
 }
 
@@ -149,7 +159,8 @@ pub struct Target {
     pub body: String,
     pub author: Option<Actor>,
     pub association: Association,
-    pub locked: bool,
+    /// `Unknown` when the payload leaves `locked` out: checked through the API before a run.
+    pub locked: Flag,
     pub draft: Flag,
     /// The head repository differs from the base repository (or is gone).
     pub fork: Flag,
@@ -443,7 +454,7 @@ fn actor_at(v: &Value, pointer: &str) -> Option<Actor> {
     let user = v.pointer(pointer)?;
     Some(Actor {
         login: str_at(user, "/login")?.to_string(),
-        kind: str_at(user, "/type").unwrap_or("User").to_string(),
+        kind: str_at(user, "/type").map(str::to_string),
     })
 }
 
@@ -510,7 +521,7 @@ fn entity(v: &Value, number_field: &'static str) -> Result<Target, &'static str>
         body: str_at(v, "/body").unwrap_or("").to_string(),
         author: actor_at(v, "/user"),
         association: Association::parse(str_at(v, "/author_association")),
-        locked: bool_at(v, "/locked").unwrap_or(false),
+        locked: Flag::from_bool(bool_at(v, "/locked")),
         draft: Flag::No,
         fork: Flag::No,
         head_sha: None,
@@ -526,7 +537,7 @@ mod tests {
     fn bots_are_recognized_by_type_or_login() {
         let bot = |login: &str, kind: &str| Actor {
             login: login.into(),
-            kind: kind.into(),
+            kind: Some(kind.into()),
         };
         assert!(bot("renovate", "Bot").is_bot());
         assert!(bot("github-actions[bot]", "User").is_bot());

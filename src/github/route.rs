@@ -72,6 +72,9 @@ pub struct RunPlan {
     /// fork or a draft: the caller should check (`GitHub::pull_request_flags`) and apply
     /// `gate_pull_request` before running.
     pub pull_request_unchecked: bool,
+    /// What the payload left out that a gate decides on (`locked`, an actor's `type`): the caller
+    /// checks it through the API (`GitHub::check_unverified`) and skips on what it cannot settle.
+    pub unverified: Unverified,
     /// Whether the run acts unattended (schedule/dispatch only): `github::acts_unattended`.
     pub acts_unattended: bool,
     /// Who asked, as trust goes: the run's own level, from the event and never from memory
@@ -108,6 +111,17 @@ pub enum SkipReason {
     /// A pull request whose fork/draft state could not be verified.
     UnverifiedPullRequest {
         number: u64,
+        why: String,
+    },
+    /// The payload does not say whether the target is locked, and the API could not tell.
+    UnverifiedLock {
+        kind: TargetKind,
+        number: u64,
+        why: String,
+    },
+    /// The payload does not say whether someone is a bot, and the API could not tell.
+    UnverifiedActor {
+        login: String,
         why: String,
     },
     ForkPullRequest {
@@ -163,6 +177,15 @@ impl SkipReason {
                 "Pull request #{number} could not be verified as neither a fork nor a draft \
                  ({why}); fro-bot does not run on a pull request of unknown provenance."
             ),
+            SkipReason::UnverifiedLock { kind, number, why } => format!(
+                "The payload does not say whether {} #{number} is locked and GitHub could not \
+                 tell ({why}); fro-bot does not run on what may be locked.",
+                kind.as_str()
+            ),
+            SkipReason::UnverifiedActor { login, why } => format!(
+                "The payload does not say whether `{login}` is a bot and GitHub could not tell \
+                 ({why}); fro-bot does not run for what may be a bot."
+            ),
             SkipReason::ForkPullRequest { number } => {
                 format!("Pull request #{number} comes from a fork.")
             }
@@ -185,14 +208,71 @@ impl SkipReason {
     }
 }
 
+/// What a payload left out that the gates decide on; an empty one needs no look-up.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unverified {
+    /// The target whose `locked` is missing.
+    pub locked: Option<(TargetKind, u64)>,
+    /// Logins whose `type` is missing and that do not end in `[bot]`.
+    pub actors: Vec<String>,
+}
+
+impl Unverified {
+    fn of(event: &Event) -> Unverified {
+        let (target, actors): (Option<&Target>, Vec<Option<&Actor>>) = match event {
+            Event::Comment {
+                comment,
+                target,
+                sender,
+                ..
+            } => (
+                Some(target),
+                vec![
+                    Some(&comment.author),
+                    sender.as_ref(),
+                    target.author.as_ref(),
+                ],
+            ),
+            Event::Issues { target, sender, .. }
+            | Event::PullRequest { target, sender, .. }
+            | Event::Labeled { target, sender, .. } => {
+                (Some(target), vec![sender.as_ref(), target.author.as_ref()])
+            }
+            Event::WorkflowDispatch { sender } => (None, vec![sender.as_ref()]),
+            Event::Schedule { .. } | Event::Unsupported { .. } | Event::Malformed { .. } => {
+                (None, vec![])
+            }
+        };
+        let mut logins: Vec<String> = actors
+            .into_iter()
+            .flatten()
+            .filter(|a| a.kind_unknown())
+            .map(|a| a.login.clone())
+            .collect();
+        logins.dedup();
+        Unverified {
+            locked: target
+                .filter(|t| t.locked == Flag::Unknown)
+                .map(|t| (t.kind, t.number)),
+            actors: logins,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.locked.is_none() && self.actors.is_empty()
+    }
+}
+
 /// Routes an event. Gates apply in order: support, bot, own response, trust, mention, lock, fork,
-/// draft. The token's own identity and unverified pull requests are checked after routing
-/// (`GitHub::check_self_trigger`, `GitHub::check_pull_request`).
+/// draft. The token's own identity, unverified pull requests and what the payload left out are
+/// checked after routing (`GitHub::check_self_trigger`, `GitHub::check_pull_request`,
+/// `GitHub::check_unverified`).
 pub fn route(event: &Event, settings: &RouteSettings<'_>) -> Route {
     let mut route = route_event(event, settings);
     if let Route::Run(plan) = &mut route {
         plan.requester.event = event.name().to_string();
         plan.requester.run_id = settings.run_id.to_string();
+        plan.unverified = Unverified::of(event);
     }
     route
 }
@@ -350,6 +430,7 @@ fn comment_plan(source: CommentSource, comment: &Comment, target: &Target) -> Ru
             comment.author.login
         ),
         pull_request_unchecked: unchecked,
+        unverified: Unverified::default(),
         acts_unattended: false,
         requester: crate::trust::SessionTrust::new(
             &comment.author.login,
@@ -468,6 +549,7 @@ fn entity_plan(target: &Target, dedup: Option<DedupEntity>) -> RunPlan {
         trigger_summary: String::new(),
         pull_request_unchecked: target.kind == TargetKind::PullRequest
             && (target.fork == Flag::Unknown || target.draft == Flag::Unknown),
+        unverified: Unverified::default(),
         acts_unattended: false,
         requester: crate::trust::SessionTrust::new(
             target
@@ -481,9 +563,10 @@ fn entity_plan(target: &Target, dedup: Option<DedupEntity>) -> RunPlan {
     }
 }
 
-/// Locked, fork and draft gates. `Flag::Unknown` passes here; see `RunPlan::pull_request_unchecked`.
+/// Locked, fork and draft gates. `Flag::Unknown` passes here; see `RunPlan::pull_request_unchecked`
+/// and `RunPlan::unverified`.
 fn gate_target(target: &Target) -> Option<SkipReason> {
-    if target.locked {
+    if target.locked == Flag::Yes {
         return Some(SkipReason::Locked {
             kind: target.kind,
             number: target.number,
@@ -517,6 +600,7 @@ fn run_scoped(logical_key: LogicalKey) -> RunPlan {
         dedup: None,
         trigger_summary: String::new(),
         pull_request_unchecked: false,
+        unverified: Unverified::default(),
         acts_unattended: true,
         requester: crate::trust::SessionTrust::new(
             "workflow",

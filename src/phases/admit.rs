@@ -92,6 +92,9 @@ pub(crate) async fn admit(
     if let Some(reason) = check_pull_request(gh.as_ref(), &plan).await {
         return Ok(skip(reason));
     }
+    if let Some(reason) = check_unverified(gh.as_ref(), &plan).await {
+        return Ok(skip(reason));
+    }
     let fork = setup
         .event
         .target()
@@ -258,6 +261,31 @@ async fn check_pull_request(gh: Option<&github::GitHub>, plan: &RunPlan) -> Opti
         Ok(reason) => reason.map(|r| r.describe()),
         Err(e) => unverified(e.to_string()),
     }
+}
+
+/// What the payload left out that a gate decides on (`locked`, an actor's `type`), settled through
+/// the API; without a token it cannot be, and the run does not start (fails closed).
+async fn check_unverified(gh: Option<&github::GitHub>, plan: &RunPlan) -> Option<String> {
+    let unverified = &plan.unverified;
+    if unverified.is_empty() {
+        return None;
+    }
+    let reason = match gh {
+        Some(gh) => gh.check_unverified(plan).await?,
+        None => match (unverified.locked, unverified.actors.first()) {
+            (Some((kind, number)), _) => github::SkipReason::UnverifiedLock {
+                kind,
+                number,
+                why: "no GitHub token to look it up".into(),
+            },
+            (None, Some(login)) => github::SkipReason::UnverifiedActor {
+                login: login.clone(),
+                why: "no GitHub token to look it up".into(),
+            },
+            (None, None) => return None,
+        },
+    };
+    Some(reason.describe())
 }
 
 /// A skip reason when a run for the same entity already succeeded within the window.

@@ -420,8 +420,15 @@ async fn replies_resolution_and_outdated_threads() {
         json!({"repository": {"pullRequest": null}})
     );
     assert_eq!(missing["errors"][0]["type"], "NOT_FOUND");
+    // A document GitHub's schema does not have is refused before the fake reads it, and named.
     let other = api
         .graphql("query { reviewThreads { nodes { id } } }", json!({}))
         .await;
-    assert!(other["data"].is_null() && other["errors"][0]["message"].is_string());
+    let said = other["message"].as_str().unwrap_or_default();
+    assert!(said.contains("not in GitHub's API description"), "{other}");
+    let refused = fake.take_undescribed();
+    assert!(
+        refused.len() == 1 && refused[0].contains("reviewThreads"),
+        "{refused:?}"
+    );
 }

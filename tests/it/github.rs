@@ -1410,3 +1410,86 @@ async fn the_sticky_comment_is_only_ever_one_the_tokens_identity_wrote() {
         ours.id
     );
 }
+
+/// A comment event whose payload leaves out what GitHub's webhook description makes optional: the
+/// issue's `locked` and every user's `type`.
+fn comment_without_locked_or_type(issue: u64, sender: &str) -> Event {
+    let mut payload = crate::support::action::comment_event(issue, 77, "@fro-bot look");
+    payload["issue"].as_object_mut().unwrap().remove("locked");
+    for user in ["/issue/user", "/comment/user", "/sender"] {
+        payload
+            .pointer_mut(user)
+            .unwrap()
+            .as_object_mut()
+            .unwrap()
+            .remove("type");
+    }
+    payload["sender"]["login"] = json!(sender);
+    payload["comment"]["user"]["login"] = json!(sender);
+    Event::parse("issue_comment", &payload)
+}
+
+#[tokio::test]
+async fn what_a_payload_leaves_out_is_read_from_github_and_an_unknown_fails_closed() {
+    let fake = FakeGitHub::start().await;
+    fake.seed_issue(5, "t", "b");
+    fake.seed_issue(6, "t", "b");
+    fake.lock_issue(6);
+    fake.seed_bot("helper");
+    let gh = client(&fake);
+    let plan_for = |issue: u64, sender: &str| {
+        plan(route(
+            &comment_without_locked_or_type(issue, sender),
+            &settings(false),
+        ))
+    };
+    // Routing lets them through, naming what is unknown; the API settles it.
+    let open = plan_for(5, "mona");
+    assert_eq!(open.unverified.locked, Some((TargetKind::Issue, 5)));
+    assert_eq!(open.unverified.actors, ["mona"]);
+    assert_eq!(gh.check_unverified(&open).await, None);
+    assert_eq!(
+        gh.check_unverified(&plan_for(6, "mona")).await,
+        Some(SkipReason::Locked {
+            kind: TargetKind::Issue,
+            number: 6
+        })
+    );
+    assert_eq!(
+        gh.check_unverified(&plan_for(5, "helper")).await,
+        Some(SkipReason::BotAuthor {
+            login: "helper".into()
+        })
+    );
+    // What GitHub cannot answer is not run.
+    fake.fail(Some(Method::GET), "/issues/5", 404, None);
+    let why = gh.check_unverified(&open).await;
+    assert!(
+        matches!(&why, Some(SkipReason::UnverifiedLock { number: 5, .. })),
+        "{why:?}"
+    );
+    fake.fail(Some(Method::GET), "/users/", 404, None);
+    let mut unlocked = open.clone();
+    unlocked.unverified.locked = None;
+    let why = gh.check_unverified(&unlocked).await;
+    assert!(
+        matches!(&why, Some(SkipReason::UnverifiedActor { login, .. }) if login == "mona"),
+        "{why:?}"
+    );
+    // A `[bot]` login needs no look-up; a payload that says it all needs none.
+    let named = comment_without_locked_or_type(5, "renovate[bot]");
+    assert_eq!(
+        skip(route(&named, &settings(false))),
+        SkipReason::BotAuthor {
+            login: "renovate[bot]".into()
+        }
+    );
+    let full = plan(route(
+        &Event::parse(
+            "issue_comment",
+            &crate::support::action::comment_event(5, 78, "@fro-bot look"),
+        ),
+        &settings(false),
+    ));
+    assert!(full.unverified.is_empty(), "{:?}", full.unverified);
+}

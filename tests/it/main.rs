@@ -10,6 +10,7 @@ mod experience;
 mod fake_review;
 mod github;
 mod github_faults;
+mod github_schema;
 mod inputs;
 mod interrupted;
 mod key_proxy;

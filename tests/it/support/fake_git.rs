@@ -936,6 +936,13 @@ fn basic_auth_ok(auth: Option<&str>) -> bool {
 
 /// Git smart HTTP at `/{owner}/{repo}.git/...`: `None` for any other path; else the CGI
 /// request, or the answer GitHub gives without running it (401, refused push, 404).
+/// Whether `path` is a repository's git smart HTTP path (`/{owner}/{name}.git/…`), which the web
+/// host serves rather than the API.
+pub(super) fn is_smart_http(path: &str) -> bool {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    matches!(segments.as_slice(), [owner, name, _, ..] if *owner != "repos" && name.ends_with(".git"))
+}
+
 pub(super) fn smart_http(
     d: &mut Data,
     method: &Method,
@@ -944,13 +951,13 @@ pub(super) fn smart_http(
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Option<Result<GitHttp, Response>> {
+    if !is_smart_http(path) {
+        return None;
+    }
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let [owner, name, rest @ ..] = segments.as_slice() else {
         return None;
     };
-    if *owner == "repos" || !name.ends_with(".git") || rest.is_empty() {
-        return None;
-    }
     let rest = rest.join("/");
     let service = url::form_urlencoded::parse(query.unwrap_or("").as_bytes())
         .find(|(k, _)| k == "service")

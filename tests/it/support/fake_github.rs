@@ -235,6 +235,11 @@ pub(super) struct Data {
     pub(super) review: ReviewState,
     /// How long every answer waits, as a round trip to github.com would (zero: at once).
     latency: std::time::Duration,
+    /// Logins `GET /users/{login}` answers as `type: Bot` (every other login is a `User`).
+    bots: Vec<String>,
+    /// Requests GitHub's API descriptions do not allow (`support::github_schema`): each fails the
+    /// test whose fake served it.
+    undescribed: Vec<String>,
 }
 
 type Shared = Arc<Mutex<Data>>;
@@ -249,6 +254,14 @@ pub struct FakeGitHub {
 impl Drop for FakeGitHub {
     fn drop(&mut self) {
         self.task.abort();
+        let undescribed = std::mem::take(&mut self.lock().undescribed);
+        // A test already failing says why on its own; a second panic would abort the process.
+        if !undescribed.is_empty() && !std::thread::panicking() {
+            panic!(
+                "fro-bot made requests GitHub's API descriptions do not allow:\n{}",
+                undescribed.join("\n")
+            );
+        }
     }
 }
 
@@ -283,6 +296,12 @@ impl FakeGitHub {
             axum::serve(listener, app).await.unwrap();
         });
         FakeGitHub { url, data, task }
+    }
+
+    /// The requests refused as not in GitHub's API descriptions so far, taken: a test that sends
+    /// one on purpose says so, and the fake then does not fail it when dropped.
+    pub fn take_undescribed(&self) -> Vec<String> {
+        std::mem::take(&mut self.lock().undescribed)
     }
 
     /// Every answer from now on waits `latency` first (a round trip to github.com is 100-300 ms).
@@ -322,6 +341,16 @@ impl FakeGitHub {
                    "locked": false, "user": {"login": "mona", "type": "User"},
                    "author_association": "OWNER"}),
         );
+    }
+
+    /// `GET /users/{login}` answers `type: Bot` for `login` from now on.
+    pub fn seed_bot(&self, login: &str) {
+        self.lock().bots.push(login.to_string());
+    }
+
+    /// Locks issue `number` (`locked: true` when it is read).
+    pub fn lock_issue(&self, number: u64) {
+        self.lock().issues.get_mut(&number).expect("a seeded issue")["locked"] = json!(true);
     }
 
     /// An issue opened by `login` with that `author_association` (`seed_issue`: mona, OWNER).
@@ -600,7 +629,59 @@ const REACTIONS: [&str; 8] = [
     "+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes",
 ];
 
+/// Every request: checked against GitHub's API description, served, and the answer's types checked
+/// too (`support::github_schema`); what GitHub would not do fails the test that caused it.
 async fn handle(
+    State(data): State<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let enterprise = data.lock().unwrap().site.enterprise;
+    let (path, routes) = locate(enterprise, uri.path());
+    let api_call = routes != Routes::Git && !fake_git::is_smart_http(&path);
+    let answer = serve(
+        State(data.clone()),
+        method.clone(),
+        uri.clone(),
+        headers,
+        body,
+    )
+    .await;
+    if !api_call || !answer.status().is_success() {
+        return answer;
+    }
+    let (parts, answer_body) = answer.into_parts();
+    let bytes = axum::body::to_bytes(answer_body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    if let Ok(json) = serde_json::from_slice::<Value>(&bytes) {
+        let status = parts.status.as_u16();
+        let graphql = path == "/graphql";
+        let checked = match graphql {
+            true => Ok(()),
+            false => {
+                crate::support::github_schema::check_answer(
+                    enterprise,
+                    method.as_str(),
+                    &path,
+                    status,
+                    &json,
+                )
+                .await
+            }
+        };
+        if let Err(why) = checked {
+            let wrong = format!("the fake's answer to {method} {}: {why}", uri.path());
+            eprintln!("{wrong}");
+            data.lock().unwrap().undescribed.push(wrong);
+        }
+    }
+    Response::from_parts(parts, axum::body::Body::from(bytes))
+}
+
+async fn serve(
     State(data): State<Shared>,
     method: Method,
     uri: Uri,
@@ -621,6 +702,20 @@ async fn handle(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let body_json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if routes != Routes::Git && !fake_git::is_smart_http(&path) {
+        let described =
+            crate::support::github_schema::check(enterprise, method.as_str(), &path, &body_json)
+                .await;
+        if let Err(why) = described {
+            let refused = format!("{method} {raw_path}: {why}");
+            eprintln!("the fake GitHub refused a request GitHub's API description does not allow: {refused}");
+            data.lock().unwrap().undescribed.push(refused.clone());
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("not in GitHub's API description: {refused}"),
+            );
+        }
+    }
     // The lock is released before git http-backend is awaited.
     let cgi = {
         let mut d = data.lock().unwrap();
@@ -763,6 +858,10 @@ fn api(
                 "Resource not accessible by integration",
             ),
         },
+        (Method::GET, ["users", login]) => ok(
+            StatusCode::OK,
+            json!({"login": login, "id": 7, "type": if d.bots.iter().any(|b| b == login) { "Bot" } else { "User" }}),
+        ),
         (Method::GET, ["repos", _, _, "issues", n]) => {
             let n: u64 = n.parse().unwrap_or(0);
             match d.issues.get(&n).cloned() {

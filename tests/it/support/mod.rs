@@ -10,6 +10,7 @@ pub mod fake_github;
 pub mod fake_llm;
 pub mod fake_review;
 pub mod fake_runner_proxy;
+pub mod github_schema;
 pub mod grow;
 pub mod hostile;
 pub mod runner_commands;

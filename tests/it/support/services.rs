@@ -33,3 +33,9 @@ pub fn opencode_bin() -> std::path::PathBuf {
 pub fn gfm_python() -> std::path::PathBuf {
     required_env("FRO_BOT_TEST_GFM_PYTHON").into()
 }
+
+/// The checker of requests against GitHub's published API descriptions
+/// (tests/it/support/github_schema.rs).
+pub fn github_schema_url() -> String {
+    required_env("FRO_BOT_TEST_GITHUB_SCHEMA")
+}
