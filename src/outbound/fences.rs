@@ -171,6 +171,8 @@ pub fn urls(body: &str) -> Vec<String> {
     out
 }
 
+const MAX_TOKEN: usize = 2048;
+
 /// Each `//` and each `www.` (inside a word too) with the token after it, as a URL: a renderer
 /// reading a label or a property may not ask for the word boundary GitHub's autolinks do.
 fn loose(text: &str) -> Vec<String> {
@@ -182,14 +184,17 @@ fn loose(text: &str) -> Vec<String> {
         while let Some(p) = lower[i..].find(mark) {
             let start = i + p;
             let from = start + mark.len();
+            // Every `//` on its own (one token can hide another after an allowed host), each
+            // token cut to `MAX_TOKEN` bytes (its host comes first).
             let end = b[from..]
                 .iter()
+                .take(MAX_TOKEN)
                 .position(|c| c.is_ascii_whitespace() || b"\"'<>".contains(c))
-                .map_or(b.len(), |e| from + e);
-            if end > from {
+                .map_or((from + MAX_TOKEN).min(b.len()), |e| from + e);
+            if end > from && text.is_char_boundary(end) {
                 out.push(format!("{prefix}{}", &text[start..end]));
             }
-            i = end.max(from);
+            i = from;
         }
     }
     out
@@ -237,5 +242,6 @@ mod tests {
         assert!(u.contains(&"//b.example".to_string()), "{u:?}");
         assert!(urls("graph TD\nA-->B").is_empty());
         assert_eq!(urls("xwww.c.example"), vec!["http://www.c.example"]);
+        assert!(urls("https://github.com/o)//d.example/x").contains(&"//d.example/x".to_string()));
     }
 }
