@@ -187,6 +187,15 @@ const NAMED: &[(&str, char)] = &[
 
 /// `value` with character references undone; `None` when one is not known here.
 fn decode(value: &str) -> Option<String> {
+    decode_with(value, false)
+}
+
+/// `text` with the character references known here undone, the rest left as written.
+pub fn decode_known(text: &str) -> String {
+    decode_with(text, true).unwrap_or_default()
+}
+
+fn decode_with(value: &str, keep_unknown: bool) -> Option<String> {
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(at) = rest.find('&') {
@@ -212,7 +221,14 @@ fn decode(value: &str) -> Option<String> {
         } else {
             NAMED.iter().find(|(n, _)| *n == name).map(|(_, c)| *c)
         };
-        out.push(ch?);
+        match ch {
+            Some(c) => out.push(c),
+            None if keep_unknown => {
+                out.push('&');
+                continue;
+            }
+            None => return None,
+        }
         rest = after;
     }
     out.push_str(rest);

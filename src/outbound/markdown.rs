@@ -14,8 +14,10 @@ use pulldown_cmark::{
 };
 
 use super::bare;
+use super::fences;
 use super::html;
 use super::policy::{Change, LinkPolicy, Verdict};
+use super::tags;
 
 const MAX_PASSES: usize = 3;
 /// The most of an inert URL shown; the rest is cut with "…".
@@ -154,6 +156,7 @@ fn plan(text: &str, policy: &LinkPolicy) -> Pass {
         ctx.html(group, &mut pass);
     }
     ctx.sweep(&walk.code, &walk.soft, &mut pass);
+    ctx.fences(&walk.soft, &mut pass);
     pass.edits.sort_by_key(|(at, _)| (at.start, at.end));
     pass
 }
@@ -245,10 +248,19 @@ impl Walk {
 }
 
 /// Whether every parser reads this code block as code: only a fence at the start of a line
-/// outside any container; other blocks (indented, in a list, quote or table) are swept like text.
+/// outside any container, with no `<` since the last blank line (GitHub's parser may read the
+/// fence as part of an HTML block opened there, which pulldown-cmark does not: after a block
+/// quote's lazy line, for one); other blocks (indented, in a list, quote or table) are swept like
+/// text.
 fn firm_block(text: &str, kind: &CodeBlockKind, at: &Range<usize>, containers: usize) -> bool {
-    let line_start = at.start == 0 || text.as_bytes()[at.start - 1] == b'\n';
-    matches!(kind, CodeBlockKind::Fenced(_)) && line_start && containers == 0
+    let before = &text[..at.start];
+    let line_start = before.is_empty() || before.ends_with('\n');
+    let tag_before = before
+        .lines()
+        .rev()
+        .take_while(|l| !l.trim().is_empty())
+        .any(|l| l.contains('<'));
+    matches!(kind, CodeBlockKind::Fenced(_)) && line_start && containers == 0 && !tag_before
 }
 
 /// How many rewrites `text` still calls for (0 for every text [`rewrite`] returns).
@@ -394,16 +406,21 @@ impl Ctx<'_> {
             true => defang(&self.text[r.clone()]),
             false => inert,
         };
-        for tag in tags(self.text) {
-            if taken(&tag, pass) {
+        for lt in tags::starts(self.text) {
+            let at = lt..lt + 1;
+            if taken(&at, pass) {
                 continue;
             }
-            let changes = self.html_changes(&self.text[tag.clone()]);
-            if !changes.is_empty() {
-                pass.findings.extend(changes.iter().map(Finding::from));
-                let with = shown(&tag, self.code(&self.text[tag.clone()]));
-                pass.edit(tag, with);
-            }
+            let Some(findings) = self.tag_findings(tags::reach(self.text, lt)) else {
+                continue;
+            };
+            pass.findings.extend(findings);
+            // As code is shown, a `&lt;` would show: there the `<` gets an invisible break.
+            let with = match soft.iter().any(|c| overlaps(&at, c)) {
+                true => format!("<{ZWSP}"),
+                false => "&lt;".to_string(),
+            };
+            pass.edit(at, with);
         }
         for f in bare::find(self.text) {
             if taken(&f.at, pass) {
@@ -417,6 +434,39 @@ impl Ctx<'_> {
                 };
                 pass.edit(f.at, with);
             }
+        }
+        self.sweep_referenced(code, soft, pass);
+    }
+
+    /// Words written with character references (`https&#58;//…`) that spell a URL the policy
+    /// does not keep, where the parser's events did not show them as text (code it reads and
+    /// GitHub's parser may not, a definition it did not see): shown as code, or in code with the
+    /// references broken (`defang`).
+    fn sweep_referenced(&self, code: &[Range<usize>], soft: &[Range<usize>], pass: &mut Pass) {
+        let overlaps = |r: &Range<usize>, c: &Range<usize>| c.start < r.end && r.start < c.end;
+        for word in words(self.text).filter(|w| self.text[w.clone()].contains('&')) {
+            let edited = pass.edits.iter().any(|(at, _)| overlaps(&word, at));
+            if edited || code.iter().any(|c| overlaps(&word, c)) {
+                continue;
+            }
+            let decoded = html::decode_known(&self.text[word.clone()]);
+            let changes: Vec<Change> = bare::find(&decoded)
+                .into_iter()
+                .filter_map(|f| match self.policy.judge(&f.url) {
+                    Verdict::Keep => None,
+                    Verdict::Change(c) => Some(c),
+                })
+                .collect();
+            if changes.is_empty() {
+                continue;
+            }
+            pass.findings.extend(changes.iter().map(Finding::from));
+            let source = &self.text[word.clone()];
+            let with = match soft.iter().any(|c| overlaps(&word, c)) {
+                true => defang(source),
+                false => self.code(source),
+            };
+            pass.edit(word, with);
         }
     }
 
@@ -453,6 +503,67 @@ impl Ctx<'_> {
 }
 
 impl Ctx<'_> {
+    /// A fenced block GitHub renders itself (`fences::rendered`: Mermaid, GeoJSON, TopoJSON, STL,
+    /// math) holding a URL the policy does not keep as it is: `text ` goes before its info
+    /// string, so GitHub shows its source as code. Counted unless it sits in code the sweep
+    /// already counts the URLs of (`soft`).
+    fn fences(&self, soft: &[Range<usize>], pass: &mut Pass) {
+        for fence in fences::rendered(self.text) {
+            let at = fence.info;
+            let changes: Vec<Change> = fences::urls(&self.text[fence.body])
+                .iter()
+                .filter_map(|u| match self.policy.judge(u) {
+                    Verdict::Keep => None,
+                    Verdict::Change(c) => Some(c),
+                })
+                .collect();
+            // An edit over the info string: the next pass reads the fence again.
+            let inside = |r: &Range<usize>| r.start < at && at < r.end;
+            if changes.is_empty() || pass.edits.iter().any(|(r, _)| inside(r)) {
+                continue;
+            }
+            if !soft.iter().any(|r| r.contains(&at)) {
+                pass.findings.extend(changes.iter().map(Finding::from));
+            }
+            pass.edit(at..at, "text ".to_string());
+        }
+    }
+
+    /// A tag as GitHub's parser may hand it to the browser (`tags::reach`, from its `<`): `None`
+    /// when every URL in it stays as it is; else what to count when its `<` is escaped (a tag
+    /// past `tags::MAX_REACH` is not read, and escaped). The URLs in it written out plainly are
+    /// not counted here: the rewrite shows them as code on their own.
+    fn tag_findings(&self, at: Range<usize>) -> Option<Vec<Finding>> {
+        if at.len() > tags::MAX_REACH {
+            return Some(Vec::new());
+        }
+        let source = &self.text[at];
+        let unmarked = tags::unmarked(source);
+        let mut urls = html::urls(source);
+        for u in html::urls(&unmarked) {
+            if !urls.contains(&u) {
+                urls.push(u);
+            }
+        }
+        let plain: Vec<String> = bare::find(source).into_iter().map(|f| f.url).collect();
+        let mut changed = false;
+        let mut findings = Vec::new();
+        for url in urls {
+            let (change, written) = match url {
+                html::Url::Unreadable => (Change::Inert { host: None }, None),
+                html::Url::Written(u) => match self.policy.judge(&u) {
+                    Verdict::Keep => continue,
+                    Verdict::Change(c) => (c, Some(u)),
+                },
+            };
+            changed = true;
+            if written.is_none_or(|u| !plain.contains(&u)) {
+                findings.push(Finding::from(&change));
+            }
+        }
+        changed.then_some(findings)
+    }
+
     /// What the policy would change of the URLs in a fragment of raw HTML.
     fn html_changes(&self, source: &str) -> Vec<Change> {
         let mut changes = Vec::new();
@@ -470,30 +581,26 @@ impl Ctx<'_> {
     }
 }
 
-/// Where tags start and end in `text` as written: `<` and a letter, to the next `>` or the end
-/// of the line.
-fn tags(text: &str) -> Vec<Range<usize>> {
+/// The runs of `text` between white space.
+fn words(text: &str) -> impl Iterator<Item = Range<usize>> + '_ {
     let b = text.as_bytes();
-    let mut out = Vec::new();
     let mut i = 0;
-    while i + 1 < b.len() {
-        if b[i] == b'<' && b[i + 1].is_ascii_alphabetic() {
-            let end = b[i..]
-                .iter()
-                .position(|c| *c == b'>' || *c == b'\n')
-                .map_or(b.len(), |p| i + p + usize::from(b[i + p] == b'>'));
-            out.push(i..end);
-            i = end.max(i + 1);
-        } else {
+    std::iter::from_fn(move || {
+        while i < b.len() && b[i].is_ascii_whitespace() {
             i += 1;
         }
-    }
-    out
+        let start = i;
+        while i < b.len() && !b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        (i > start).then_some(start..i)
+    })
 }
 
-/// An invisible break (U+200B) after each `:` and `<`, inside `www.` and between `]` and `(`:
-/// the text reads the same, but no parser finds a scheme, a `www.` link, a tag or a link in it —
-/// so it stays inert even where GitHub's parser does not see the code span around it.
+/// An invisible break (U+200B) after each `:`, `<` and `&`, inside `www.` and between `]` and
+/// `(`: the text reads the same, but no parser finds a scheme, a `www.` link, a tag, a character
+/// reference or a link in it — so it stays inert even where GitHub's parser does not see the
+/// code span around it.
 fn defang(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 8);
     let mut prev = '\0';
@@ -502,7 +609,7 @@ fn defang(text: &str) -> String {
             out.push(ZWSP);
         }
         out.push(c);
-        if matches!(c, ':' | '<') {
+        if matches!(c, ':' | '<' | '&') {
             out.push(ZWSP);
         }
         prev = c;

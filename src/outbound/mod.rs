@@ -9,9 +9,11 @@
 //! hosts are kept.
 
 mod bare;
+mod fences;
 mod html;
 pub mod markdown;
 pub mod policy;
+mod tags;
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock, RwLock};

