@@ -16,6 +16,7 @@ crate::e2e::launched_scenarios!(crate::support::container::Launch::container();
 // the same in the binary.
 crate::e2e::launched_scenarios!(crate::support::container::Launch::container();
     links::every_text_the_agent_writes_leaves_with_its_foreign_links_inert,
+    links::split_tags_and_rendered_fences_leave_with_nothing_live,
     log::the_agent_cannot_write_a_workflow_command_into_the_log,
     review::a_review_is_one_post_pinned_to_the_head_and_a_push_gets_only_its_new_finding,
 );

@@ -185,14 +185,3 @@ pub(crate) async fn split_tags_and_rendered_fences_leave_with_nothing_live(launc
         r.summary
     );
 }
-
-/// The scenario above as the built binary.
-mod binary {
-    #[tokio::test]
-    async fn split_tags_and_rendered_fences_leave_with_nothing_live() {
-        super::split_tags_and_rendered_fences_leave_with_nothing_live(
-            crate::support::action::Launch::Binary,
-        )
-        .await;
-    }
-}
