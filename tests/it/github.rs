@@ -1493,3 +1493,27 @@ async fn what_a_payload_leaves_out_is_read_from_github_and_an_unknown_fails_clos
     ));
     assert!(full.unverified.is_empty(), "{:?}", full.unverified);
 }
+
+/// `DELETE …/actions/caches?key=`: GitHub documents a 200 naming what it deleted. A 404 is read as
+/// "nothing to delete" only when the documented listing then shows no entry with the key.
+#[tokio::test]
+async fn a_cache_delete_reads_githubs_answer_and_a_404_only_when_the_listing_agrees() {
+    let fake = FakeGitHub::start().await;
+    let cache = crate::support::cache_server::CacheServer::start().await;
+    fake.attach_cache(cache.handle());
+    let blob = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(blob.path(), b"archive").unwrap();
+    cache.plant("fro-bot-a", "v", blob.path());
+    cache.plant("fro-bot-b", "v", blob.path());
+    let gh = client(&fake);
+    assert!(gh.delete_cache("fro-bot-a").await.unwrap());
+    assert!(cache.entries().iter().all(|e| e.key != "fro-bot-a"));
+    // Nothing with that key: GitHub's 404, and the listing agrees.
+    assert!(!gh.delete_cache("fro-bot-a").await.unwrap());
+    // A 404 while the listing still shows the key (the route or the repository, not the key): an
+    // error, never "nothing to delete".
+    fake.fail(Some(Method::DELETE), "/actions/caches", 404, Some(1));
+    let err = gh.delete_cache("fro-bot-b").await.unwrap_err();
+    assert_eq!(err.status(), Some(404));
+    assert!(cache.entries().iter().any(|e| e.key == "fro-bot-b"));
+}
