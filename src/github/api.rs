@@ -549,16 +549,21 @@ impl GitHub {
     }
 }
 
+/// The messages of a GraphQL answer's `errors`, joined.
+pub(crate) fn error_messages(errors: &[Value]) -> String {
+    let messages: Vec<&str> = errors
+        .iter()
+        .filter_map(|e| e["message"].as_str())
+        .collect();
+    messages.join("; ")
+}
+
 /// A GraphQL answer's `data`; any error in it fails it.
 fn data_of(operation: &'static str, answer: Value) -> Result<Value, ApiError> {
     if let Some(errors) = answer["errors"].as_array().filter(|e| !e.is_empty()) {
-        let messages: Vec<&str> = errors
-            .iter()
-            .filter_map(|e| e["message"].as_str())
-            .collect();
         return Err(ApiError::Graphql {
             operation,
-            message: one_line(&messages.join("; ")),
+            message: one_line(&error_messages(errors)),
         });
     }
     Ok(answer.get("data").cloned().unwrap_or(Value::Null))

@@ -456,13 +456,9 @@ fn commit_result(operation: &'static str, answer: &Value) -> Result<CommitResult
         if stale {
             return Ok(CommitResult::HeadMoved);
         }
-        let messages: Vec<&str> = errors
-            .iter()
-            .filter_map(|e| e["message"].as_str())
-            .collect();
         return Err(ApiError::Graphql {
             operation,
-            message: crate::redact::redact(&messages.join("; ")),
+            message: crate::redact::redact(&super::api::error_messages(errors)),
         });
     }
     let commit = answer.pointer("/data/createCommitOnBranch/commit");

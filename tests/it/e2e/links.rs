@@ -33,6 +33,16 @@ fn outside_code(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The comment the agent's `comment` tool posted: the one holding `needle`.
+fn comment_with(world: &World, needle: &str) -> String {
+    let comments = world.github.created_comments();
+    comments
+        .iter()
+        .map(|(_, body)| body.clone())
+        .find(|b| b.contains(needle))
+        .unwrap_or_else(|| panic!("the comment tool's comment: {comments:?}"))
+}
+
 /// Nothing of the exfiltration host is left in `text` outside code (no link, no image, no bare
 /// URL), and the text shows where one pointed.
 fn assert_inert(what: &str, text: &str) {
@@ -77,12 +87,7 @@ pub(crate) async fn every_text_the_agent_writes_leaves_with_its_foreign_links_in
     let (_job, r) = main_step(job).await;
     assert_eq!(r.code, 0, "{}", explain(&r));
 
-    let comments = world.github.created_comments();
-    let comment = comments
-        .iter()
-        .map(|(_, body)| body)
-        .find(|b| b.contains("chart"))
-        .unwrap_or_else(|| panic!("the comment tool's comment: {comments:?}"));
+    let comment = &comment_with(&world, "chart");
     assert_inert("the comment", comment);
     assert!(comment.contains("[docs](https://docs.rs/url)"), "{comment}");
     assert!(comment.contains(&format!("[#1]({own})")), "{comment}");
@@ -165,12 +170,7 @@ pub(crate) async fn split_tags_and_rendered_fences_leave_with_nothing_live(launc
     let (_job, r) = main_step(job).await;
     assert_eq!(r.code, 0, "{}", explain(&r));
 
-    let comments = world.github.created_comments();
-    let comment = comments
-        .iter()
-        .map(|(_, body)| body)
-        .find(|b| b.contains("Proposal."))
-        .unwrap_or_else(|| panic!("the comment tool's comment: {comments:?}"));
+    let comment = &comment_with(&world, "Proposal.");
     let answer = super::changes::answer(&world);
     for (what, text) in [("the comment", comment), ("the answer", &answer)] {
         assert_eq!(live_exfil(text), Vec::<String>::new(), "{what}: {text}");
