@@ -176,7 +176,7 @@ where
             (true, Level::DEBUG | Level::TRACE) => {
                 format!("::debug::{}", escape_data(&redact(&message)))
             }
-            (true, Level::INFO) | (false, Level::INFO) => return plain(&mut writer, &message),
+            (_, Level::INFO) => return plain(&mut writer, &message),
             (false, other) => {
                 let line = format!("{}: {message}", other.as_str().to_lowercase());
                 return plain(&mut writer, &line);
