@@ -213,7 +213,8 @@ impl SkipReason {
 pub struct Unverified {
     /// The target whose `locked` is missing.
     pub locked: Option<(TargetKind, u64)>,
-    /// Logins whose `type` is missing and that do not end in `[bot]`.
+    /// Logins the bot gates read (a comment's author and sender; an entity event's author and
+    /// sender) whose `type` is missing and that do not end in `[bot]`.
     pub actors: Vec<String>,
 }
 
@@ -225,14 +226,7 @@ impl Unverified {
                 target,
                 sender,
                 ..
-            } => (
-                Some(target),
-                vec![
-                    Some(&comment.author),
-                    sender.as_ref(),
-                    target.author.as_ref(),
-                ],
-            ),
+            } => (Some(target), vec![Some(&comment.author), sender.as_ref()]),
             Event::Issues { target, sender, .. }
             | Event::PullRequest { target, sender, .. }
             | Event::Labeled { target, sender, .. } => {
@@ -249,6 +243,7 @@ impl Unverified {
             .filter(|a| a.kind_unknown())
             .map(|a| a.login.clone())
             .collect();
+        logins.sort();
         logins.dedup();
         Unverified {
             locked: target
