@@ -641,15 +641,32 @@ async fn handle(
     let enterprise = data.lock().unwrap().site.enterprise;
     let (path, routes) = locate(enterprise, uri.path());
     let api_call = routes != Routes::Git && !fake_git::is_smart_http(&path);
-    let answer = serve(
-        State(data.clone()),
-        method.clone(),
-        uri.clone(),
+    let body_json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if api_call {
+        let described =
+            crate::support::github_schema::check(enterprise, method.as_str(), &path, &body_json)
+                .await;
+        if let Err(why) = described {
+            let refused = format!("{method} {}: {why}", uri.path());
+            eprintln!("the fake GitHub refused a request GitHub's API description does not allow: {refused}");
+            data.lock().unwrap().undescribed.push(refused.clone());
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("not in GitHub's API description: {refused}"),
+            );
+        }
+    }
+    let request = Request {
+        method: method.clone(),
+        uri: uri.clone(),
         headers,
         body,
-    )
-    .await;
-    if !api_call || !answer.status().is_success() {
+        body_json,
+        path: path.clone(),
+        routes,
+    };
+    let answer = serve(&data, request).await;
+    if !api_call || path == "/graphql" || !answer.status().is_success() {
         return answer;
     }
     let (parts, answer_body) = answer.into_parts();
@@ -658,20 +675,14 @@ async fn handle(
         .unwrap_or_default();
     if let Ok(json) = serde_json::from_slice::<Value>(&bytes) {
         let status = parts.status.as_u16();
-        let graphql = path == "/graphql";
-        let checked = match graphql {
-            true => Ok(()),
-            false => {
-                crate::support::github_schema::check_answer(
-                    enterprise,
-                    method.as_str(),
-                    &path,
-                    status,
-                    &json,
-                )
-                .await
-            }
-        };
+        let checked = crate::support::github_schema::check_answer(
+            enterprise,
+            method.as_str(),
+            &path,
+            status,
+            &json,
+        )
+        .await;
         if let Err(why) = checked {
             let wrong = format!("the fake's answer to {method} {}: {why}", uri.path());
             eprintln!("{wrong}");
@@ -681,41 +692,36 @@ async fn handle(
     Response::from_parts(parts, axum::body::Body::from(bytes))
 }
 
-async fn serve(
-    State(data): State<Shared>,
+/// One request as [`handle`] read it: the path the routes read and which routes may answer it.
+struct Request {
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     body: Bytes,
-) -> Response {
+    body_json: Value,
+    path: String,
+    routes: Routes,
+}
+
+async fn serve(data: &Shared, request: Request) -> Response {
+    let Request {
+        method,
+        uri,
+        headers,
+        body,
+        body_json,
+        path,
+        routes,
+    } = request;
     let raw_path = uri.path().to_string();
-    let (enterprise, latency) = {
-        let data = data.lock().unwrap();
-        (data.site.enterprise, data.latency)
-    };
+    let latency = data.lock().unwrap().latency;
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
-    let (path, routes) = locate(enterprise, &raw_path);
     let auth = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
-    let body_json: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    if routes != Routes::Git && !fake_git::is_smart_http(&path) {
-        let described =
-            crate::support::github_schema::check(enterprise, method.as_str(), &path, &body_json)
-                .await;
-        if let Err(why) = described {
-            let refused = format!("{method} {raw_path}: {why}");
-            eprintln!("the fake GitHub refused a request GitHub's API description does not allow: {refused}");
-            data.lock().unwrap().undescribed.push(refused.clone());
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("not in GitHub's API description: {refused}"),
-            );
-        }
-    }
     // The lock is released before git http-backend is awaited.
     let cgi = {
         let mut d = data.lock().unwrap();
