@@ -396,10 +396,18 @@ fn parse_network(env: &Env) -> Result<crate::egress::NetworkSettings, ConfigErro
     let raw = optional(env, &input::AGENT_PORTS).unwrap_or("");
     let agent_ports =
         parse_ports(raw).map_err(|e| invalid(&input::AGENT_PORTS, raw, e.to_string()))?;
+    let spec = &input::AGENT_ISOLATION;
+    let value = with_default(env, spec)?;
+    let isolation = crate::confine::sibling::AgentIsolation::CHOICES
+        .iter()
+        .find(|(word, _)| value.eq_ignore_ascii_case(word))
+        .map(|(_, m)| *m)
+        .ok_or_else(|| invalid(spec, value, "expected 'auto', 'container' or 'process'"))?;
     Ok(crate::egress::NetworkSettings {
         mode,
         allowed,
         agent_ports,
+        isolation,
     })
 }
 
@@ -776,6 +784,7 @@ mod tests {
                 "a.example, *.b.example, node, ::1",
             ),
             Parser::Ports => (Some("80,http"), "3000, 5432"),
+            Parser::AgentIsolation => (Some("vm"), "Container"),
             Parser::Review => (Some("always"), "Auto"),
             Parser::ReviewEvents => (Some("COMMENT, MERGE"), "comment, approve"),
         }

@@ -111,6 +111,13 @@ fn main() -> ExitCode {
     if let Some(code) = agent_shell(&args) {
         return code;
     }
+    // The sibling container's first process (`fro_bot::confine::sibling::relay`).
+    if args
+        .get(1)
+        .is_some_and(|a| a == fro_bot::confine::sibling::relay::SUBCOMMAND)
+    {
+        return fro_bot::confine::sibling::relay::serve(&args[2..]);
+    }
     // Before anything reads a secret: no process of the agent's uid may read this one's memory or
     // environment, and the agent's orphans stay in this process's tree (`fro_bot::confine`).
     let hardened = fro_bot::confine::harden_self();
@@ -137,6 +144,9 @@ fn main() -> ExitCode {
 /// else runs (`fro_bot::confine::memory_group`). `None`: fro-bot was not started as the shell.
 fn agent_shell(args: &[std::ffi::OsString]) -> Option<ExitCode> {
     let (real, rest) = fro_bot::confine::memory_group::invoked_as_shell(args)?;
+    if let Some(code) = fro_bot::confine::sibling::shell::forward_if_sibling(&real, &rest) {
+        return Some(code);
+    }
     let e = fro_bot::confine::memory_group::exec_agent_shell(&real, &rest);
     fro_bot::runner::log::print_err(&format!(
         "fro-bot: cannot start the shell {}: {e}",

@@ -99,6 +99,8 @@ pub enum Parser {
     Hosts,
     /// TCP port numbers.
     Ports,
+    /// `auto`, `container` or `process`, any case.
+    AgentIsolation,
     /// `on-request` or `auto`, any case.
     Review,
     /// Review events (`COMMENT`, `REQUEST_CHANGES`, `APPROVE`), comma- or newline-separated.
@@ -128,6 +130,7 @@ impl Parser {
             Parser::ThreatCheck => "block|warn|strict|off",
             Parser::Hosts => "HOSTS",
             Parser::Ports => "PORTS",
+            Parser::AgentIsolation => "auto|container|process",
             Parser::Review => "on-request|auto",
             Parser::ReviewEvents => "EVENTS",
         }
@@ -294,6 +297,12 @@ pub const AGENT_PORTS: InputSpec = spec(
     "TCP ports the agent may bind and connect to directly, e.g. for a test server it starts (comma-separated). The kernel's rules know ports, not hosts: each port listed is reachable on any host.",
 )
 .parser(Parser::Ports);
+pub const AGENT_ISOLATION: InputSpec = spec(
+    "agent-isolation",
+    "Where the agent's commands run under agent-network: allowlist or none. container: in a sibling container with no network at all, started through the Docker socket the runner mounts; the egress proxy is its only way out (agent-ports are then reachable only inside it). process: in fro-bot's container under the kernel's port rules, which name ports, not hosts. auto: container where the Docker socket works, else process (the summary's Network row says which ran).",
+)
+.default(Value("auto"))
+.parser(Parser::AgentIsolation);
 pub const MATRIX_CONTEXT: InputSpec = spec(
     "matrix-context",
     "The job's matrix, so matrix legs keep distinct cache keys and sessions. Leave the default.",
@@ -493,6 +502,7 @@ pub const INPUTS: &[InputSpec] = &[
     AGENT_NETWORK,
     ALLOWED_DOMAINS,
     AGENT_PORTS,
+    AGENT_ISOLATION,
     MATRIX_CONTEXT,
     MENTION,
     CONTEXT_AUTHORS,

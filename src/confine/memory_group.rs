@@ -37,6 +37,7 @@ pub const OPENCODE_ONLY: &[&str] = &[
     env::GIT_CONFIG_GLOBAL,
     env::GIT_CONFIG_NOSYSTEM,
     env::FRO_BOT_AGENT_NETWORK,
+    env::FRO_BOT_AGENT_SIBLING,
 ];
 
 /// The Linux limit on a `#!` line, with its newline.
@@ -114,7 +115,8 @@ pub fn regroup(root: &Path, group: u32, agent_gid: u32) -> std::io::Result<usize
     Ok(changed)
 }
 
-fn drop_memory_group() -> std::io::Result<()> {
+/// Every gid becomes the real one (the wrapper, before anything of the agent's runs).
+pub(crate) fn drop_memory_group() -> std::io::Result<()> {
     // SAFETY: plain id syscalls on integers and out-pointers to locals.
     unsafe {
         let gid = libc::getgid();

@@ -18,6 +18,7 @@ pub mod landlock;
 pub mod memory_group;
 pub mod network;
 pub mod seccomp;
+pub mod sibling;
 pub mod spend;
 pub mod strays;
 pub mod watchdog;

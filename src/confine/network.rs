@@ -181,15 +181,8 @@ fn parse_spec(value: &str) -> Option<CommandsSpec> {
 /// In the shell wrapper, before the real shell: the agent's commands get the narrower domain
 /// `spec` describes. Fails closed: a spec fro-bot did not write runs nothing.
 pub fn narrow_commands(spec: &str) -> Result<(), NetworkError> {
-    let parsed = parse_spec(spec).ok_or_else(|| NetworkError::Spec {
-        value: spec.chars().take(200).collect(),
-    })?;
-    // SAFETY: a plain prctl with integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(NetworkError::Ruleset {
-            source: std::io::Error::last_os_error(),
-        });
-    }
+    let parsed = parse(spec)?;
+    set_no_new_privs().map_err(|source| NetworkError::Ruleset { source })?;
     let ruleset = parsed
         .rules
         .create(parsed.abi)
@@ -201,6 +194,60 @@ pub fn narrow_commands(spec: &str) -> Result<(), NetworkError> {
             .map_err(|source| NetworkError::Ruleset { source })?;
     }
     Ok(())
+}
+
+fn parse(spec: &str) -> Result<CommandsSpec, NetworkError> {
+    parse_spec(spec).ok_or_else(|| NetworkError::Spec {
+        value: spec.chars().take(200).collect(),
+    })
+}
+
+fn set_no_new_privs() -> std::io::Result<()> {
+    // SAFETY: a plain prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The agent's commands' whole domain where nothing is inherited from OpenCode (the sibling
+/// container's exec relay, `super::sibling::relay`): OpenCode's filter and the commands'
+/// narrower rules, made before `fork` and entered by [`CommandsEnforcement::apply`].
+#[derive(Debug)]
+pub struct CommandsEnforcement {
+    ruleset: OwnedFd,
+    agent: Filter,
+    no_ip: Option<Filter>,
+}
+
+impl CommandsEnforcement {
+    pub fn from_spec(spec: &str) -> Result<CommandsEnforcement, NetworkError> {
+        let parsed = parse(spec)?;
+        let ruleset = parsed
+            .rules
+            .create(parsed.abi)
+            .map_err(|source| NetworkError::Ruleset { source })?;
+        Ok(CommandsEnforcement {
+            ruleset,
+            agent: Filter::agent()?,
+            no_ip: if parsed.no_ip {
+                Some(Filter::no_ip()?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// Between `fork` and `exec`, as the agent's uid; async-signal-safe (system calls only).
+    pub fn apply(&self) -> std::io::Result<()> {
+        set_no_new_privs()?;
+        landlock::restrict(self.ruleset.as_raw_fd())?;
+        self.agent.install()?;
+        match &self.no_ip {
+            Some(f) => f.install(),
+            None => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]

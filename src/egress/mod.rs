@@ -24,6 +24,8 @@ pub struct NetworkSettings {
     /// `agent-ports`: TCP ports the agent may bind and connect to (on any host: the kernel's
     /// rules know ports, not addresses).
     pub agent_ports: Vec<u16>,
+    /// `agent-isolation`: where the agent's commands run.
+    pub isolation: crate::confine::sibling::AgentIsolation,
 }
 
 /// The agent's network for one turn, as `opencode::Agent` sets it up: the mode, the kernel's
@@ -34,6 +36,18 @@ pub struct AgentReach {
     pub abi: i64,
     pub proxy: Option<std::sync::Arc<EgressProxy>>,
     pub agent_ports: Vec<u16>,
+    /// Where the agent's commands run.
+    pub commands: Commands,
+}
+
+/// Where the agent's commands run this turn (`agent-isolation`).
+#[derive(Debug, Clone)]
+pub enum Commands {
+    /// In the sibling container with no network (`crate::confine::sibling`).
+    Sibling(std::sync::Arc<crate::confine::sibling::Sibling>),
+    /// In fro-bot's container under the kernel's port rules; `why`, when the container was
+    /// wanted (`auto`) but could not be had.
+    Process { why: Option<String> },
 }
 
 impl AgentReach {
@@ -44,6 +58,15 @@ impl AgentReach {
             abi: 0,
             proxy: None,
             agent_ports: Vec::new(),
+            commands: Commands::Process { why: None },
+        }
+    }
+
+    /// The sibling the agent's commands run in, if any.
+    pub fn sibling(&self) -> Option<&std::sync::Arc<crate::confine::sibling::Sibling>> {
+        match &self.commands {
+            Commands::Sibling(s) => Some(s),
+            Commands::Process { .. } => None,
         }
     }
 
@@ -72,6 +95,10 @@ impl AgentReach {
                 let mut vars = crate::net::agent_vars_behind(job, url.as_deref());
                 if let Some(spec) = plan.commands_spec() {
                     vars.push((crate::runner::env::FRO_BOT_AGENT_NETWORK.into(), spec));
+                }
+                if let Some(sibling) = self.sibling() {
+                    let socket = sibling.exec_socket().to_string_lossy().into_owned();
+                    vars.push((crate::runner::env::FRO_BOT_AGENT_SIBLING.into(), socket));
                 }
                 vars
             }

@@ -132,11 +132,20 @@ struct Shared {
 }
 
 /// The running egress proxy; stops (listener and every connection) when dropped.
-#[derive(Debug)]
 pub struct EgressProxy {
     addr: SocketAddr,
     tally: Arc<Tally>,
     stop: CancellationToken,
+    shared: Arc<Shared>,
+    slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl std::fmt::Debug for EgressProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressProxy")
+            .field("addr", &self.addr)
+            .finish()
+    }
 }
 
 impl Drop for EgressProxy {
@@ -171,8 +180,44 @@ impl EgressProxy {
             tunnels: Arc::new(tokio::sync::Semaphore::new(MAX_TUNNELS)),
         });
         let stop = CancellationToken::new();
-        tokio::spawn(accept_loop(listener, shared, stop.clone()));
-        Ok(EgressProxy { addr, tally, stop })
+        let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+        let listener = Arc::new(listener);
+        tokio::spawn(accept_loop(
+            move || {
+                let l = listener.clone();
+                async move { l.accept().await.map(|(s, _)| s) }
+            },
+            shared.clone(),
+            slots.clone(),
+            stop.clone(),
+        ));
+        Ok(EgressProxy {
+            addr,
+            tally,
+            stop,
+            shared,
+            slots,
+        })
+    }
+
+    /// Also serves at the Unix socket `path` (0660; its group is its directory's): the sibling
+    /// container's way to this proxy (`crate::confine::sibling`). The same rules and counts, and
+    /// the same connection cap.
+    pub fn listen_unix(&self, path: &std::path::Path) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let listener = tokio::net::UnixListener::bind(path)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+        let listener = Arc::new(listener);
+        tokio::spawn(accept_loop(
+            move || {
+                let l = listener.clone();
+                async move { l.accept().await.map(|(s, _)| s) }
+            },
+            self.shared.clone(),
+            self.slots.clone(),
+            self.stop.clone(),
+        ));
+        Ok(())
     }
 
     pub fn port(&self) -> u16 {
@@ -189,12 +234,16 @@ impl EgressProxy {
     }
 }
 
-async fn accept_loop(
-    listener: tokio::net::TcpListener,
+async fn accept_loop<S, F, A>(
+    mut accept: A,
     shared: Arc<Shared>,
+    slots: Arc<tokio::sync::Semaphore>,
     stop: CancellationToken,
-) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: std::future::Future<Output = std::io::Result<S>>,
+    A: FnMut() -> F,
+{
     loop {
         let permit = tokio::select! {
             p = slots.clone().acquire_owned() => p,
@@ -202,10 +251,10 @@ async fn accept_loop(
         };
         let Ok(permit) = permit else { return };
         let accepted = tokio::select! {
-            a = listener.accept() => a,
+            a = accept() => a,
             () = stop.cancelled() => return,
         };
-        let Ok((stream, _)) = accepted else { continue };
+        let Ok(stream) = accepted else { continue };
         let (shared, stop) = (shared.clone(), stop.clone());
         tokio::spawn(async move {
             let _permit = permit;

@@ -57,13 +57,15 @@ where
     R: Future<Output = ()>,
 {
     let files = FileCommands::from_env(env);
-    // First: what a killed main left in .git must not outlive this step.
+    // First: the agent's container a killed main left, so nothing of the agent's runs on.
+    let sibling = crate::phases::turn::agent_sibling::post_remove(env).await;
+    // Then: what a killed main left in .git must not outlive this step.
     let git = env
         .get(crate::runner::env::GITHUB_WORKSPACE)
         .and_then(|w| crate::phases::turn::guards::post_put_back_git(env, std::path::Path::new(w)));
     let turn = crate::phases::turn::leftovers::post_give_back_turn(env);
     let home = crate::phases::turn::guards::post_give_back_home(env);
-    for text in [&git, &turn, &home].into_iter().flatten() {
+    for text in [&sibling, &git, &turn, &home].into_iter().flatten() {
         if let Err(e) = files.append_summary(&format!("### fro-bot (post)\n\n{text}\n\n")) {
             tracing::warn!("{e}");
         }

@@ -213,7 +213,7 @@ async fn take_turn(
             ..AgentRun::default()
         };
         log::warning("the agent did not run: the run was cancelled");
-        let stopped = stop_agent(None, &agent_run, retention, &ctx.cancel).await;
+        let stopped = stop_agent(None, &agent_run, retention, &ctx.cancel, None).await;
         return (agent_run, stopped);
     }
     let outputs = prepare::prepare(ctx).await;
@@ -228,7 +228,9 @@ async fn take_turn(
     .await;
     // The agent is stopped (and everything it left running killed) before .git is put back and
     // its change read.
-    let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel).await;
+    let sibling = run.egress.as_ref().and_then(|r| r.sibling().cloned());
+    let sibling = sibling.as_deref().map(|s| (s, &ctx.files));
+    let stopped = stop_agent(agent, &agent_run, retention, &ctx.cancel, sibling).await;
     crate::phases::turn::cut::repair(ctx, &mut run.ledger.report, &mut agent_run, &stopped).await;
     crate::phases::turn::agent_network::record(&ctx.settings.network, run);
     leftovers::put_back(ctx, &mut run.ledger, guards, (&agent_run, &stopped.pruned));

@@ -97,6 +97,10 @@ pub const FRO_BOT_LANDLOCK_ABI: &str = "FRO_BOT_LANDLOCK_ABI";
 /// Set by fro-bot in OpenCode's environment: the agent's commands' network, applied by the shell
 /// wrapper (`confine::network::narrow_commands`) and removed before the real shell runs.
 pub const FRO_BOT_AGENT_NETWORK: &str = "FRO_BOT_AGENT_NETWORK";
+/// Set by fro-bot in OpenCode's environment when the agent's commands run in the sibling
+/// container: its exec relay's socket, where the shell wrapper hands each command
+/// (`confine::sibling::shell`); never passed to the command.
+pub const FRO_BOT_AGENT_SIBLING: &str = "FRO_BOT_AGENT_SIBLING";
 /// The least time between two progress edits of the tracking comment, in ms (default 10 000;
 /// tests shorten it).
 pub const FRO_BOT_PROGRESS_EDIT_MS: &str = "FRO_BOT_PROGRESS_EDIT_MS";
@@ -204,4 +208,7 @@ pub mod state {
     /// What the save's scrub reads (JSON `scrub::Scope`), set by main once memory was limited to
     /// the run's own conversation; absent, post's retry scrubs the whole database.
     pub const SCRUB_SCOPE: &str = "scrubScope";
+    /// The id of the sibling container the agent's commands ran in (`confine::sibling`), which
+    /// post removes when main could not; empty once main removed it.
+    pub const AGENT_SIBLING: &str = "agentSibling";
 }

@@ -11,6 +11,8 @@ crate::e2e::launched_scenarios!(crate::support::container::Launch::container();
     threat::the_model_check_holds_what_it_flags_or_cannot_read_and_warn_delivers_it_with_the_warning,
     egress::under_none_the_model_answers_and_the_agents_commands_have_no_network,
     egress::a_kernel_without_landlock_tcp_rules_fails_the_run_before_the_agent_starts,
+    isolation::the_agents_commands_reach_no_address_but_the_egress_proxy,
+    isolation::the_agents_container_ends_with_a_sigterm_and_post_removes_what_a_killed_main_left,
 );
 // From the image only: the link rewrite, the log's writer and the review are fro-bot's own code,
 // the same in the binary.

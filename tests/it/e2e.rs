@@ -1253,9 +1253,12 @@ while [ "$oc" -gt 1 ] && ! tr '\0' ' ' < /proc/$oc/cmdline 2>/dev/null | grep -q
   oc=$(awk '/^PPid:/{{print $2}}' /proc/$oc/status 2>/dev/null); oc=${{oc:-1}}
 done
 echo "== opencode pid=$oc"
-# A writer that waits for OpenCode to end, then strikes: only a run that kills what the agent
+# A writer that waits for OpenCode to end (or, where OpenCode is out of sight, for the checkout's
+# credential to come back after the turn), then strikes: only a run that kills what the agent
 # left running stops it.
-setsid nohup sh -c 'echo started > {started}; while kill -0 '"$oc"' 2>/dev/null; do sleep 0.1; done; sleep 1; echo pwned > {marker}; printf CORRUPTCORRUPTCORRUPT | dd of={data}/opencode.db bs=1 seek=0 conv=notrunc' >/dev/null 2>&1 < /dev/null &
+if [ "$oc" -gt 1 ]; then until_end="while kill -0 $oc 2>/dev/null; do sleep 0.1; done"
+else until_end="until grep -q SECRETCHECKOUT {ws}/.git/config 2>/dev/null; do sleep 0.1; done"; fi
+setsid nohup sh -c 'echo started > {started}; '"$until_end"'; sleep 1; echo pwned > {marker}; printf CORRUPTCORRUPTCORRUPT | dd of={data}/opencode.db bs=1 seek=0 conv=notrunc' >/dev/null 2>&1 < /dev/null &
 echo "== writer started"
 "#,
             files = files,
@@ -1424,9 +1427,14 @@ echo "== writer started"
         // Refused, not missing (curl's and the probe's exit 7 is both): the test's root-only
         // socket, and in the container the Docker socket the runner mounts (on the host it is
         // whatever this machine has, so the test's socket stands in for it).
-        let mut sockets = vec![seen(&job, &socket_path)];
+        let sockets = vec![seen(&job, &socket_path)];
+        // From the image the agent's commands run in their own container (`agent-isolation:
+        // auto`), where the Docker socket is not even mounted.
         if let Launch::Container { .. } = job.launch {
-            sockets.push("/var/run/docker.sock".to_string());
+            assert!(
+                out.contains("== docker /var/run/docker.sock socket=no rc=7\n"),
+                "the Docker socket is out of the agent's container: {out}"
+            );
         }
         for s in sockets {
             assert!(
@@ -1441,10 +1449,17 @@ echo "== writer started"
         assert!(out.contains("== password found=\n"), "{out}");
         assert!(!out.contains("== api OPEN"), "{out}");
         assert!(out.contains("== writer started"), "{out}");
-        assert!(
-            !out.contains("== opencode pid=1\n"),
-            "the writer found OpenCode to wait for: {out}"
-        );
+        match job.launch {
+            Launch::Binary => assert!(
+                !out.contains("== opencode pid=1\n"),
+                "the writer found OpenCode to wait for: {out}"
+            ),
+            // OpenCode runs beside fro-bot, out of the agent's container's sight.
+            Launch::Container { .. } => assert!(
+                out.contains("== opencode pid=1\n"),
+                "OpenCode is out of the agent's sight: {out}"
+            ),
+        }
 
         // The checkout's credential is back, the writer is dead, the memory intact.
         let cfg = std::fs::read_to_string(job.workspace().join(".git/config")).unwrap();
@@ -1862,6 +1877,7 @@ pub(crate) mod enterprise;
 pub(crate) mod cancel;
 pub(crate) mod cut_turn;
 pub(crate) mod egress;
+pub(crate) mod isolation;
 pub(crate) mod leftovers;
 pub(crate) mod links;
 pub(crate) mod log;

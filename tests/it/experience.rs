@@ -255,7 +255,7 @@ async fn local_run_edits_and_resumes(uid: u32) -> String {
         assert!(tool.contains(refused), "{refused}: {}", text(&first));
     }
     assert!(
-        text(&first).contains("| Network | allowlist (nothing listed): allowed no request; refused 1: `unlisted.example:80` |"),
+        text(&first).contains("| Network | allowlist (nothing listed): allowed no request; refused 1: `unlisted.example:80`. The agent's commands ran in fro-bot's container under the kernel's port rules (no container: "),
         "{}",
         text(&first)
     );

@@ -24,6 +24,7 @@ mod outbound;
 mod persistence;
 mod publish;
 mod review;
+mod sibling;
 mod structure;
 mod tracking;
 mod watchdog;

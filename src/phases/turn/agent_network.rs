@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::confine::landlock;
 use crate::egress::runner_proxy::RunnerProxy;
-use crate::egress::{AgentNetwork, AgentReach, EgressProxy, NetworkSettings};
+use crate::egress::{AgentNetwork, AgentReach, Commands, EgressProxy, NetworkSettings};
 use crate::phases::run_context::{Admitted, RunLedger};
 use crate::runner::env;
 
@@ -43,12 +43,15 @@ pub(crate) async fn prepare(ctx: &Admitted) -> Result<AgentReach, String> {
         )),
         AgentNetwork::None | AgentNetwork::Open => None,
     };
-    Ok(AgentReach {
+    let mut reach = AgentReach {
         mode: settings.mode,
         abi,
         proxy,
         agent_ports: settings.agent_ports.clone(),
-    })
+        commands: Commands::Process { why: None },
+    };
+    reach.commands = super::agent_sibling::commands(ctx, &reach).await?;
+    Ok(reach)
 }
 
 /// After the turn: the "Network" row, from the proxy's counts. The proxy stops once the agent's
@@ -57,10 +60,14 @@ pub(crate) fn record(settings: &NetworkSettings, run: &mut RunLedger) {
     let Some(reach) = run.egress.take() else {
         return;
     };
+    let reach_of_ports = match reach.commands {
+        Commands::Sibling(_) => "inside the agent's container only",
+        Commands::Process { .. } => "on any host",
+    };
     let ports = match reach.agent_ports.as_slice() {
         [] => String::new(),
         ports => format!(
-            "; agent-ports {} (on any host)",
+            "; agent-ports {} ({reach_of_ports})",
             ports
                 .iter()
                 .map(u16::to_string)
@@ -84,5 +91,31 @@ pub(crate) fn record(settings: &NetworkSettings, run: &mut RunLedger) {
             "open (`agent-network: open`): nothing was enforced or counted".to_string()
         }
     };
+    let row = match reach.mode {
+        AgentNetwork::Open => row,
+        AgentNetwork::Allowlist | AgentNetwork::None => {
+            format!("{row}. {}", enforcement(&reach.commands))
+        }
+    };
     run.ledger.report.network = Some(row);
+}
+
+/// Which enforcement ran (`agent-isolation`), for the Network row.
+fn enforcement(commands: &Commands) -> String {
+    match commands {
+        Commands::Sibling(_) => "The agent's commands ran in a container with no network \
+                                 (`agent-isolation`): the egress proxy was their only way out"
+            .to_string(),
+        Commands::Process { why } => {
+            let why = why
+                .as_deref()
+                .map_or("`agent-isolation: process`".to_string(), |w| {
+                    format!("no container: {w}")
+                });
+            format!(
+                "The agent's commands ran in fro-bot's container under the kernel's port rules \
+                 ({why}): port-based, any address on an allowed port was reachable"
+            )
+        }
+    }
 }

@@ -4,9 +4,11 @@
 
 use std::time::{Duration, Instant};
 
+use crate::confine::sibling::Sibling;
 use crate::opencode::{self, Agent};
 use crate::phases::turn::agent::AgentRun;
-use crate::runner::{failpoint, log, Cancellation};
+use crate::phases::turn::agent_sibling;
+use crate::runner::{failpoint, log, Cancellation, FileCommands};
 
 /// Bounded wait for OpenCode to exit and its port to close.
 const SHUTDOWN_BUDGET: Duration = Duration::from_secs(5);
@@ -36,6 +38,7 @@ pub(crate) async fn stop_agent(
     agent_run: &AgentRun,
     retention: usize,
     cancel: &Cancellation,
+    sibling: Option<(&Sibling, &FileCommands)>,
 ) -> Stopped {
     let mut stopped = Stopped {
         agent_still_running: false,
@@ -43,6 +46,7 @@ pub(crate) async fn stop_agent(
         strays_remained: false,
         pruned: Vec::new(),
     };
+    let had_agent = agent.is_some();
     if let Some(mut a) = agent {
         if !cancel.is_cancelled() {
             match a.prune(retention, &agent_run.protect()).await {
@@ -66,6 +70,10 @@ pub(crate) async fn stop_agent(
                 stopped.quiescent = false;
             }
         }
+        // The sibling's processes end before the agent's directories are taken back.
+        if let Some((sibling, files)) = sibling {
+            agent_sibling::remove(sibling, files).await;
+        }
         match a.release(STRAY_BUDGET).await {
             opencode::Released::Clean { strays_killed } if strays_killed.is_empty() => {}
             opencode::Released::Clean { strays_killed } => log::warning(&format!(
@@ -82,6 +90,9 @@ pub(crate) async fn stop_agent(
             }
             opencode::Released::NotTakenBack { message } => log::warning(&message),
         }
+    }
+    if let (false, Some((sibling, files))) = (had_agent, sibling) {
+        agent_sibling::remove(sibling, files).await;
     }
     failpoint::hit("run:after-shutdown");
     stopped

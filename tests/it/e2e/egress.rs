@@ -177,14 +177,18 @@ pub async fn under_none_the_model_answers_and_the_agents_commands_have_no_networ
     let mut job = world.job(3400);
     job.owned_by_runner_user(1001);
     job.input("agent-network", "none");
-    // Every listening TCP port on the machine, fro-bot's key proxy included: none connects.
-    let script = "ports=$(while read -r _ local _ st _; do [ \"$st\" = 0A ] && echo $((16#${local##*:})); done \
-        < /proc/net/tcp | sort -un)
+    // A service of the host's, and every listening TCP port the agent can see (on the machine,
+    // fro-bot's key proxy included; none in its own container): none connects.
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host_port = host.local_addr().unwrap().port();
+    let script = "ports=$( (echo HOST_PORT; while read -r _ local _ st _; do [ \"$st\" = 0A ] && echo $((16#${local##*:})); done \
+        < /proc/net/tcp) | sort -un)
 tried=0; ok=0
 for p in $ports; do tried=$((tried+1)); if (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null; then ok=$((ok+1)); echo \"== open $p\"; fi; done
 echo \"== tried $tried ok $ok\"
 echo \"== socket $( (exec 3<>/dev/tcp/127.0.0.1/9) 2>&1 | head -n1)\"
-echo \"== curl $(curl -sS --max-time 5 http://example.com/ 2>&1) rc=$?\"";
+echo \"== curl $(curl -sS --max-time 5 http://example.com/ 2>&1) rc=$?\""
+        .replace("HOST_PORT", &host_port.to_string());
     world.llm.push(Reply::tool(
         "bash",
         json!({"command": script, "description": "try"}),
@@ -202,14 +206,18 @@ echo \"== curl $(curl -sS --max-time 5 http://example.com/ 2>&1) rc=$?\"";
         !tried.starts_with("== tried 0 "),
         "it found ports to try: {out}"
     );
+    let _ = host;
     assert!(
         line(out, "socket").contains("Operation not permitted"),
         "{out}"
     );
     assert!(!line(out, "curl").contains("rc=0"), "{out}");
-    assert_eq!(
-        network_row(&r),
-        "none: the model and fro-bot's tools only; the agent's commands had no network"
+    assert!(
+        network_row(&r).starts_with(
+            "none: the model and fro-bot's tools only; the agent's commands had no network. "
+        ),
+        "{}",
+        network_row(&r)
     );
     assert!(
         world

@@ -274,8 +274,13 @@ pub(crate) async fn the_agent_cannot_read_or_rewrite_another_threads_memory(laun
     let seen =
         crate::support::fake_llm::request_text(&world.llm.requests().last().cloned().unwrap());
     for what in ["LIST", "READ", "WRITE", "PROC"] {
+        // From the image the shell runs in the agent's own container, where OpenCode is not
+        // even in sight.
+        let out_of_sight = what == "PROC"
+            && matches!(job.launch, Launch::Container { .. })
+            && seen.contains("SHELL-PROC-NO-OPENCODE");
         assert!(
-            seen.contains(&format!("SHELL-{what}-DENIED"))
+            (seen.contains(&format!("SHELL-{what}-DENIED")) || out_of_sight)
                 && !seen.contains(&format!("SHELL-{what}-OK")),
             "the shell's {what} was refused: {seen}"
         );

@@ -57,6 +57,11 @@ impl Running {
         }
     }
 
+    /// The step's container's name (a container launch).
+    pub fn container_name(&self) -> Option<&str> {
+        self.container.as_ref().map(|c| c.name.as_str())
+    }
+
     /// The launched process: fro-bot itself for a binary launch (`docker run` for a container).
     pub fn id(&self) -> u32 {
         self.child.id()
