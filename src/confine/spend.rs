@@ -83,10 +83,13 @@ impl Meter {
 
     /// The price of `model` (`provider/model`, as the provider's API names it), USD per million
     /// input and output tokens. A price that is negative or not a finite number is no price: the
-    /// model is counted by tokens only (and named), never at a price that lowers the spend.
+    /// model is counted by tokens only (and named), never at a price that lowers the spend. So is
+    /// a price of 0 for both (what OpenCode lists for a model it has no price for): `max-cost`
+    /// cannot stop that model, and the summary says so.
     pub fn set_price(&self, model: String, per_million: (f64, f64)) {
         let usable = |p: f64| p.is_finite() && p >= 0.0;
-        if usable(per_million.0) && usable(per_million.1) {
+        let free = per_million.0 == 0.0 && per_million.1 == 0.0;
+        if usable(per_million.0) && usable(per_million.1) && !free {
             self.state().prices.insert(model, per_million);
         }
     }
@@ -487,7 +490,7 @@ mod tests {
     }
 
     #[test]
-    fn a_price_that_is_negative_or_not_a_number_counts_the_model_as_unpriced() {
+    fn a_price_that_is_negative_not_a_number_or_zero_counts_the_model_as_unpriced() {
         let meter = Meter::new(SpendCap {
             max_cost: Some(0.5),
             max_tokens: None,
@@ -496,12 +499,14 @@ mod tests {
         meter.set_price("a/negative".into(), (-1e9, -1e9));
         meter.set_price("a/nan".into(), (f64::NAN, 1.0));
         meter.set_price("a/inf".into(), (f64::INFINITY, 1.0));
-        for m in ["a/good", "a/negative", "a/nan", "a/inf"] {
+        meter.set_price("a/zero".into(), (0.0, 0.0));
+        meter.set_price("a/half".into(), (0.0, 1e6));
+        for m in ["a/good", "a/negative", "a/nan", "a/inf", "a/zero", "a/half"] {
             meter.add(m, 1, 1);
         }
         let spent = meter.spent();
-        assert_eq!(spent.cost, 1.0, "a negative price does not lower the spend");
-        assert_eq!(spent.unpriced, ["a/inf", "a/nan", "a/negative"]);
+        assert_eq!(spent.cost, 2.0, "a negative price does not lower the spend");
+        assert_eq!(spent.unpriced, ["a/inf", "a/nan", "a/negative", "a/zero"]);
         assert!(meter.reached().is_some());
     }
 

@@ -338,3 +338,23 @@ async fn a_cancelled_turn_reports_what_the_proxy_counted() {
         r.output("tokens")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_summary_shows_the_spend_against_both_caps_and_names_a_model_with_no_price() {
+    let world = World::start().await;
+    world.llm.set_usage(1000, 10);
+    world.llm.push(Reply::text("Here is what I found."));
+    let r = run(
+        &world,
+        51,
+        &[("max-cost", "1.00"), ("max-tokens", "100000")],
+    )
+    .await;
+    assert_eq!(r.output("outcome"), "answered", "{}", explain(&r));
+    let spent = tokens_of(&r);
+    assert!(spent >= 1010, "{spent}");
+    let row = format!(
+        "| Spend cap | $0.0000 of $1.00, {spent} of 100000 tokens — not reached; no price known for fake/fake-model (counted by tokens only) |"
+    );
+    assert!(r.summary.contains(&row), "{row:?} not in:\n{}", r.summary);
+}
