@@ -4,7 +4,6 @@
 
 use crate::github::event::TargetKind;
 use crate::github::GitHub;
-use crate::opencode::TurnOutcome;
 use crate::phases::delivery::prepare::{ChangesPlan, OutputsPlan};
 use crate::phases::delivery::threat_check::{ChangeGate, Terms, ThreatCheck, ThreatReport};
 use crate::phases::run_context::Admitted;
@@ -154,7 +153,7 @@ pub(crate) async fn deliver(
         .map(|f| proposals::read(&f))
         .unwrap_or_default();
     let mut notes = read_notes(&read);
-    if agent_run.outcome != Some(TurnOutcome::Completed) {
+    if !agent_run.proposals_stand() {
         let why = "the agent's turn did not complete, so nothing it proposed is carried out";
         return DeliveryReport {
             changes: ChangesOutcome::None { why: why.into() },

@@ -201,7 +201,8 @@ fn ours(t: &Thread, own: &str) -> Option<ThreadView> {
     })
 }
 
-/// After the turn: the review, when the turn completed (like every proposal).
+/// After the turn: the review, when the turn's proposals stand (`AgentRun::proposals_stand`: it
+/// completed, or the spend cap ended it), like every proposal.
 pub(crate) async fn carry_out(
     ctx: &Admitted,
     (prep, proposals): (&ReviewPrep, Option<std::path::PathBuf>),
@@ -217,7 +218,7 @@ pub(crate) async fn carry_out(
             refused: Vec::new(),
         };
     }
-    if agent_run.outcome != Some(crate::opencode::TurnOutcome::Completed) {
+    if !agent_run.proposals_stand() {
         return match prep {
             ReviewPrep::Ready(_) => ReviewOutcome::Failed {
                 why: "the agent's turn did not complete, so no review is posted".into(),

@@ -70,6 +70,19 @@ impl AgentRun {
         crate::memory::guard::own_sessions(self.session_id.as_deref(), self.replaced.as_deref())
     }
 
+    /// Whether what the agent proposed is carried out (through the usual checks and the threat
+    /// check): after a completed turn, and after one the spend cap ended — what the agent did up
+    /// to the cap is its own work, and the cap only stopped it from asking the model again
+    /// (docs/design.md#spend-caps). A turn that timed out, was cancelled or failed proposes
+    /// nothing.
+    pub(crate) fn proposals_stand(&self) -> bool {
+        match &self.outcome {
+            Some(TurnOutcome::Completed | TurnOutcome::Capped { .. }) => true,
+            Some(TurnOutcome::TimedOut | TurnOutcome::Cancelled | TurnOutcome::Failed(_))
+            | None => false,
+        }
+    }
+
     pub(crate) fn outcome_text(&self) -> String {
         match &self.outcome {
             None => "not run".into(),

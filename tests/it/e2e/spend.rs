@@ -202,3 +202,159 @@ async fn the_agents_shell_cannot_reach_the_model_around_the_key_proxy() {
     assert!(result.contains("exit=1"), "{result}");
     assert!(!result.contains("chatcmpl"), "{result}");
 }
+
+/// A looping agent whose first step writes `notes.txt`; the threat check's answers report 50,000
+/// prompt tokens, so its spend shows apart from the agent's (1,010 an answer).
+fn looping_writer(world: &World) {
+    looping_agent(world);
+    world.llm.set_judge_usage(50_000, 7);
+    world.llm.push(Reply::Narrated {
+        text: "Still digging into the flake.".into(),
+        call: Box::new(bash("echo new > notes.txt")),
+    });
+}
+
+/// The run's `tokens` output, input and output added.
+fn tokens_of(r: &StepResult) -> u64 {
+    let tokens: serde_json::Value = serde_json::from_str(r.output("tokens")).unwrap();
+    tokens["input"].as_u64().unwrap() + tokens["output"].as_u64().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_turns_change_goes_through_the_threat_check_whose_request_is_counted_never_refused(
+) {
+    let world = World::start().await;
+    looping_writer(&world);
+    let r = run(&world, 31, &[("max-tokens", "3000")]).await;
+    assert_capped(
+        &world,
+        &r,
+        &["stopped at the token cap: ", " of 3000 tokens"],
+    );
+    assert_eq!(r.output("changes"), "delivered", "{}", explain(&r));
+    let files = world.github.branch_files("fro-bot/issue-31");
+    assert_eq!(
+        files.get("notes.txt").map(Vec::as_slice),
+        Some(&b"new\n"[..])
+    );
+    assert_eq!(
+        world.llm.judge_requests().len(),
+        1,
+        "judged after the cap, not refused by it"
+    );
+    let spent = tokens_of(&r);
+    assert!(
+        (53_000..56_000).contains(&spent),
+        "the threat check's 50,007 tokens counted with the agent's: {spent}"
+    );
+    assert!(
+        r.summary
+            .contains(&format!("{spent} of 3000 tokens — reached")),
+        "the summary's spend is the outputs': {}",
+        r.summary
+    );
+    assert!(
+        r.stdout.contains("::error::") && r.stdout.contains("stopped at the token cap"),
+        "the cap is an error annotation: {}",
+        r.stdout
+    );
+
+    // A change the model check flags is held, capped or not.
+    looping_writer(&world);
+    world.llm.push_verdict(Reply::text(
+        r#"{"prompt_injection": false, "secret_leak": false, "malicious_patch": true, "reasons": ["notes.txt is suspicious"]}"#,
+    ));
+    let r = run(&world, 32, &[("max-tokens", "3000")]).await;
+    assert_eq!(r.output("outcome"), "capped", "{}", explain(&r));
+    assert_eq!(r.output("changes"), "held", "{}", explain(&r));
+    assert!(world.github.branch_head("fro-bot/issue-32").is_none());
+    assert!(answer(&world).contains("notes.txt is suspicious"));
+}
+
+/// An agent that answers twice with a command (1,010 tokens each), then stalls in an answer whose
+/// first chunk reports 1,010 more (which OpenCode never counts: the answer never completes); its
+/// first command writes `notes.txt`.
+fn two_steps_then_stall(world: &World) {
+    world.llm.set_usage(1000, 10);
+    world.llm.push(bash("echo new > notes.txt"));
+    world.llm.push(bash("echo again"));
+    world.llm.push(Reply::StallReporting);
+}
+
+/// The proxy's count: the two answers and the stalled one's reported start (OpenCode's own count,
+/// from the messages it completed, holds the first two only).
+const COUNTED_AT_THE_PROXY: u64 = 3 * 1010;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_turn_reports_what_the_proxy_counted_and_delivers_nothing() {
+    let world = World::start().await;
+    two_steps_then_stall(&world);
+    let r = run(&world, 41, &[("timeout", "6000")]).await;
+    assert_eq!(
+        (r.code, r.output("outcome")),
+        (1, "timed-out"),
+        "{}",
+        explain(&r)
+    );
+    assert_eq!(
+        tokens_of(&r),
+        COUNTED_AT_THE_PROXY,
+        "{}",
+        r.output("tokens")
+    );
+    assert_eq!(
+        r.output("changes"),
+        "none",
+        "a timed-out turn proposes nothing"
+    );
+    assert!(world.github.branch_head("fro-bot/issue-41").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_turn_reports_what_the_proxy_counted() {
+    use std::time::{Duration, Instant};
+    let world = World::start().await;
+    two_steps_then_stall(&world);
+    let job = issue_job(&world, 42, &[]);
+    let running = job.spawn(&["run"], &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while world.llm.requests().len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the turn never reached its stall"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    running.signal(libc::SIGTERM);
+    let r = tokio::task::spawn_blocking(move || job.finish(running))
+        .await
+        .unwrap();
+    assert_eq!(r.output("outcome"), "cancelled", "{}", explain(&r));
+    assert_eq!(
+        tokens_of(&r),
+        COUNTED_AT_THE_PROXY,
+        "{}",
+        r.output("tokens")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_summary_shows_the_spend_against_both_caps_and_names_a_model_with_no_price() {
+    let world = World::start().await;
+    world.llm.set_usage(1000, 10);
+    world.llm.push(Reply::text("Here is what I found."));
+    let r = run(
+        &world,
+        51,
+        &[("max-cost", "1.00"), ("max-tokens", "100000")],
+    )
+    .await;
+    assert_eq!(r.output("outcome"), "answered", "{}", explain(&r));
+    let spent = tokens_of(&r);
+    assert!(spent >= 1010, "{spent}");
+    let row = format!(
+        "| Spend cap | $0.0000 of $1.00, {spent} of 100000 tokens — not reached; no price known for fake/fake-model (counted by tokens only) |"
+    );
+    assert!(r.summary.contains(&row), "{row:?} not in:\n{}", r.summary);
+}

@@ -40,6 +40,9 @@ pub enum Reply {
     Delayed(Duration, Box<Reply>),
     /// Starts streaming, then never finishes (until the client hangs up, or 10 minutes).
     Stall,
+    /// [`Reply::Stall`] whose first chunk reports the usage (as Anthropic's `message_start` reports
+    /// the prompt's tokens first): spend only the key proxy sees, as OpenCode never completes it.
+    StallReporting,
     /// Streamed text naming the first word of the request (in the newest user message, after its
     /// first `## Task` or `### Triggering comment`) that contains `containing`: "Noted {word}."
     /// Concurrent runs pop replies in the order they reach the model, so a reply that must answer
@@ -126,6 +129,8 @@ struct Script {
     /// The prompt and completion tokens each answer reports ([`FakeLlm::set_usage`]); `None`:
     /// 120 and 8 for a streamed answer, 300 and 20 for the threat check's.
     usage: Option<(u64, u64)>,
+    /// The usage the threat check's answers report instead ([`FakeLlm::set_judge_usage`]).
+    judge_usage: Option<(u64, u64)>,
 }
 
 /// Whether the answer to a request (the first argument) must still wait, given every request so
@@ -158,6 +163,7 @@ impl FakeLlm {
             request_times: Vec::new(),
             hold: None,
             usage: None,
+            judge_usage: None,
         }));
         let app = Router::new()
             .route("/v1/chat/completions", post(chat))
@@ -204,6 +210,12 @@ impl FakeLlm {
     /// (prompt, completion tokens).
     pub fn set_usage(&self, prompt: u64, completion: u64) {
         self.script.lock().unwrap().usage = Some((prompt, completion));
+    }
+
+    /// From now on the threat check's answers report this usage (prompt, completion tokens),
+    /// whatever [`FakeLlm::set_usage`] says: its spend told apart from the agent's.
+    pub fn set_judge_usage(&self, prompt: u64, completion: u64) {
+        self.script.lock().unwrap().judge_usage = Some((prompt, completion));
     }
 
     pub fn release_holds(&self) {
@@ -336,7 +348,10 @@ async fn chat(
                 .pop_front()
                 .unwrap_or_else(|| Reply::text(CLEAR_VERDICT))
         };
-        let usage = script.lock().unwrap().usage.unwrap_or((300, 20));
+        let usage = {
+            let s = script.lock().unwrap();
+            s.judge_usage.or(s.usage).unwrap_or((300, 20))
+        };
         return respond(reply, false, usage).await;
     }
     let reply = {
@@ -458,6 +473,15 @@ async fn respond(mut reply: Reply, stream: bool, usage: (u64, u64)) -> Response<
                     usage,
                 )];
                 return sse(chunks, true);
+            }
+            Reply::StallReporting => {
+                let mut c = json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+                    "created": 1, "model": "fake-model",
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Thinking"},
+                        "finish_reason": null}]});
+                c["usage"] = json!({"prompt_tokens": usage.0, "completion_tokens": usage.1,
+                    "total_tokens": usage.0 + usage.1});
+                return sse(vec![format!("data: {c}\n\n")], true);
             }
         }
     }
