@@ -79,7 +79,12 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
     let line = match crate::phases::budget::judge(&ctx, &mut run.ledger.report).await {
         Gate::Pass(line) => line,
         Gate::Refused { text, reason } => {
-            let refused = over_budget(&ctx, &run.ledger.cache_saved, tracker, (&text, &reason));
+            let why = (
+                text.as_str(),
+                reason.as_str(),
+                run.ledger.report.budget.as_deref(),
+            );
+            let refused = over_budget(&ctx, &run.ledger.cache_saved, tracker, why);
             let exit = refused.await;
             give_back_thread_turn(&ctx, turn, None).await;
             return exit;
@@ -951,7 +956,7 @@ async fn over_budget(
     ctx: &Admitted,
     cache_saved: &CacheSaved,
     tracker: Option<Arc<Tracker>>,
-    (text, reason): (&str, &str),
+    (text, reason, row): (&str, &str, Option<&str>),
 ) -> RunExit {
     if let Some(gh) = &ctx.gh {
         if let Some(url) = answer_only(ctx, gh, tracker.as_deref(), text).await {
@@ -960,11 +965,14 @@ async fn over_budget(
         ctx.files.save_state_or_warn(state::TRACKING_COMMENT, "");
     }
     log::warning(&format!("the agent did not start: {reason}"));
-    let summary = format!(
+    let mut summary = format!(
         "### fro-bot\n\nNot run: {}\n\n{}\n\n",
         reason.replace('\n', " "),
         text.replace('\n', " ")
     );
+    if let Some(row) = row {
+        summary.push_str(&format!("Budget: {}\n\n", row.replace('\n', " ")));
+    }
     if let Err(e) = ctx.files.append_summary(&summary) {
         tracing::warn!("{e}");
     }
