@@ -169,6 +169,8 @@ pub struct Settings {
     pub fail_on_empty: bool,
     /// `max-cost` and `max-tokens`.
     pub spend_cap: crate::confine::spend::SpendCap,
+    /// `max-daily-cost` and `max-runs-per-user-per-hour`.
+    pub budget: Budget,
     pub session_retention: u32,
     pub skip_cache: bool,
     /// `None` = dedup off (`dedup-window: 0`).
@@ -194,6 +196,22 @@ pub struct Settings {
     pub network: crate::egress::NetworkSettings,
     /// Pull request review (`review`, `review-events`, `max-review-comments`).
     pub review: review::ReviewSettings,
+}
+
+/// The budget across runs (docs/design.md#the-budget-across-runs), counted from the spend ledger
+/// (`memory::spend_ledger`); `None`: no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Budget {
+    /// USD per UTC day, for the repository (`max-daily-cost`).
+    pub max_daily_cost: Option<f64>,
+    /// Runs one actor may start in any 60 minutes (`max-runs-per-user-per-hour`).
+    pub max_runs_per_user_per_hour: Option<u32>,
+}
+
+impl Budget {
+    pub fn is_set(&self) -> bool {
+        self.max_daily_cost.is_some() || self.max_runs_per_user_per_hour.is_some()
+    }
 }
 
 /// Whether `auth-json` must be given (the action) or may default to `{}` (a local run).
@@ -262,6 +280,7 @@ impl Settings {
             timeout: non_zero_ms(parse_u64(env, &input::TIMEOUT)?),
             fail_on_empty: parse_bool(env, &input::FAIL_ON_EMPTY)?,
             spend_cap: parse_spend_cap(env)?,
+            budget: parse_budget(env)?,
             session_retention: parse_u32(env, &input::SESSION_RETENTION)?,
             skip_cache: parse_bool(env, &input::SKIP_CACHE)?,
             dedup_window: non_zero_ms(parse_u64(env, &input::DEDUP_WINDOW)?),
@@ -283,32 +302,42 @@ impl Settings {
     }
 }
 
-/// `max-cost` (USD: digits with at most one `.`) and `max-tokens` (a count); each absent: no cap.
+/// `max-cost` (USD) and `max-tokens` (a count); each absent: no cap.
 fn parse_spend_cap(env: &Env) -> Result<crate::confine::spend::SpendCap, ConfigError> {
-    let max_cost = match optional(env, &input::MAX_COST) {
-        None => None,
-        Some(v) => {
-            let digits = v.bytes().all(|b| b.is_ascii_digit() || b == b'.')
-                && v.bytes().filter(|b| *b == b'.').count() <= 1
-                && v.bytes().any(|b| b.is_ascii_digit());
-            let parsed = v.parse::<f64>().ok().filter(|c| digits && c.is_finite());
-            Some(parsed.ok_or_else(|| {
-                invalid(
-                    &input::MAX_COST,
-                    v,
-                    "expected an amount in USD such as '0.50'",
-                )
-            })?)
-        }
-    };
     let max_tokens = match optional(env, &input::MAX_TOKENS) {
         None => None,
         Some(_) => Some(u64::from(parse_u32(env, &input::MAX_TOKENS)?)),
     };
     Ok(crate::confine::spend::SpendCap {
-        max_cost,
+        max_cost: parse_usd(env, &input::MAX_COST)?,
         max_tokens,
     })
+}
+
+/// `max-daily-cost` (USD) and `max-runs-per-user-per-hour` (a count); each absent: no limit.
+fn parse_budget(env: &Env) -> Result<Budget, ConfigError> {
+    let max_runs_per_user_per_hour = match optional(env, &input::MAX_RUNS_PER_USER_PER_HOUR) {
+        None => None,
+        Some(_) => Some(parse_u32(env, &input::MAX_RUNS_PER_USER_PER_HOUR)?),
+    };
+    Ok(Budget {
+        max_daily_cost: parse_usd(env, &input::MAX_DAILY_COST)?,
+        max_runs_per_user_per_hour,
+    })
+}
+
+/// A [`Parser::Usd`](inputs::Parser::Usd) input: digits with at most one `.`; absent: `None`.
+fn parse_usd(env: &Env, spec: &InputSpec) -> Result<Option<f64>, ConfigError> {
+    let Some(v) = optional(env, spec) else {
+        return Ok(None);
+    };
+    let digits = v.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && v.bytes().filter(|b| *b == b'.').count() <= 1
+        && v.bytes().any(|b| b.is_ascii_digit());
+    let parsed = v.parse::<f64>().ok().filter(|c| digits && c.is_finite());
+    parsed
+        .map(Some)
+        .ok_or_else(|| invalid(spec, v, "expected an amount in USD such as '0.50'"))
 }
 
 fn non_zero_ms(ms: u64) -> Option<Duration> {

@@ -223,6 +223,16 @@ pub const MAX_TOKENS: InputSpec = spec(
     "Token cap of one run (input and output tokens together), counted and enforced the same way. Empty: no cap.",
 )
 .parser(Parser::Count);
+pub const MAX_DAILY_COST: InputSpec = spec(
+    "max-daily-cost",
+    "Budget of the repository in USD per UTC day, e.g. 5.00, counted from the spend ledger fro-bot keeps with its memory: a run that would pass it is answered that the budget is spent and when it resets, and the agent does not start. Exact across concurrent runs with the object store, best effort with the Actions cache alone. Empty: no budget.",
+)
+.parser(Parser::Usd);
+pub const MAX_RUNS_PER_USER_PER_HOUR: InputSpec = spec(
+    "max-runs-per-user-per-hour",
+    "Runs one user (whoever asked) may start in any 60 minutes, counted from the same ledger; a run past it is answered with when the user may ask again, and the agent does not start. Empty: no limit.",
+)
+.parser(Parser::Count);
 pub const FAIL_ON_EMPTY: InputSpec = spec(
     "fail-on-empty",
     "Fail the step when the agent's turn completes with no written answer and nothing delivered (the outcome output is 'empty' either way).",
@@ -490,6 +500,8 @@ pub const INPUTS: &[InputSpec] = &[
     TIMEOUT,
     MAX_COST,
     MAX_TOKENS,
+    MAX_DAILY_COST,
+    MAX_RUNS_PER_USER_PER_HOUR,
     FAIL_ON_EMPTY,
     SESSION_RETENTION,
     SKIP_CACHE,

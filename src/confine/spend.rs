@@ -59,6 +59,9 @@ struct State {
 #[derive(Debug)]
 pub struct Meter {
     cap: SpendCap,
+    /// What the run may spend of the repository's daily budget (`max-daily-cost`), set once the
+    /// budget across runs has judged the run (`Meter::hold`): a cost cap like `max-cost`.
+    hold: std::sync::OnceLock<f64>,
     state: Mutex<State>,
     /// Set once a request was refused at the cap: the turn ends then.
     refusal: tokio::sync::watch::Sender<bool>,
@@ -68,13 +71,25 @@ impl Meter {
     pub fn new(cap: SpendCap) -> Arc<Meter> {
         Arc::new(Meter {
             cap,
+            hold: std::sync::OnceLock::new(),
             state: Mutex::new(State::default()),
             refusal: tokio::sync::watch::channel(false).0,
         })
     }
 
+    /// The caps: `max-cost` and `max-tokens`, the cost cap lowered to the daily budget's hold.
     pub fn cap(&self) -> SpendCap {
-        self.cap
+        let mut cap = self.cap;
+        if let Some(hold) = self.hold.get() {
+            cap.max_cost = Some(cap.max_cost.map_or(*hold, |max| max.min(*hold)));
+        }
+        cap
+    }
+
+    /// Caps the run's cost at `usd`, what it may spend of the daily budget (set once, before the
+    /// turn).
+    pub fn hold(&self, usd: f64) {
+        let _ = self.hold.set(usd);
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -130,13 +145,13 @@ impl Meter {
     /// while neither is.
     pub fn reached(&self) -> Option<String> {
         let spent = self.spent();
-        if let Some(max) = self.cap.max_cost.filter(|m| spent.cost >= *m) {
+        if let Some(max) = self.cap().max_cost.filter(|m| spent.cost >= *m) {
             return Some(format!(
                 "stopped at the spend cap: ${:.2} of ${max:.2}",
                 spent.cost
             ));
         }
-        let max = self.cap.max_tokens.filter(|m| spent.tokens() >= *m)?;
+        let max = self.cap().max_tokens.filter(|m| spent.tokens() >= *m)?;
         Some(format!(
             "stopped at the token cap: {} of {max} tokens",
             spent.tokens()
@@ -162,10 +177,10 @@ impl Meter {
     pub fn summary(&self) -> String {
         let spent = self.spent();
         let mut parts = Vec::new();
-        if let Some(max) = self.cap.max_cost {
+        if let Some(max) = self.cap().max_cost {
             parts.push(format!("${:.4} of ${max:.2}", spent.cost));
         }
-        if let Some(max) = self.cap.max_tokens {
+        if let Some(max) = self.cap().max_tokens {
             parts.push(format!("{} of {max} tokens", spent.tokens()));
         }
         let mut row = parts.join(", ");
@@ -173,7 +188,7 @@ impl Meter {
             Some(_) => row.push_str(&format!(" — reached; {} request(s) refused", spent.refused)),
             None => row.push_str(" — not reached"),
         }
-        if !spent.unpriced.is_empty() && self.cap.max_cost.is_some() {
+        if !spent.unpriced.is_empty() && self.cap().max_cost.is_some() {
             row.push_str(&format!(
                 "; no price known for {} (counted by tokens only)",
                 spent.unpriced.join(", ")

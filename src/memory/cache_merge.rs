@@ -16,6 +16,7 @@ use crate::memory::report::RestoreSource;
 use crate::memory::restore::shown;
 use crate::memory::sanitize::{self, SanitizeOutcome};
 use crate::memory::session_map::{self, Map};
+use crate::memory::spend_ledger;
 use crate::memory::state_paths::{check_marker, MarkerCheck, StatePaths, MARKER_FILE};
 use crate::trust::{SessionTrust, TrustMap};
 
@@ -286,6 +287,29 @@ fn scratch(paths: &StatePaths) -> Result<tempfile::TempDir, String> {
         .map_err(|e| format!("cannot make a scratch dir: {e}"))
 }
 
+/// The merged entry's session map and trust records, from its marker; its spend ledger joins
+/// this run's (`spend_ledger::absorb`), whatever becomes of the merge.
+fn maps_of_entry(
+    inputs: &CacheMergeInputs<'_>,
+    marker: &Path,
+    key: &str,
+) -> Result<(Map, TrustMap), String> {
+    match check_marker(marker) {
+        MarkerCheck::Compatible(marker) => {
+            let (data_dir, now_ms) = (&inputs.paths.data_dir, crate::runner::now_ms());
+            for note in spend_ledger::absorb(data_dir, marker.spend.as_ref(), now_ms) {
+                crate::runner::log::warning(&format!("`{}`: {note}", shown(key)));
+            }
+            Ok((
+                marker.sessions.unwrap_or_default(),
+                marker.trust.unwrap_or_default(),
+            ))
+        }
+        MarkerCheck::VersionMismatch { found } => Err(format!("storage version {found}")),
+        MarkerCheck::Missing | MarkerCheck::Unreadable { .. } => Ok((Map::new(), TrustMap::new())),
+    }
+}
+
 /// Downloads `key` beside the live memory, checks it as restore does, and merges this run's
 /// database into it; the result replaces this run's database. Also the entry's session map.
 async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, String> {
@@ -304,14 +328,7 @@ async fn merge_one(inputs: &CacheMergeInputs<'_>, key: &str) -> Result<Merged, S
         Err(e) => return Err(e.to_string()),
     }
     let base = scratch.path().join(checkpoint::DB_FILE);
-    let (sessions, records) = match check_marker(&scratch.path().join(MARKER_FILE)) {
-        MarkerCheck::Compatible(marker) => (
-            marker.sessions.unwrap_or_default(),
-            marker.trust.unwrap_or_default(),
-        ),
-        MarkerCheck::VersionMismatch { found } => return Err(format!("storage version {found}")),
-        MarkerCheck::Missing | MarkerCheck::Unreadable { .. } => (Map::new(), TrustMap::new()),
-    };
+    let (sessions, records) = maps_of_entry(inputs, &scratch.path().join(MARKER_FILE), key)?;
     let out = scratch.path().join("merged.db");
     // Now, not when the save began: an entry saved since holds activity after that, which the
     // sanitizer would otherwise clamp (and so change) as if it came from the future.

@@ -148,6 +148,8 @@ pub struct PersistenceReport {
     pub links: Option<String>,
     /// Turns cut short, repaired after the restore and after this run's turn (`memory::repair`).
     pub cut_turns: Vec<crate::memory::repair::RepairOutcome>,
+    /// The "Budget" row: the budget across runs as this run found it (`phases::budget`).
+    pub budget: Option<String>,
 }
 
 impl Default for PersistenceReport {
@@ -167,6 +169,7 @@ impl Default for PersistenceReport {
             network: None,
             links: None,
             cut_turns: Vec::new(),
+            budget: None,
         }
     }
 }
@@ -311,6 +314,7 @@ mod tests {
             network: Some("allowlist (`node`): allowed no request; refused none".into()),
             links: Some("1 made inert".into()),
             cut_turns: Vec::new(),
+            budget: None,
         };
         report.record_phase("restore", Duration::from_millis(1500));
         let md = report.to_markdown("Session Persistence");

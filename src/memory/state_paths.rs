@@ -135,6 +135,10 @@ pub struct Marker {
     /// (docs/security.md#scrubbed-memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scrubbed: Option<u32>,
+    /// The spend ledger (`memory::spend_ledger`), kept as JSON so that a hostile one never makes
+    /// the marker unreadable: `SpendLedger::read` judges it line by line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spend: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -268,6 +272,9 @@ pub fn write_marker(
         Some(known) => known,
         None => FileDigest::of(&paths.db())?,
     };
+    let on_disk_spend = on_disk().and_then(|old| old.spend);
+    let spend =
+        crate::memory::spend_ledger::for_marker(&paths.data_dir, on_disk_spend.as_ref(), now_ms);
     let marker = Marker {
         storage_version: STORAGE_VERSION,
         writer_version: format!("fro-bot {}", env!("CARGO_PKG_VERSION")),
@@ -281,6 +288,7 @@ pub fn write_marker(
             Scrubbed::Whole => Some(crate::memory::scrub::SCRUB_VERSION),
             Scrubbed::NotVouched => None,
         },
+        spend,
     };
     let tmp = paths.data_dir.join(format!(".{MARKER_FILE}.tmp"));
     let json = serde_json::to_vec_pretty(&marker).map_err(std::io::Error::other)?;

@@ -228,6 +228,8 @@ pub enum ObjectKind {
     LeaseRecord,
     RunRecord,
     Artifact,
+    /// The spend ledger (`budget/spend.json`).
+    SpendLedger,
 }
 
 impl ObjectKind {
@@ -235,7 +237,10 @@ impl ObjectKind {
         match self {
             ObjectKind::LeaseRecord => Some("fro-bot-kind=lease"),
             ObjectKind::RunRecord => Some("fro-bot-kind=run-record"),
-            ObjectKind::SessionDb | ObjectKind::SessionMarker | ObjectKind::Artifact => None,
+            ObjectKind::SessionDb
+            | ObjectKind::SessionMarker
+            | ObjectKind::Artifact
+            | ObjectKind::SpendLedger => None,
         }
     }
 }

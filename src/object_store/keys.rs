@@ -51,6 +51,12 @@ impl StoreKeys {
         format!("{}{SESSION_MARKER_NAME}", self.sessions_dir())
     }
 
+    /// `.../budget/spend.json`: the spend ledger the budget across runs is counted from
+    /// (`memory::spend_ledger::store`), written only under the lease.
+    pub fn spend_ledger(&self) -> String {
+        format!("{}/budget/spend.json", self.repo_root)
+    }
+
     /// `.../metadata/{runKey}.json`; `run_key` is `{runId}-{runAttempt}[-{identity}]`.
     pub fn run_metadata(&self, run_key: &str) -> Result<String, ValidationError> {
         let run_key = sanitize_key_component(run_key)?;

@@ -358,6 +358,12 @@ pub(crate) fn write_summary(
     }
     rows.extend(
         report
+            .budget
+            .iter()
+            .map(|b| vec!["Budget".into(), b.clone()]),
+    );
+    rows.extend(
+        report
             .delivery_rows
             .iter()
             .map(|(k, v)| vec![k.clone(), v.replace('\n', " ")]),

@@ -26,6 +26,7 @@ use crate::memory::state_paths::StatePaths;
 use crate::opencode::progress::ProgressSink;
 use crate::opencode::{Agent, TurnOutcome};
 use crate::phases::admit::{admit, Admission};
+use crate::phases::budget::Gate;
 use crate::phases::delivery::change::{deliver, ChangesOutcome};
 use crate::phases::delivery::prepare::{self, OutputsPlan};
 use crate::phases::finalize::{
@@ -75,7 +76,23 @@ pub async fn run(env: Env, mode: Mode, cancel: Cancellation) -> RunExit {
         None => restoring(&ctx).await,
     };
     let (restored, merged_at_restore) = restore_memory(&ctx, &mut run.ledger, restoring).await;
+    let line = match crate::phases::budget::judge(&ctx, &mut run.ledger.report).await {
+        Gate::Pass(line) => line,
+        Gate::Refused { text, reason } => {
+            let why = (
+                text.as_str(),
+                reason.as_str(),
+                run.ledger.report.budget.as_deref(),
+            );
+            let refused = over_budget(&ctx, &run.ledger.cache_saved, tracker, why);
+            let exit = refused.await;
+            give_back_thread_turn(&ctx, turn, None).await;
+            return exit;
+        }
+    };
     let (agent_run, stopped) = take_turn(&ctx, &mut run, &restored, tracker.as_ref()).await;
+    // Before the save, so the marker carries what this run spent.
+    crate::phases::budget::settle(&ctx, line, &mut run.ledger.report).await;
     // The answer goes out before the save, so a slow save never delays it.
     let delivered = run.ledger.report.delivery_answer.as_deref();
     let cancelled_edit = respond(&ctx, (&agent_run, delivered), &restored, tracker).await;
@@ -933,6 +950,37 @@ async fn not_our_turn(
         cache_saved,
         &format!("another run ({holder_id}) kept this thread for {} s (thread-wait); the thread was told", waited.as_secs()),
     )
+}
+
+/// The budget across runs is spent (`phases::budget`): the thread is told why and when it
+/// resets, the agent does not start, and memory (restored, unchanged) is not saved.
+async fn over_budget(
+    ctx: &Admitted,
+    cache_saved: &CacheSaved,
+    tracker: Option<Arc<Tracker>>,
+    (text, reason, row): (&str, &str, Option<&str>),
+) -> RunExit {
+    if let Some(gh) = &ctx.gh {
+        if let Some(url) = answer_only(ctx, gh, tracker.as_deref(), text).await {
+            ctx.files.set_output_or_warn(output::COMMENT_URL, &url);
+        }
+        ctx.files.save_state_or_warn(state::TRACKING_COMMENT, "");
+    }
+    log::warning(&format!("the agent did not start: {reason}"));
+    let mut summary = format!(
+        "### fro-bot\n\nNot run: {}\n\n{}\n\n",
+        reason.replace('\n', " "),
+        text.replace('\n', " ")
+    );
+    if let Some(row) = row {
+        summary.push_str(&format!("Budget: {}\n\n", row.replace('\n', " ")));
+    }
+    if let Err(e) = ctx.files.append_summary(&summary) {
+        tracing::warn!("{e}");
+    }
+    cache_saved.report(StateValue::Skipped);
+    RunOutcome::OverBudget.report(&ctx.files);
+    RunExit::status(ExitStatus::Skipped)
 }
 
 fn skipped(files: &FileCommands, cache_saved: &CacheSaved, reason: &str) -> RunExit {

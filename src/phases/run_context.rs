@@ -61,6 +61,9 @@ pub(crate) enum RunOutcome {
     Failed,
     /// Routing, dedup or another run's thread turn said this run has nothing to do.
     Skipped,
+    /// The budget across runs (`max-daily-cost`, `max-runs-per-user-per-hour`) is spent: the
+    /// thread was told, and the agent did not start (`phases::budget`).
+    OverBudget,
 }
 
 impl RunOutcome {
@@ -74,6 +77,7 @@ impl RunOutcome {
             RunOutcome::Cancelled => "cancelled",
             RunOutcome::Failed => "failed",
             RunOutcome::Skipped => "skipped",
+            RunOutcome::OverBudget => "over-budget",
         }
     }
 

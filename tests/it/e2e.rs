@@ -1874,6 +1874,8 @@ pub(crate) mod threat;
 
 pub(crate) mod enterprise;
 
+/// The budget across runs (issue 45 item 2).
+mod budget;
 pub(crate) mod cancel;
 pub(crate) mod cut_turn;
 pub(crate) mod egress;
