@@ -87,12 +87,19 @@ async fn tunnel_bench() {
     // A reference where installed: socat, a plain TCP forwarder (no HTTP, no checks), shows what
     // one more hop costs on this machine.
     let forwarder = socat(port);
+    // The agent's container's way to the same proxy: its relay's loopback port forwarded to the
+    // proxy's Unix socket (`confine::sibling::relay`), where this runs as root.
+    let relay = sibling_relay(&proxy);
     let (mut direct, mut tunnel, mut forwarded) = (Vec::new(), Vec::new(), Vec::new());
+    let mut relayed = Vec::new();
     for _ in 0..runs {
         direct.push(download(&url, None).await);
         tunnel.push(download(&url, Some(&proxy.url())).await);
         if let Some((_, p)) = &forwarder {
             forwarded.push(download(&format!("http://localhost:{p}/"), None).await);
+        }
+        if let Some(r) = &relay {
+            relayed.push(download(&url, Some(&format!("http://127.0.0.1:{}", r.port))).await);
         }
     }
     let rate = |d: Duration| mb as f64 / d.as_secs_f64();
@@ -119,6 +126,16 @@ async fn tunnel_bench() {
         );
         println!("ratio socat/direct rate: {:.2}", rate(f) / rate(d));
     }
+    if !relayed.is_empty() {
+        let r = median(relayed);
+        println!(
+            "| curl through the agent's container's relay and the CONNECT tunnel | {:.3} s | {:.0} |",
+            r.as_secs_f64(),
+            rate(r)
+        );
+        println!("ratio relayed tunnel/direct rate: {:.2}", rate(r) / rate(d));
+    }
+    drop(relay);
     if let Some((mut child, _)) = forwarder {
         let _ = child.kill();
         let _ = child.wait();
@@ -127,6 +144,62 @@ async fn tunnel_bench() {
         "ratio tunnel/direct rate: {:.2} (target ≥ 0.90)",
         rate(t) / rate(d)
     );
+}
+
+/// A relay of the agent's container, run here (root only): its loopback port forwards to the
+/// proxy's Unix socket; it ends with its lifeline.
+struct Relay {
+    port: u16,
+    child: std::process::Child,
+    _lifeline: std::os::unix::net::UnixStream,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sibling_relay(proxy: &EgressProxy) -> Option<Relay> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("(not root: no relay path)");
+        return None;
+    }
+    let dir = tempfile::tempdir().ok()?;
+    proxy.listen_unix(&dir.path().join("egress.sock")).ok()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .ok()?
+        .port();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_fro-bot"))
+        .args([
+            "sibling-relay",
+            &dir.path().to_string_lossy(),
+            "65534",
+            "65534",
+        ])
+        .args([&port.to_string(), "abi=4;connect=;bind=;ip=tcp"])
+        .spawn()
+        .ok()?;
+    let t = Instant::now();
+    let lifeline = loop {
+        if let Ok(s) = std::os::unix::net::UnixStream::connect(dir.path().join("ctl.sock")) {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(10) {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Some(Relay {
+        port,
+        child,
+        _lifeline: lifeline,
+        _dir: dir,
+    })
 }
 
 /// `socat` forwarding a free port to `port`, when installed.

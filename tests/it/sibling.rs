@@ -72,7 +72,10 @@ impl Relay {
             "fro-bot-sh-{}",
             self.dir.path().file_name().unwrap().to_string_lossy()
         ));
-        std::fs::write(&script, format!("#!{BIN} --agent-shell=/bin/sh\n")).unwrap();
+        // As fro-bot does: a copy the agent's uid can run when the build is under root's home.
+        let exe = fro_bot::confine::agent_reachable_exe(Path::new(BIN)).unwrap();
+        let line = format!("#!{} --agent-shell=/bin/sh\n", exe.display());
+        std::fs::write(&script, line).unwrap();
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
         script
     }

@@ -14,7 +14,7 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -190,17 +190,69 @@ fn forward_egress(tcp: &std::net::TcpListener, target: &Path) {
 }
 
 fn splice(tcp: std::net::TcpStream, unix: UnixStream) {
-    let (Ok(mut tcp_r), Ok(mut unix_r)) = (tcp.try_clone(), unix.try_clone()) else {
+    let (Ok(tcp_r), Ok(unix_r)) = (tcp.try_clone(), unix.try_clone()) else {
         return;
     };
-    let (mut tcp_w, mut unix_w) = (tcp, unix);
+    let (tcp_w, unix_w) = (tcp, unix);
     let up = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut tcp_r, &mut unix_w);
+        let _ = pump(&tcp_r, &unix_w);
         let _ = unix_w.shutdown(std::net::Shutdown::Write);
     });
-    let _ = std::io::copy(&mut unix_r, &mut tcp_w);
+    let _ = pump(&unix_r, &tcp_w);
     let _ = tcp_w.shutdown(std::net::Shutdown::Write);
     let _ = up.join();
+}
+
+/// What one `splice(2)` moves at most: a pipe's default capacity.
+const PUMP_CHUNK: usize = 64 * 1024;
+
+/// Moves `from`'s bytes to `to` through a pipe with `splice(2)`, never through user space (the
+/// egress proxy's own tunnel does the same, `crate::egress::splice`), until `from` ends.
+fn pump(from: &impl AsRawFd, to: &impl AsRawFd) -> std::io::Result<()> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills the two-element array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just made by pipe2 and are owned here alone.
+    let (pipe_r, pipe_w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    loop {
+        let n = splice_once(from.as_raw_fd(), pipe_w.as_raw_fd(), PUMP_CHUNK)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut left = n;
+        while left > 0 {
+            let m = splice_once(pipe_r.as_raw_fd(), to.as_raw_fd(), left)?;
+            if m == 0 {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            left -= m;
+        }
+    }
+}
+
+fn splice_once(from: i32, to: i32, len: usize) -> std::io::Result<usize> {
+    loop {
+        // SAFETY: splice between two descriptors this process holds, no offsets.
+        let n = unsafe {
+            libc::splice(
+                from,
+                std::ptr::null_mut(),
+                to,
+                std::ptr::null_mut(),
+                len,
+                libc::SPLICE_F_MOVE,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
 }
 
 /// One command: started, its signals passed on, its end answered. The wrapper's end before the
