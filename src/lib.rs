@@ -4,7 +4,8 @@
 //! docs/architecture.md draws them, tests/it/structure.rs holds the code to them):
 //! - **protocols**: `runner` (the Actions runtime: inputs, outputs, state, summary, log commands,
 //!   cancellation), `redact` (secrets out of everything that leaves), `untrusted` (others' text
-//!   fenced as data), `net` (HTTP clients through the runner proxy and private CAs);
+//!   fenced as data), `net` (HTTP clients through the runner proxy and private CAs; bytes moved between sockets
+//!   by the kernel, `net::splice`);
 //! - **confinement**: `confine` (who the agent runs as and what it may touch, the key proxy),
 //!   `egress` (the agent's network: the allowlist and the egress proxy), `trust` (who wrote each
 //!   session, and how a run judges it);

@@ -1,9 +1,9 @@
-//! A tunnel's bytes, moved between the two sockets by the kernel (`splice(2)` through a pipe)
+//! A tunnel's bytes, moved between the two sockets by the kernel (`crate::net::splice`)
 //! instead of being copied through fro-bot: a download through the egress proxy runs at the speed
 //! of a direct one (docs/benchmarks.md#the-agents-network). One blocking thread per direction;
 //! where the upgraded connection is not a plain TCP stream, an ordinary async copy.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 
 use hyper::upgrade::Upgraded;
@@ -12,8 +12,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-/// How much one `splice` call moves at most.
-const CHUNK: usize = 1 << 20;
 /// Buffers of the async fallback, each way.
 const FALLBACK_BUFFER: usize = 256 * 1024;
 
@@ -67,49 +65,8 @@ async fn copy(client: Upgraded, mut server: TcpStream, stop: CancellationToken) 
 
 /// `from` → `to` until `from` ends (then `to`'s write side is shut) or either fails.
 fn pump(from: &std::net::TcpStream, to: &std::net::TcpStream) {
-    if let Some((r, w)) = pipe() {
-        while let Some(n) = splice(from.as_raw_fd(), w.as_raw_fd()) {
-            let mut left = n;
-            while left > 0 {
-                match splice(r.as_raw_fd(), to.as_raw_fd()) {
-                    Some(m) if m <= left => left -= m,
-                    _ => {
-                        let _ = from.shutdown(std::net::Shutdown::Read);
-                        return;
-                    }
-                }
-            }
-        }
+    if crate::net::splice::pump(from.as_raw_fd(), to.as_raw_fd()).is_err() {
+        let _ = from.shutdown(std::net::Shutdown::Read);
     }
     let _ = to.shutdown(std::net::Shutdown::Write);
-}
-
-/// Up to [`CHUNK`] bytes from `from` into `to`; `None` at the end or on an error.
-fn splice(from: i32, to: i32) -> Option<usize> {
-    // SAFETY: both fds are open for the call; no offsets are passed.
-    let n = unsafe {
-        libc::splice(
-            from,
-            std::ptr::null_mut(),
-            to,
-            std::ptr::null_mut(),
-            CHUNK,
-            libc::SPLICE_F_MOVE,
-        )
-    };
-    usize::try_from(n).ok().filter(|&n| n > 0)
-}
-
-fn pipe() -> Option<(OwnedFd, OwnedFd)> {
-    let mut fds = [0i32; 2];
-    // SAFETY: `fds` is a valid out-array of two ints.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return None;
-    }
-    // SAFETY: pipe2 returned two new fds that nothing else owns.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    // A larger pipe moves more per call; the default (64 KiB) works too.
-    // SAFETY: fcntl on an fd we own.
-    unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETPIPE_SZ, CHUNK as i32) };
-    Some((r, w))
 }

@@ -3,8 +3,8 @@
 //! - runs each command the shell wrapper hands it ([`super::wire`]) as the agent's uid, in its own
 //!   process group, inside the commands' Landlock domain and system-call filters
 //!   ([`CommandsEnforcement`]), with the wrapper's own stdio, and answers how it ended;
-//! - forwards the sibling's `127.0.0.1:<egress port>` to the egress proxy's Unix socket: the only
-//!   way out of a container with no network;
+//! - forwards the sibling's `127.0.0.1:<egress port>` to the egress proxy's Unix socket, the bytes
+//!   moved by the kernel (`crate::net::splice`): the only way out of a container with no network;
 //! - ends everything when fro-bot's lifeline connection closes (fro-bot ended or was killed):
 //!   as the container's PID 1, its exit takes every process of the sibling with it.
 //!
@@ -14,7 +14,7 @@
 
 use std::ffi::OsString;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -30,6 +30,7 @@ use super::wire::{recv_request, Note, Request};
 use super::{CTL_SOCKET, EGRESS_SOCKET, EXEC_SOCKET};
 use crate::confine::memory_group::OPENCODE_ONLY;
 use crate::confine::network::CommandsEnforcement;
+use crate::net::splice;
 use crate::runner::{env, log};
 
 /// The first argument that makes fro-bot the relay.
@@ -195,64 +196,12 @@ fn splice(tcp: std::net::TcpStream, unix: UnixStream) {
     };
     let (tcp_w, unix_w) = (tcp, unix);
     let up = std::thread::spawn(move || {
-        let _ = pump(&tcp_r, &unix_w);
+        let _ = splice::pump(tcp_r.as_raw_fd(), unix_w.as_raw_fd());
         let _ = unix_w.shutdown(std::net::Shutdown::Write);
     });
-    let _ = pump(&unix_r, &tcp_w);
+    let _ = splice::pump(unix_r.as_raw_fd(), tcp_w.as_raw_fd());
     let _ = tcp_w.shutdown(std::net::Shutdown::Write);
     let _ = up.join();
-}
-
-/// What one `splice(2)` moves at most: a pipe's default capacity.
-const PUMP_CHUNK: usize = 64 * 1024;
-
-/// Moves `from`'s bytes to `to` through a pipe with `splice(2)`, never through user space (the
-/// egress proxy's own tunnel does the same, `crate::egress::splice`), until `from` ends.
-fn pump(from: &impl AsRawFd, to: &impl AsRawFd) -> std::io::Result<()> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2 fills the two-element array it is given.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just made by pipe2 and are owned here alone.
-    let (pipe_r, pipe_w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    loop {
-        let n = splice_once(from.as_raw_fd(), pipe_w.as_raw_fd(), PUMP_CHUNK)?;
-        if n == 0 {
-            return Ok(());
-        }
-        let mut left = n;
-        while left > 0 {
-            let m = splice_once(pipe_r.as_raw_fd(), to.as_raw_fd(), left)?;
-            if m == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
-            }
-            left -= m;
-        }
-    }
-}
-
-fn splice_once(from: i32, to: i32, len: usize) -> std::io::Result<usize> {
-    loop {
-        // SAFETY: splice between two descriptors this process holds, no offsets.
-        let n = unsafe {
-            libc::splice(
-                from,
-                std::ptr::null_mut(),
-                to,
-                std::ptr::null_mut(),
-                len,
-                libc::SPLICE_F_MOVE,
-            )
-        };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
 }
 
 /// One command: started, its signals passed on, its end answered. The wrapper's end before the

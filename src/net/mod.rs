@@ -12,6 +12,10 @@
 //! Trusted certificates: the system store, or `SSL_CERT_FILE`/`SSL_CERT_DIR` in its place (read by
 //! rustls-native-certs under both HTTP stacks), plus those in `NODE_EXTRA_CA_CERTS`, which only
 //! Node reads on its own ([`extra_roots`]). OpenCode gets all three variables.
+//!
+//! Beside them, [`splice`]: bytes moved from one socket to another by the kernel.
+
+pub mod splice;
 
 use std::sync::OnceLock;
 
