@@ -146,8 +146,18 @@ impl Meter {
     pub fn reached(&self) -> Option<String> {
         let spent = self.spent();
         if let Some(max) = self.cap().max_cost.filter(|m| spent.cost >= *m) {
+            // The daily budget's hold binds when it is below the run's own cap (or there is none).
+            let held = self
+                .hold
+                .get()
+                .is_some_and(|h| self.cap.max_cost.is_none_or(|own| *h < own));
+            let what = if held {
+                "what the daily budget left this run"
+            } else {
+                "the spend cap"
+            };
             return Some(format!(
-                "stopped at the spend cap: ${:.2} of ${max:.2}",
+                "stopped at {what}: ${:.2} of ${max:.2}",
                 spent.cost
             ));
         }
@@ -419,6 +429,33 @@ mod tests {
             meter.reached().as_deref(),
             Some("stopped at the spend cap: $1.00 of $0.50")
         );
+    }
+
+    #[test]
+    fn a_run_stopped_by_the_daily_budgets_hold_says_so_not_that_its_own_cap_was_reached() {
+        for (own, hold, said) in [
+            (
+                Some(0.50),
+                0.20,
+                "stopped at what the daily budget left this run: $1.00 of $0.20",
+            ),
+            (
+                None,
+                0.20,
+                "stopped at what the daily budget left this run: $1.00 of $0.20",
+            ),
+            (Some(0.50), 0.80, "stopped at the spend cap: $1.00 of $0.50"),
+        ] {
+            let meter = Meter::new(SpendCap {
+                max_cost: own,
+                max_tokens: None,
+            });
+            meter.hold(hold);
+            meter.set_price("a/m".into(), (1_000_000.0, 0.0));
+            ResponseTally::new(meter.clone(), "a/m".into(), false)
+                .feed(br#"{"usage": {"prompt_tokens": 1, "completion_tokens": 0}}"#);
+            assert_eq!(meter.reached().as_deref(), Some(said));
+        }
     }
 
     /// What one non-streamed response's body counts on a fresh meter.
