@@ -304,7 +304,7 @@ pub const ALLOWED_DOMAINS: InputSpec = spec(
 .parser(Parser::Hosts);
 pub const AGENT_PORTS: InputSpec = spec(
     "agent-ports",
-    "TCP ports the agent may bind and connect to directly, e.g. for a test server it starts (comma-separated). The kernel's rules know ports, not hosts: each port listed is reachable on any host.",
+    "TCP ports the agent may bind and connect to directly, e.g. for a test server it starts (comma-separated). In the agent's own container (agent-isolation) a listed port is reachable only inside it; under the process rules, which know ports, not hosts, on any host.",
 )
 .parser(Parser::Ports);
 pub const AGENT_ISOLATION: InputSpec = spec(
