@@ -350,10 +350,10 @@ pub fn parse_bool(env: &Env, spec: &InputSpec) -> Result<bool, ConfigError> {
 }
 
 /// One of two words, any case; the error names both.
-fn parse_choice<T: Copy>(
+fn parse_choice<T: Copy, const N: usize>(
     env: &Env,
     spec: &InputSpec,
-    choices: [(&str, T); 2],
+    choices: [(&str, T); N],
 ) -> Result<T, ConfigError> {
     let value = with_default(env, spec)?;
     match choices
@@ -362,8 +362,14 @@ fn parse_choice<T: Copy>(
     {
         Some((_, choice)) => Ok(*choice),
         None => {
-            let [(a, _), (b, _)] = choices;
-            Err(invalid(spec, value, format!("expected '{a}' or '{b}'")))
+            // "expected 'a' or 'b'", "expected 'a', 'b' or 'c'".
+            let words: Vec<String> = choices.iter().map(|(w, _)| format!("'{w}'")).collect();
+            let expected = match words.split_last() {
+                Some((last, [])) => last.clone(),
+                Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                None => String::new(),
+            };
+            Err(invalid(spec, value, format!("expected {expected}")))
         }
     }
 }
@@ -412,26 +418,18 @@ fn parse_comment_mode(env: &Env) -> Result<CommentMode, ConfigError> {
 
 fn parse_network(env: &Env) -> Result<crate::egress::NetworkSettings, ConfigError> {
     use crate::egress::{parse_ports, AgentNetwork, Allowlist};
-    let spec = &input::AGENT_NETWORK;
-    let value = with_default(env, spec)?;
-    let mode = AgentNetwork::CHOICES
-        .iter()
-        .find(|(word, _)| value.eq_ignore_ascii_case(word))
-        .map(|(_, m)| *m)
-        .ok_or_else(|| invalid(spec, value, "expected 'allowlist', 'none' or 'open'"))?;
+    let mode = parse_choice(env, &input::AGENT_NETWORK, AgentNetwork::CHOICES)?;
     let raw = optional(env, &input::ALLOWED_DOMAINS).unwrap_or("");
     let allowed =
         Allowlist::parse(raw).map_err(|e| invalid(&input::ALLOWED_DOMAINS, raw, e.to_string()))?;
     let raw = optional(env, &input::AGENT_PORTS).unwrap_or("");
     let agent_ports =
         parse_ports(raw).map_err(|e| invalid(&input::AGENT_PORTS, raw, e.to_string()))?;
-    let spec = &input::AGENT_ISOLATION;
-    let value = with_default(env, spec)?;
-    let isolation = crate::confine::sibling::AgentIsolation::CHOICES
-        .iter()
-        .find(|(word, _)| value.eq_ignore_ascii_case(word))
-        .map(|(_, m)| *m)
-        .ok_or_else(|| invalid(spec, value, "expected 'auto', 'container' or 'process'"))?;
+    let isolation = parse_choice(
+        env,
+        &input::AGENT_ISOLATION,
+        crate::confine::sibling::AgentIsolation::CHOICES,
+    )?;
     Ok(crate::egress::NetworkSettings {
         mode,
         allowed,
@@ -816,6 +814,29 @@ mod tests {
             Parser::AgentIsolation => (Some("vm"), "Container"),
             Parser::Review => (Some("always"), "Auto"),
             Parser::ReviewEvents => (Some("COMMENT, MERGE"), "comment, approve"),
+        }
+    }
+
+    #[test]
+    fn a_choice_input_names_every_word_it_takes() {
+        for (name, value, expected) in [
+            ("comment-mode", "thread", "expected 'run' or 'sticky'"),
+            (
+                "agent-network",
+                "closed",
+                "expected 'allowlist', 'none' or 'open'",
+            ),
+            (
+                "agent-isolation",
+                "vm",
+                "expected 'auto', 'container' or 'process'",
+            ),
+        ] {
+            let Err(e) = parse(&[(name, value)]) else {
+                panic!("{name}: {value} was taken")
+            };
+            let e = e.to_string();
+            assert!(e.contains(expected), "{name}: {e}");
         }
     }
 
