@@ -9,6 +9,9 @@
 //!    commands' spec (`FRO_BOT_BENCH_SPAWNS`, default 200). Target: at most 20 ms at the agent's
 //!    start, nothing measurable per command.
 
+#[path = "../tests/it/support/mod.rs"]
+mod support;
+
 use std::time::{Duration, Instant};
 
 use fro_bot::confine::network::NetworkPlan;
@@ -98,8 +101,8 @@ async fn tunnel_bench() {
         if let Some((_, p)) = &forwarder {
             forwarded.push(download(&format!("http://localhost:{p}/"), None).await);
         }
-        if let Some(r) = &relay {
-            relayed.push(download(&url, Some(&format!("http://127.0.0.1:{}", r.port))).await);
+        if let Some((_, port)) = &relay {
+            relayed.push(download(&url, Some(&format!("http://127.0.0.1:{port}"))).await);
         }
     }
     let rate = |d: Duration| mb as f64 / d.as_secs_f64();
@@ -147,59 +150,15 @@ async fn tunnel_bench() {
 }
 
 /// A relay of the agent's container, run here (root only): its loopback port forwards to the
-/// proxy's Unix socket; it ends with its lifeline.
-struct Relay {
-    port: u16,
-    child: std::process::Child,
-    _lifeline: std::os::unix::net::UnixStream,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn sibling_relay(proxy: &EgressProxy) -> Option<Relay> {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("(not root: no relay path)");
-        return None;
-    }
-    let dir = tempfile::tempdir().ok()?;
-    proxy.listen_unix(&dir.path().join("egress.sock")).ok()?;
+/// proxy's Unix socket. With the port it forwards.
+fn sibling_relay(proxy: &EgressProxy) -> Option<(support::relay::Relay, u16)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .ok()?
         .port();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_fro-bot"))
-        .args([
-            "sibling-relay",
-            &dir.path().to_string_lossy(),
-            "65534",
-            "65534",
-        ])
-        .args([&port.to_string(), "abi=4;connect=;bind=;ip=tcp"])
-        .spawn()
-        .ok()?;
-    let t = Instant::now();
-    let lifeline = loop {
-        if let Ok(s) = std::os::unix::net::UnixStream::connect(dir.path().join("ctl.sock")) {
-            break s;
-        }
-        if t.elapsed() > Duration::from_secs(10) {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    Some(Relay {
-        port,
-        child,
-        _lifeline: lifeline,
-        _dir: dir,
-    })
+    let relay = support::relay::Relay::start(65534, Some(port))?;
+    proxy.listen_unix(&relay.egress()).ok()?;
+    Some((relay, port))
 }
 
 /// `socat` forwarding a free port to `port`, when installed.

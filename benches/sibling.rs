@@ -15,8 +15,6 @@
 #[path = "../tests/it/support/mod.rs"]
 mod support;
 
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -66,44 +64,8 @@ fn commands(script: &Path, n: u64, sibling: Option<&Path>) -> Duration {
 
 fn round_trip() {
     let n = env_num("FRO_BOT_BENCH_COMMANDS", 100);
-    let bin = Path::new(support::action::BIN);
-    let dir = tempfile::tempdir().unwrap();
-    let abi = match fro_bot::confine::landlock::support(None) {
-        fro_bot::confine::landlock::Support::Abi(v) => v,
-        other => panic!("no Landlock here: {}", other.describe()),
-    };
-    let spec = format!("abi={abi};connect=;bind=;ip=tcp");
-    let mut relay = Command::new(bin)
-        .args([
-            "sibling-relay",
-            &dir.path().to_string_lossy(),
-            "65534",
-            "65534",
-            "-",
-            &spec,
-        ])
-        .spawn()
-        .expect("the relay starts");
-    let ctl = dir.path().join("ctl.sock");
-    let t = Instant::now();
-    let lifeline = loop {
-        if let Ok(s) = UnixStream::connect(&ctl) {
-            break s;
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the relay never listened"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    let script = dir.path().join("sh");
-    std::fs::write(
-        &script,
-        format!("#!{} --agent-shell=/bin/sh\n", bin.display()),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let exec = dir.path().join("exec.sock");
+    let relay = support::relay::Relay::start(65534, None).expect("the benchmark runs as root");
+    let (script, exec) = (relay.wrapper(), relay.exec());
     // Warm both paths once, then alternate halves so drift hits both alike.
     commands(&script, 3, None);
     commands(&script, 3, Some(&exec));
@@ -112,8 +74,7 @@ fn round_trip() {
         local.push(commands(&script, n / 2, None));
         relayed.push(commands(&script, n / 2, Some(&exec)));
     }
-    drop(lifeline);
-    let _ = relay.wait();
+    drop(relay);
     let (local, relayed) = (median(local), median(relayed));
     let added = relayed.saturating_sub(local);
     println!(

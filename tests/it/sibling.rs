@@ -8,101 +8,31 @@ use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fro_bot::confine::memory_group::MEMORY_GID;
 
-const BIN: &str = env!("CARGO_BIN_EXE_fro-bot");
+use crate::support::action::BIN;
+use crate::support::relay::Relay;
+
 const AGENT: u32 = 1001;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-struct Relay {
-    dir: tempfile::TempDir,
-    child: Child,
-    lifeline: Option<UnixStream>,
-}
-
-impl Relay {
-    fn start() -> Relay {
-        let abi = match fro_bot::confine::landlock::support(None) {
-            fro_bot::confine::landlock::Support::Abi(v) => v,
-            other => panic!("the suite needs Landlock: {}", other.describe()),
-        };
-        let dir = tempfile::tempdir().unwrap();
-        std::os::unix::fs::chown(dir.path(), Some(0), Some(MEMORY_GID)).unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o2710)).unwrap();
-        let spec = format!("abi={abi};connect=;bind=;ip=tcp");
-        let child = Command::new(BIN)
-            .args(["sibling-relay", &dir.path().to_string_lossy()])
-            .args([&AGENT.to_string(), &AGENT.to_string(), "-", &spec])
-            .spawn()
-            .unwrap();
-        let ctl = dir.path().join("ctl.sock");
-        let t = Instant::now();
-        let lifeline = loop {
-            if let Ok(s) = UnixStream::connect(&ctl) {
-                break s;
-            }
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "the relay never listened"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        Relay {
-            dir,
-            child,
-            lifeline: Some(lifeline),
-        }
-    }
-
-    fn exec(&self) -> PathBuf {
-        self.dir.path().join("exec.sock")
-    }
-
-    /// The wrapper script OpenCode would run as `$SHELL`, in a directory the agent may read.
-    fn wrapper(&self) -> PathBuf {
-        let script = self.dir.path().join("..").join(format!(
-            "fro-bot-sh-{}",
-            self.dir.path().file_name().unwrap().to_string_lossy()
-        ));
-        // As fro-bot does: a copy the agent's uid can run when the build is under root's home.
-        let exe = fro_bot::confine::agent_reachable_exe(Path::new(BIN)).unwrap();
-        let line = format!("#!{} --agent-shell=/bin/sh\n", exe.display());
-        std::fs::write(&script, line).unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        script
-    }
-
-    /// The wrapper running `command` as OpenCode would start it: the agent's uid, the memory
-    /// group as its effective gid, the relay's socket named.
-    fn command(&self, command: &str, env: &[(&str, &str)]) -> Command {
-        let mut c = Command::new(self.wrapper());
-        c.args(["-c", command])
-            .current_dir("/")
-            .env("FRO_BOT_AGENT_SIBLING", self.exec())
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        as_opencode(&mut c);
-        c
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.lifeline.take();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The wrapper running `command` as OpenCode would start it: the agent's uid, the memory group as
+/// its effective gid, the relay's socket named.
+fn command(relay: &Relay, command: &str, env: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(relay.wrapper());
+    c.args(["-c", command])
+        .current_dir("/")
+        .env("FRO_BOT_AGENT_SIBLING", relay.exec())
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    as_opencode(&mut c);
+    c
 }
 
 fn as_opencode(c: &mut Command) {
@@ -135,22 +65,20 @@ fn until(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn a_command_runs_as_the_agent_with_its_own_stdio_exit_and_no_secret_of_opencodes() {
-    if !is_root() {
-        eprintln!("skipped: the relay switches uid");
+    let Some(relay) = Relay::start(AGENT, None) else {
         return;
-    }
-    let relay = Relay::start();
-    let out = relay
-        .command(
-            "id -u; id -G; echo to-stderr >&2; env | cut -d= -f1 | sort | tr '\\n' ' '; exit 7",
-            &[
-                ("OPENCODE_SERVER_PASSWORD", "hunter2"),
-                ("FRO_BOT_AGENT_NETWORK", "x"),
-                ("KEEP_ME", "1"),
-            ],
-        )
-        .output()
-        .unwrap();
+    };
+    let out = command(
+        &relay,
+        "id -u; id -G; echo to-stderr >&2; env | cut -d= -f1 | sort | tr '\\n' ' '; exit 7",
+        &[
+            ("OPENCODE_SERVER_PASSWORD", "hunter2"),
+            ("FRO_BOT_AGENT_NETWORK", "x"),
+            ("KEEP_ME", "1"),
+        ],
+    )
+    .output()
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(7), "{stdout}");
     let mut lines = stdout.lines();
@@ -177,11 +105,9 @@ fn a_command_runs_as_the_agent_with_its_own_stdio_exit_and_no_secret_of_opencode
 
 #[test]
 fn the_agents_commands_cannot_reach_the_relay_and_a_wrapper_that_cannot_never_runs_here() {
-    if !is_root() {
-        eprintln!("skipped: the relay switches uid");
+    let Some(relay) = Relay::start(AGENT, None) else {
         return;
-    }
-    let relay = Relay::start();
+    };
     // The agent's uid without the memory group: the directory is not its to enter.
     let exec = relay.exec();
     let mut probe = Command::new("/bin/sh");
@@ -237,25 +163,23 @@ fn pid_in(file: &Path) -> i32 {
 
 #[test]
 fn a_signal_is_passed_on_and_the_wrappers_or_fro_bots_end_kills_the_command() {
-    if !is_root() {
-        eprintln!("skipped: the relay switches uid");
+    let Some(relay) = Relay::start(AGENT, None) else {
         return;
-    }
-    let relay = Relay::start();
+    };
     let scratch = tempfile::tempdir().unwrap();
     std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     // SIGTERM reaches the command's trap; it ends as it chose.
     let pidfile = scratch.path().join("a");
-    let mut child = relay
-        .command(
-            &format!(
-                "trap 'echo got-term; exit 3' TERM; echo $$ > {}; sleep 30 & wait",
-                pidfile.display()
-            ),
-            &[],
-        )
-        .spawn()
-        .unwrap();
+    let mut child = command(
+        &relay,
+        &format!(
+            "trap 'echo got-term; exit 3' TERM; echo $$ > {}; sleep 30 & wait",
+            pidfile.display()
+        ),
+        &[],
+    )
+    .spawn()
+    .unwrap();
     pid_in(&pidfile);
     // SAFETY: kill(2) on the child we spawned.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -271,26 +195,26 @@ fn a_signal_is_passed_on_and_the_wrappers_or_fro_bots_end_kills_the_command() {
     assert_eq!(out.trim(), "got-term");
     // SIGKILL of the wrapper (OpenCode ending a command): the command's group dies with it.
     let pidfile = scratch.path().join("b");
-    let mut child = relay
-        .command(
-            &format!("sleep 300 & echo $! > {}; wait", pidfile.display()),
-            &[],
-        )
-        .spawn()
-        .unwrap();
+    let mut child = command(
+        &relay,
+        &format!("sleep 300 & echo $! > {}; wait", pidfile.display()),
+        &[],
+    )
+    .spawn()
+    .unwrap();
     let sleeper = pid_in(&pidfile);
     child.kill().unwrap();
     child.wait().unwrap();
     until("the command died with its wrapper", || !alive(sleeper));
     // fro-bot's lifeline ends: every command still running is killed and the relay exits.
     let pidfile = scratch.path().join("c");
-    let running = relay
-        .command(
-            &format!("sleep 300 & echo $! > {}; wait", pidfile.display()),
-            &[],
-        )
-        .spawn()
-        .unwrap();
+    let running = command(
+        &relay,
+        &format!("sleep 300 & echo $! > {}; wait", pidfile.display()),
+        &[],
+    )
+    .spawn()
+    .unwrap();
     let sleeper = pid_in(&pidfile);
     let mut relay = relay;
     relay.lifeline.take();

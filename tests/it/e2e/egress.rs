@@ -28,7 +28,7 @@ fn tool_results(world: &World) -> Vec<String> {
 }
 
 /// `what`'s line of the script's output (`== what …`).
-fn line<'a>(out: &'a str, what: &str) -> &'a str {
+pub(crate) fn line<'a>(out: &'a str, what: &str) -> &'a str {
     out.lines()
         .find(|l| l.starts_with(&format!("== {what} ")))
         .unwrap_or_else(|| panic!("no '{what}' line in:\n{out}"))
@@ -163,7 +163,7 @@ echo \"== env $HTTPS_PROXY $NO_PROXY\""
     );
 }
 
-fn network_row(r: &StepResult) -> String {
+pub(crate) fn network_row(r: &StepResult) -> String {
     r.summary
         .lines()
         .find_map(|l| l.strip_prefix("| Network | "))

@@ -10,14 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use fro_bot::confine::sibling::spec::LABEL;
 use serde_json::json;
 
+use super::egress::{line, network_row};
 use super::scenarios::{main_step, World};
-use crate::support::action::{comment_event, explain, Job, Launch, StepResult};
+use crate::support::action::{comment_event, explain, Job, Launch};
 use crate::support::fake_llm::{request_text, Reply};
-
-/// The label fro-bot puts on its agent's container, naming its own container's id.
-const LABEL: &str = "fro-bot.sibling-of";
 
 fn docker(args: &[&str]) -> String {
     let out = Command::new("docker")
@@ -37,14 +36,6 @@ fn siblings_of(id: &str) -> Vec<String> {
         .collect()
 }
 
-fn network_row(r: &StepResult) -> String {
-    r.summary
-        .lines()
-        .find_map(|l| l.strip_prefix("| Network | "))
-        .map(|l| l.trim_end_matches(" |").to_string())
-        .unwrap_or_else(|| panic!("no Network row:\n{}", r.summary))
-}
-
 /// A listener standing in for an attacker's host: everything sent to it.
 fn attacker(addr: &str) -> (u16, Arc<Mutex<Vec<u8>>>) {
     let l = std::net::TcpListener::bind(addr).unwrap();
@@ -61,13 +52,6 @@ fn attacker(addr: &str) -> (u16, Arc<Mutex<Vec<u8>>>) {
         }
     });
     (port, got)
-}
-
-/// The line of the agent's output that starts with `== what `.
-fn line<'a>(out: &'a str, what: &str) -> &'a str {
-    out.lines()
-        .find(|l| l.starts_with(&format!("== {what} ")))
-        .unwrap_or_else(|| panic!("no '{what}' line in:\n{out}"))
 }
 
 pub async fn the_agents_commands_reach_no_address_but_the_egress_proxy(launch: Launch) {

@@ -13,6 +13,7 @@ pub mod fake_runner_proxy;
 pub mod github_schema;
 pub mod grow;
 pub mod hostile;
+pub mod relay;
 pub mod runner_commands;
 pub mod s3;
 pub mod services;
