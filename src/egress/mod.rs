@@ -70,12 +70,13 @@ impl AgentReach {
         }
     }
 
-    /// What the kernel enforces, once the key proxy listens on `key_proxy_port`.
-    pub fn plan(&self, key_proxy_port: u16) -> crate::confine::network::NetworkPlan {
+    /// What the kernel enforces, once the key proxy listens on `key_proxy_port` (`None`: the
+    /// agent's commands' side only, which never reaches the key proxy).
+    pub fn plan(&self, key_proxy_port: Option<u16>) -> crate::confine::network::NetworkPlan {
         crate::confine::network::NetworkPlan {
             mode: self.mode,
             abi: self.abi,
-            key_proxy_port: Some(key_proxy_port),
+            key_proxy_port,
             egress_port: self.proxy.as_ref().map(|p| p.port()),
             agent_ports: self.agent_ports.clone(),
         }

@@ -114,7 +114,7 @@ pub(super) fn server_options(
     exe: Option<PathBuf>,
     trust_path: Option<PathBuf>,
 ) -> server::ServerOptions {
-    let network = opts.network.plan(key_proxy.port());
+    let network = opts.network.plan(Some(key_proxy.port()));
     let network_env = opts.network.env(&opts.base_env, &network);
     let memory_group = confined
         .binary

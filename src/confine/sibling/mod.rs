@@ -111,16 +111,16 @@ pub struct Sibling {
 }
 
 impl Sibling {
-    /// Makes the socket directory and starts the sibling; `on_created` gets its id before it
-    /// starts (main records it for post).
+    /// Makes the socket directory and starts the sibling of container `own_id` (from
+    /// [`own_container`]); `on_created` gets its id before it starts (main records it for post).
     pub async fn start(
+        own_id: &str,
         plan: &SiblingPlan,
         on_created: impl FnOnce(&str),
     ) -> Result<Sibling, SiblingError> {
         let began = Instant::now();
-        let own_id = own_container()?;
         let docker = Docker::new(Path::new(DOCKER_SOCKET));
-        let own = docker.inspect(&own_id).await?;
+        let own = docker.inspect(own_id).await?;
         let dir = socket_dir()?;
         let relay = RelayConfig {
             dir: dir.path().to_path_buf(),

@@ -133,11 +133,15 @@ fn listen(config: &RelayConfig) -> std::io::Result<()> {
     let ctl = bind(&config.dir, CTL_SOCKET)?;
     let r = reaper.clone();
     std::thread::spawn(move || hold_lifeline(&ctl, &r));
+    // Made once: every command enters the same domain and filters (a spec fro-bot did not write
+    // ends the relay before any command).
+    let enforcement =
+        Arc::new(CommandsEnforcement::from_spec(&config.spec).map_err(std::io::Error::other)?);
     let config = Arc::new(config.clone());
     for conn in exec.incoming() {
         let Ok(conn) = conn else { continue };
-        let (config, reaper) = (config.clone(), reaper.clone());
-        std::thread::spawn(move || run_one(conn, &config, &reaper));
+        let (config, reaper, enforcement) = (config.clone(), reaper.clone(), enforcement.clone());
+        std::thread::spawn(move || run_one(conn, &config, &reaper, enforcement));
     }
     Ok(())
 }
@@ -206,22 +210,23 @@ fn splice(tcp: std::net::TcpStream, unix: UnixStream) {
 
 /// One command: started, its signals passed on, its end answered. The wrapper's end before the
 /// command's kills the command's group.
-fn run_one(mut conn: UnixStream, config: &RelayConfig, reaper: &Reaper) {
+fn run_one(
+    mut conn: UnixStream,
+    config: &RelayConfig,
+    reaper: &Reaper,
+    enforcement: Arc<CommandsEnforcement>,
+) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
     let Ok((req, [stdin, stdout, stderr])) = recv_request(&mut conn) else {
         return;
     };
     let _ = conn.set_read_timeout(None);
     let mut errors = stderr.try_clone().ok().map(std::fs::File::from);
-    let started = CommandsEnforcement::from_spec(&config.spec)
-        .map_err(|e| e.to_string())
-        .and_then(|enforcement| {
-            let mut cmd = command(&req, config, [stdin, stdout, stderr]);
-            // SAFETY: `apply` makes system calls only (async-signal-safe) on a ruleset and
-            // filters made before the fork.
-            unsafe { cmd.pre_exec(move || enforcement.apply()) };
-            reaper.spawn(&mut cmd).map_err(|e| e.to_string())
-        });
+    let mut cmd = command(&req, config, [stdin, stdout, stderr]);
+    // SAFETY: `apply` makes system calls only (async-signal-safe) on a ruleset and filters made
+    // before the fork.
+    unsafe { cmd.pre_exec(move || enforcement.apply()) };
+    let started = reaper.spawn(&mut cmd);
     let (pid, ended) = match started {
         Ok(s) => s,
         Err(e) => {

@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use crate::confine::network::NetworkPlan;
 use crate::confine::sibling::{self, AgentIsolation, Sibling, SiblingPlan};
 use crate::confine::AgentUser;
 use crate::egress::{AgentReach, Commands};
@@ -44,7 +43,7 @@ pub(crate) async fn commands(ctx: &Admitted, reach: &AgentReach) -> Result<Comma
 }
 
 async fn start(ctx: &Admitted, reach: &AgentReach) -> Result<Sibling, String> {
-    sibling::own_container().map_err(|e| e.to_string())?;
+    let own_id = sibling::own_container().map_err(|e| e.to_string())?;
     let user = match ctx.mode {
         Mode::Action => AgentUser::choose(&ctx.workspace),
         Mode::Local { .. } => AgentUser::choose_local(&ctx.workspace),
@@ -55,13 +54,7 @@ async fn start(ctx: &Admitted, reach: &AgentReach) -> Result<Sibling, String> {
             user.describe()
         ));
     };
-    let plan = NetworkPlan {
-        mode: reach.mode,
-        abi: reach.abi,
-        key_proxy_port: None,
-        egress_port: reach.proxy.as_ref().map(|p| p.port()),
-        agent_ports: reach.agent_ports.clone(),
-    };
+    let plan = reach.plan(None);
     let spec = plan
         .commands_spec()
         .ok_or("the agent's network is open: nothing to isolate")?;
@@ -74,7 +67,7 @@ async fn start(ctx: &Admitted, reach: &AgentReach) -> Result<Sibling, String> {
         exe,
     };
     let files = ctx.files.clone();
-    let sibling = Sibling::start(&plan, |id| {
+    let sibling = Sibling::start(&own_id, &plan, |id| {
         files.save_state_or_warn(state::AGENT_SIBLING, id)
     })
     .await
